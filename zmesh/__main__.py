@@ -1,0 +1,3 @@
+from zmesh.cli import main
+
+main()

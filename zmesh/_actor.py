@@ -1,0 +1,212 @@
+"""What users write: ``Actor`` subclasses with ``@endpoint`` methods."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+if TYPE_CHECKING:
+    from zmesh._future import Future
+    from zmesh._mesh import ActorMesh
+
+P = ParamSpec("P")
+R = TypeVar("R")
+A = TypeVar("A", bound="Actor")
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """How an endpoint runs."""
+
+    name: str
+    is_async: bool
+    concurrent: bool = False  # may run while other messages to the actor run
+    retry: bool = True  # a service may re-send it to another replica
+
+
+class Endpoint(Generic[P, R]):
+    """An actor method callable remotely; made by ``@zmesh.endpoint``.
+
+    Inside the actor, ``self.method(...)`` is a plain method call. On a mesh
+    handle, ``mesh.method`` offers the adverbs (``call``, ``call_one``, ...).
+    """
+
+    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False, retry: bool = True):
+        self.fn = fn
+        self.info = EndpointInfo(
+            name=fn.__name__,
+            is_async=inspect.iscoroutinefunction(fn),
+            concurrent=concurrent,
+            retry=retry,
+        )
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.info = EndpointInfo(name, self.info.is_async, self.info.concurrent, self.info.retry)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return self.fn.__get__(obj, objtype)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        raise TypeError(
+            f"endpoint {self.info.name!r} is called through an actor: "
+            "use self.{name}(...) inside the actor or mesh.{name}.call(...) outside"
+        )
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(
+    *, concurrent: bool = False, retry: bool = True
+) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+def endpoint(
+    fn: Callable[..., Any] | None = None, *, concurrent: bool = False, retry: bool = True
+) -> Any:
+    """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
+
+    Async endpoints run on the proc's event loop. Sync endpoints run in a
+    worker thread, so one that blocks for seconds never stalls the proc's
+    I/O, its heartbeats, or the other actors in the proc.
+
+    Args:
+        fn: the method.
+        concurrent: let messages to this endpoint run while the actor handles
+            others (by default an actor handles one message at a time).
+        retry: whether a service may re-send a request that was in flight on
+            a replica that died (at-least-once). With ``False`` the caller gets
+            ``SupervisionError`` instead.
+
+    Example::
+
+        class Counter(zmesh.Actor):
+            @zmesh.endpoint
+            async def incr(self, by: int = 1) -> int: ...
+    """
+    if fn is None:
+        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry)
+    return Endpoint(fn, concurrent=concurrent, retry=retry)
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointInfo]:
+    """The endpoints of an actor class, by name."""
+    found: dict[str, EndpointInfo] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, Endpoint):
+                found[name] = value.info
+    return found
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where an actor sits in its mesh: a flat ``rank`` and a coordinate per dim.
+
+    ``point["procs"]`` and ``point.coords`` give the coordinates.
+    """
+
+    rank: int
+    dims: dict[str, int]
+
+    @property
+    def coords(self) -> dict[str, int]:
+        coords: dict[str, int] = {}
+        rest = self.rank
+        for name, size in reversed(list(self.dims.items())):
+            coords[name] = rest % size
+            rest //= size
+        return dict(reversed(list(coords.items())))
+
+    def __getitem__(self, dim: str) -> int:
+        return self.coords[dim]
+
+    def __getattr__(self, dim: str) -> int:
+        try:
+            return self.coords[dim]
+        except KeyError:
+            raise AttributeError(dim) from None
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in self.coords.items())
+        return f"Point(rank={self.rank}, {inner})"
+
+
+_CURRENT: contextvars.ContextVar[Point] = contextvars.ContextVar("zmesh_point")
+# The actor instance whose endpoint is running: it owns meshes it spawns.
+_CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_actor")
+
+
+def current_rank() -> Point:
+    """The calling actor's point in its mesh. Only valid inside an endpoint.
+
+    Raises:
+        RuntimeError: when called outside an actor.
+    """
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise RuntimeError("current_rank() is only available inside an actor") from None
+
+
+class Options(Generic[A]):
+    """How to spawn an actor class: made by ``Cls.options(...)``.
+
+    Args:
+        procs: procs per host.
+        hosts: hosts (agents), one host slice each.
+        name: the mesh name (default: the class name in lower case).
+    """
+
+    def __init__(
+        self,
+        cls: type[A],
+        *,
+        procs: int = 1,
+        hosts: int = 1,
+        name: str | None = None,
+    ) -> None:
+        if procs < 1 or hosts < 1:
+            raise ValueError(f"procs and hosts must be at least 1, got procs={procs} hosts={hosts}")
+        self.cls = cls
+        self.procs = procs
+        self.hosts = hosts
+        self.name = name or cls.__name__.lower()
+
+    def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
+        """Spawn ``hosts × procs`` actors; return a future of their ``ActorMesh``.
+
+        Raises (from the future):
+            SpawnError: a proc failed to start or ``__init__`` raised; nothing
+                is left running.
+        """
+        from zmesh._mesh import spawn_actor_mesh
+
+        return spawn_actor_mesh(self, args, kwargs)
+
+
+
+class Actor:
+    """Base class of actors. Subclass it and mark methods with ``@zmesh.endpoint``.
+
+    An actor handles one message at a time, in send order per sender, unless
+    an endpoint opts into ``concurrent=True``.
+    """
+
+    @classmethod
+    def options(
+        cls: type[A],
+        *,
+        procs: int = 1,
+        hosts: int = 1,
+        name: str | None = None,
+    ) -> Options[A]:
+        """Say how to spawn this class; then ``.as_actor(...)``."""
+        return Options(cls, procs=procs, hosts=hosts, name=name)

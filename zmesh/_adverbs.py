@@ -1,0 +1,266 @@
+"""Adverbs: the ways to call an endpoint of a mesh.
+
+``call`` (every actor, a ``ValueMesh``), ``call_one`` (exactly one actor),
+``broadcast`` (every actor, no reply), ``choose`` (one actor, least loaded),
+``stream`` (every actor, replies as they arrive).
+
+Arguments are encoded once in the caller's thread (so a value that cannot be
+sent raises ``EncodeError`` right there), and the message is encoded once
+whatever the fan-out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from zmesh import _runtime
+from zmesh import _wire as w
+from zmesh._errors import EncodeError
+from zmesh._future import Future
+from zmesh._runtime import Runtime
+
+if TYPE_CHECKING:
+    from zmesh._mesh import ActorMesh, ValueMesh
+
+R = TypeVar("R")
+_rotation = itertools.count()
+
+
+def submit(work: Callable[[Runtime], Coroutine[Any, Any, R]]) -> Future[R]:
+    """Run ``work(runtime)`` on the caller's runtime; a ``Future`` of its result."""
+    rt, home = _runtime.current()
+    if home:
+        return Future(afut=rt.loop.create_task(work(rt)))
+    return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))
+
+
+def _on_runtime(start: Callable[[Runtime], asyncio.Future[R]]) -> Future[R]:
+    """Like ``submit`` for work that is one send plus a future: no task on the hot path."""
+    rt, home = _runtime.current()
+    if home:
+        return Future(afut=start(rt))
+
+    async def go(rt: Runtime) -> R:
+        return await start(rt)
+
+    return Future(cfut=asyncio.run_coroutine_threadsafe(go(rt), rt.loop))
+
+
+class EndpointRef(Generic[R]):
+    """``mesh.endpoint``: the adverbs for one endpoint of one mesh (or slice)."""
+
+    __slots__ = ("_mesh", "_name", "_timeout")
+
+    def __init__(self, mesh: ActorMesh[Any], name: str, timeout: float | None = None) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._timeout = timeout
+
+    def options(self, *, timeout: float | None = None) -> EndpointRef[R]:
+        """The same endpoint with per-call options.
+
+        Args:
+            timeout: seconds until the call fails with ``CallTimeoutError``.
+                The request carries this deadline, and a proc that receives
+                it too late does not run it.
+        """
+        return EndpointRef(self._mesh, self._name, timeout)
+
+    def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
+        try:
+            return w.Codec.pack(args, kwargs)
+        except Exception as exc:
+            raise EncodeError(
+                f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
+                mesh=self._mesh.actor,
+            ) from exc
+
+    def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
+        deadline = time.time() + self._timeout if self._timeout is not None else 0.0
+        actor, name = self._mesh.actor, self._name
+        return lambda i: w.Call(i, actor, name, payload, deadline, oneway)
+
+    # ------------------------------------------------------------ adverbs
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the one actor of this mesh; a future of its value.
+
+        Raises:
+            ValueError: at once, before sending, when the mesh is not exactly
+                one actor (slice it first).
+            EncodeError: at once, when an argument cannot be sent.
+        """
+        refs = self._mesh._refs
+        if len(refs) != 1:
+            raise ValueError(
+                f"call_one() needs exactly one actor, but {self._mesh!r} has {len(refs)}; "
+                "use call(), choose() or slice the mesh"
+            )
+        return self._one(refs, args, kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call one actor of this mesh, the least loaded from this caller."""
+        refs = self._mesh._refs
+        if not refs:
+            raise ValueError(f"{self._mesh!r} is empty")
+        payload, buffers = self._pack(args, kwargs)
+        msg = self._call_msg(payload)
+
+        def start(rt: Runtime) -> asyncio.Future[R]:
+            fut: asyncio.Future[R] = rt.loop.create_future()
+            best = _least_loaded(rt, refs)
+            rt.send([best], msg, buffers, _one_deliver(fut), self._timeout)
+            return fut
+
+        return _on_runtime(start)
+
+    def _one(self, refs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
+        payload, buffers = self._pack(args, kwargs)
+        msg = self._call_msg(payload)
+        timeout = self._timeout
+
+        def start(rt: Runtime) -> asyncio.Future[R]:
+            fut: asyncio.Future[R] = rt.loop.create_future()
+            rt.send(refs, msg, buffers, _one_deliver(fut), timeout)
+            return fut
+
+        return _on_runtime(start)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Call every actor; a future of their values as a ``ValueMesh``.
+
+        The first failure (an ``ActorError``, ``SupervisionError``, ...) fails
+        the whole future.
+        """
+        from zmesh._mesh import ValueMesh
+
+        mesh = self._mesh
+        refs = mesh._refs
+        payload, buffers = self._pack(args, kwargs)
+        msg = self._call_msg(payload)
+        points = mesh.points()
+        dims = mesh.sizes
+
+        def start(rt: Runtime) -> asyncio.Future[ValueMesh[R]]:
+            fut: asyncio.Future[ValueMesh[R]] = rt.loop.create_future()
+            results: list[Any] = [None] * len(refs)
+            remaining = len(refs)
+
+            def deliver(i: int, ok: bool, value: Any) -> None:
+                nonlocal remaining
+                if fut.done():
+                    return
+                if not ok:
+                    fut.set_exception(value)
+                    return
+                results[i] = value
+                remaining -= 1
+                if remaining == 0:
+                    fut.set_result(ValueMesh(dims, points, results))
+
+            if not refs:
+                fut.set_result(ValueMesh(dims, [], []))
+            else:
+                rt.send(refs, msg, buffers, deliver, self._timeout)
+            return fut
+
+        return _on_runtime(start)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor and do not wait; errors are logged by the actors."""
+        payload, buffers = self._pack(args, kwargs)
+        msg = self._call_msg(payload, oneway=True)
+        refs = self._mesh._refs
+        rt, home = _runtime.current()
+        if home:
+            rt.send(refs, msg, buffers, None)
+        else:
+            rt.loop.call_soon_threadsafe(rt.send, refs, msg, buffers, None)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:
+        """Call every actor; iterate over the values as they arrive.
+
+        ``async for v in mesh.ep.stream(...)`` in asyncio, plain ``for`` in
+        synchronous code. A failure is raised when it arrives.
+        """
+        payload, buffers = self._pack(args, kwargs)
+        return Stream(self, self._call_msg(payload), buffers)
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._name} of {self._mesh!r}>"
+
+
+def _one_deliver(fut: asyncio.Future[Any]) -> Callable[[int, bool, Any], None]:
+    def deliver(_: int, ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    return deliver
+
+
+def _least_loaded(rt: Runtime, refs: list[Any]) -> Any:
+    start = next(_rotation) % len(refs)  # rotate among equals
+    best, load = None, None
+    for k in range(len(refs)):
+        ref = refs[(start + k) % len(refs)]
+        c = rt.conns.get(ref.addr)
+        if c is not None and c.broken is not None:
+            continue
+        n = c.inflight if c is not None else 0
+        if load is None or n < load:
+            best, load = ref, n
+    return best if best is not None else refs[start]
+
+
+class Stream(Generic[R]):
+    """Replies of a fan-out, as they arrive. Iterate once, sync or async."""
+
+    def __init__(self, ref: EndpointRef[R], msg: Callable[[int], w.Call], buffers: list[Any]):
+        self._ref = ref
+        self._msg = msg
+        self._buffers = buffers
+        self._n = len(ref._mesh._refs)
+
+    def _start(self, rt: Runtime, put: Callable[[tuple[int, bool, Any]], None]) -> None:
+        def deliver(i: int, ok: bool, value: Any) -> None:
+            put((i, ok, value))
+
+        rt.send(self._ref._mesh._refs, self._msg, self._buffers, deliver, self._ref._timeout)
+
+    async def __aiter__(self) -> AsyncIterator[R]:
+        rt, home = _runtime.current()
+        q: asyncio.Queue[tuple[int, bool, Any]] = asyncio.Queue()
+        if home:
+            self._start(rt, q.put_nowait)
+        else:
+            loop = asyncio.get_running_loop()
+            rt.loop.call_soon_threadsafe(
+                self._start, rt, lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
+            )
+        for _ in range(self._n):
+            _, ok, value = await q.get()
+            if not ok:
+                raise value
+            yield value
+
+    def __iter__(self) -> Iterator[R]:
+        rt, home = _runtime.current()
+        if home:
+            raise RuntimeError("use 'async for' inside a running event loop")
+        q: queue.SimpleQueue[tuple[int, bool, Any]] = queue.SimpleQueue()
+        rt.loop.call_soon_threadsafe(self._start, rt, q.put)
+        for _ in range(self._n):
+            _, ok, value = q.get()
+            if not ok:
+                raise value
+            yield value
+

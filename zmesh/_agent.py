@@ -1,0 +1,535 @@
+"""The host agent: spawns, watches and reaps the procs of its host.
+
+One agent per host. It is the controller of the meshes on its host (the
+"meshes are resources" design): ``CreateOrUpdate`` starts procs and returns at
+once, ``GetState`` answers at once from the agent's view, and every rank
+transition is published on the agent's event stream with a per-agent
+sequence number, next to a heartbeat every ~100 ms.
+
+Liveness comes from three places:
+
+* a proc's death is seen by reaping it (a pidfd on the loop, so at once);
+* a hung proc is seen by its missing application heartbeats (ZMTP heartbeats
+  are answered by libzmq's I/O thread, so they say nothing of Python's loop);
+* a lost owner is seen by its missing owner heartbeats: its procs are
+  stopped after a grace period, so nothing is ever orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import zmq
+
+from zmesh import _wire as w
+from zmesh._state import MeshView, Rank, Status
+from zmesh._zsock import AsyncSocket, configure
+
+log = logging.getLogger("zmesh.agent")
+
+HEARTBEAT_INTERVAL = 0.1
+# A Running proc silent this long is declared Timeout (issue bar: within 3 s).
+PROC_HEARTBEAT_TIMEOUT = float(os.environ.get("ZMESH_PROC_HEARTBEAT_TIMEOUT", "2.0"))
+# An owner silent this long loses its procs (issue bar: gone within 5 s).
+OWNER_GRACE = float(os.environ.get("ZMESH_OWNER_GRACE", "3.0"))
+STARTUP_TIMEOUT = float(os.environ.get("ZMESH_STARTUP_TIMEOUT", "120"))
+STOP_GRACE = 1.5  # SIGTERM, then SIGKILL after this long
+
+
+@dataclass
+class _Proc:
+    mesh: str
+    rank: int
+    generation: int
+    popen: subprocess.Popen[bytes]
+    log_path: str
+    started: float
+    last_beat: float
+    pidfd: int | None = None
+    stop_at: float | None = None  # when a stop was requested
+    reaped: bool = False
+
+
+@dataclass
+class _Mesh:
+    name: str
+    spec: w.ProcSpec
+    view: MeshView
+    procs: dict[int, _Proc] = field(default_factory=dict)
+    stopped: bool = False
+
+
+def default_log_dir(label: str) -> str:
+    base = os.environ.get("ZMESH_LOG_DIR") or os.path.join(
+        tempfile.gettempdir(), f"zmesh-logs-{os.getuid()}"
+    )
+    return os.path.join(base, label)
+
+
+class HostAgent:
+    """The agent of one host. Run it with ``zmesh agent`` or ``HostAgent(...).run()``.
+
+    Args:
+        bind: the control address, e.g. ``tcp://127.0.0.1:0`` (port 0: any).
+            The event stream binds on the same interface.
+        label: the host's name in meshes and dashboards.
+        log_dir: where procs' stdout/stderr files go.
+        parent_pid: for an embedded agent: exit when this process is gone.
+    """
+
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:0",
+        *,
+        label: str | None = None,
+        log_dir: str | None = None,
+        parent_pid: int | None = None,
+    ) -> None:
+        self.bind = bind
+        self.label = label or socket.gethostname()
+        self.log_dir = log_dir or default_log_dir(self.label)
+        self.parent_pid = parent_pid
+        self.epoch = secrets.token_hex(6)
+        self.seq = 0
+        self.meshes: dict[str, _Mesh] = {}
+        self.owners: dict[str, float] = {}
+        self.dropped = 0
+        self.control_addr = ""
+        self.stream_addr = ""
+        self._stopping = asyncio.Event()
+        self._by_pidfd: dict[int, _Proc] = {}
+
+    # ------------------------------------------------------------ serving
+
+    def run(self, ready: Any = None) -> None:
+        """Serve until SIGTERM/SIGINT or the parent is gone."""
+        asyncio.run(self.serve(ready))
+
+    async def serve(self, ready: Any = None) -> None:
+        loop = asyncio.get_running_loop()
+        os.makedirs(self.log_dir, exist_ok=True)
+        ctx = zmq.Context.instance()
+        ctrl = configure(ctx.socket(zmq.ROUTER))
+        ctrl.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        host = _bind_host(self.bind)
+        self.control_addr = _bind(ctrl, self.bind)
+        pub = configure(ctx.socket(zmq.XPUB))
+        # The welcome tells a new subscriber that its subscription is live,
+        # so it can take a snapshot without missing the events after it.
+        welcome = w.Heartbeat(seq=-1, epoch=self.epoch, agent=self.label, time=0.0)
+        pub.setsockopt(zmq.XPUB_WELCOME_MSG, w.Codec(w.STREAM).encode(welcome)[0])
+        self.stream_addr = _bind(pub, f"tcp://{host}:0")
+        self._codec = w.Codec(w.AGENT_INBOX)
+        self._ctrl = AsyncSocket(ctrl, loop, self._on_control, router=True)
+        self._pub = AsyncSocket(pub, loop, None)  # subscriptions are read and ignored
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        log.info("agent %s control=%s stream=%s", self.label, self.control_addr, self.stream_addr)
+        if ready is not None:
+            ready(self.info_dict())
+        ticker = asyncio.ensure_future(self._tick_forever())
+        try:
+            await self._stopping.wait()
+        finally:
+            ticker.cancel()
+            await self._shutdown()
+            self._ctrl.close()
+            self._pub.close()
+
+    def info_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "control": self.control_addr,
+            "stream": self.stream_addr,
+            "epoch": self.epoch,
+            "pid": os.getpid(),
+            "log_dir": self.log_dir,
+        }
+
+    def stop(self) -> None:
+        """Ask the agent to stop its procs and exit."""
+        self._stopping.set()
+
+    # --------------------------------------------------------- requests
+
+    def _on_control(self, frames: list[Any]) -> None:
+        if len(frames) < 2:
+            self._drop("short message")
+            return
+        ident = frames[0]
+        try:
+            msg = self._codec.decode(frames[1:])
+        except Exception as exc:  # bad input must never kill the agent
+            self._drop(f"undecodable message: {exc!r}")
+            return
+        if isinstance(msg, w.ProcHeartbeat):
+            self._on_proc_heartbeat(msg)
+        elif isinstance(msg, w.OwnerHeartbeat):
+            self.owners[msg.owner] = time.monotonic()
+        elif isinstance(msg, w.ProcHello):
+            self._on_hello(msg)
+        elif isinstance(msg, w.CreateOrUpdate):
+            self._reply(ident, self._create(msg))
+        elif isinstance(msg, w.GetState | w.ListMeshes):
+            name = getattr(msg, "name", "")
+            self._reply(ident, self._state_reply(msg.id, name))
+        elif isinstance(msg, w.Stop):
+            self._reply(ident, self._stop_mesh(msg.id, msg.name))
+        elif isinstance(msg, w.Describe):
+            info = self.info_dict()
+            self._reply(
+                ident,
+                w.AgentInfo(
+                    id=msg.id,
+                    label=self.label,
+                    control=self.control_addr,
+                    stream=self.stream_addr,
+                    epoch=self.epoch,
+                    pid=info["pid"],
+                    hostname=socket.gethostname(),
+                ),
+            )
+        elif isinstance(msg, w.OwnerGone):
+            self._stop_owner(msg.owner, "owner exited")
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            log.warning("dropped %d malformed message(s); latest: %s", self.dropped, why)
+
+    def _reply(self, ident: bytes, msg: Any) -> None:
+        self._ctrl.send([ident, *self._codec.encode(msg)])
+
+    def _create(self, msg: w.CreateOrUpdate) -> w.Ack:
+        existing = self.meshes.get(msg.name)
+        if existing is not None and not existing.stopped:
+            if existing.spec == msg.spec:
+                return w.Ack(msg.id)  # idempotent
+            return w.Ack(msg.id, ok=False, error=f"mesh {msg.name!r} exists with another spec")
+        if not msg.spec.ranks:
+            return w.Ack(msg.id, ok=False, error="a mesh needs at least one rank")
+        mesh = _Mesh(msg.name, msg.spec, MeshView(msg.name, msg.spec.ranks))
+        self.meshes[msg.name] = mesh
+        self.owners.setdefault(msg.spec.owner, time.monotonic())
+        for rank in msg.spec.ranks:
+            try:
+                self._spawn(mesh, rank)
+            except OSError as exc:
+                self._transition(mesh, rank, Rank(Status.FAILED, 1, reason=f"spawn failed: {exc}"))
+        return w.Ack(msg.id)
+
+    def _spawn(self, mesh: _Mesh, rank: int) -> None:
+        gen = mesh.view.ranks[rank].generation + 1
+        log_path = os.path.join(self.log_dir, f"{mesh.name}.{rank}.g{gen}.log")
+        spec = {
+            "mesh": mesh.name,
+            "rank": rank,
+            "generation": gen,
+            "dims": mesh.spec.dims,
+            "agent": self.control_addr,
+            "agent_pid": os.getpid(),
+            "host": self.label,
+            "bind_host": _bind_host(self.control_addr),
+            "log_path": log_path,
+            "main": mesh.spec.main,
+        }
+        env = dict(os.environ)
+        env.update(mesh.spec.env)
+        env["ZMESH_PROC"] = json.dumps(spec)
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "zmesh._proc"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl+C at the client's terminal is the client's
+                cwd=mesh.spec.main.get("dir") or None,
+            )
+        now = time.monotonic()
+        proc = _Proc(mesh.name, rank, gen, popen, log_path, now, now)
+        mesh.procs[rank] = proc
+        try:
+            proc.pidfd = os.pidfd_open(popen.pid)
+            self._by_pidfd[proc.pidfd] = proc
+            asyncio.get_running_loop().add_reader(proc.pidfd, self._on_pidfd, proc.pidfd)
+        except (AttributeError, OSError):
+            proc.pidfd = None  # no pidfd here: the ticker polls instead
+        self._transition(
+            mesh,
+            rank,
+            Rank(Status.INITIALIZING, gen, pid=popen.pid, log_path=log_path),
+        )
+
+    def _on_hello(self, msg: w.ProcHello) -> None:
+        mesh = self.meshes.get(msg.mesh)
+        proc = mesh.procs.get(msg.rank) if mesh else None
+        if mesh is None or proc is None or proc.generation != msg.generation:
+            return
+        proc.last_beat = time.monotonic()
+        self._transition(
+            mesh,
+            msg.rank,
+            Rank(Status.RUNNING, msg.generation, pid=msg.pid, addr=msg.addr, log_path=proc.log_path),
+        )
+
+    def _on_proc_heartbeat(self, msg: w.ProcHeartbeat) -> None:
+        mesh = self.meshes.get(msg.mesh)
+        proc = mesh.procs.get(msg.rank) if mesh else None
+        if proc is not None and proc.generation == msg.generation:
+            proc.last_beat = time.monotonic()
+
+    def _state_reply(self, req_id: int, name: str) -> w.StateReply:
+        if name:
+            meshes = [self.meshes[name]] if name in self.meshes else []
+        else:
+            meshes = list(self.meshes.values())
+        return w.StateReply(
+            id=req_id, agent=self.label, epoch=self.epoch, seq=self.seq,
+            meshes=[self._mesh_state(m) for m in meshes],
+        )  # fmt: skip
+
+    def _mesh_state(self, mesh: _Mesh) -> w.MeshState:
+        return w.MeshState(
+            name=mesh.name,
+            owner=mesh.spec.owner,
+            status=mesh.view.status.value,
+            ranks=[_rank_state(r, s) for r, s in sorted(mesh.view.ranks.items())],
+            dims=mesh.spec.dims,
+        )
+
+    # ------------------------------------------------------- transitions
+
+    def _transition(self, mesh: _Mesh, rank: int, new: Rank) -> None:
+        state = mesh.view.apply(rank, new)
+        if state is None:
+            return
+        self.seq += 1
+        event = w.Event(
+            seq=self.seq,
+            epoch=self.epoch,
+            agent=self.label,
+            mesh=mesh.name,
+            owner=mesh.spec.owner,
+            state=_rank_state(rank, state),
+            time=time.time(),
+        )
+        self._pub.send(self._codec.encode(event))
+        if state.status.failure:
+            log.warning(
+                "mesh %s rank %d %s: %s (log: %s)",
+                mesh.name, rank, state.status.value, state.reason, state.log_path,
+            )  # fmt: skip
+
+    def _on_pidfd(self, fd: int) -> None:
+        proc = self._by_pidfd.pop(fd, None)
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+        if proc is not None:
+            proc.popen.wait()
+            self._reaped(proc)
+
+    def _reaped(self, proc: _Proc) -> None:
+        if proc.reaped:
+            return
+        proc.reaped = True
+        code = proc.popen.returncode
+        if code is not None and code < 0:
+            try:
+                reason = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                reason = f"killed by signal {-code}"
+        else:
+            reason = f"exited with code {code}"
+        mesh = self.meshes.get(proc.mesh)
+        if mesh is None:
+            return
+        status = Status.STOPPED if proc.stop_at is not None else Status.FAILED
+        self._transition(
+            mesh,
+            proc.rank,
+            Rank(status, proc.generation, reason=reason, log_path=proc.log_path, exit_code=code),
+        )
+
+    # ------------------------------------------------------------ stopping
+
+    def _stop_mesh(self, req_id: int, name: str) -> w.Ack:
+        mesh = self.meshes.get(name)
+        if mesh is None:
+            return w.Ack(req_id, ok=False, error=f"no mesh named {name!r} on {self.label}")
+        self._stop(mesh)
+        return w.Ack(req_id)
+
+    def _stop(self, mesh: _Mesh) -> None:
+        mesh.stopped = True
+        now = time.monotonic()
+        for rank, proc in mesh.procs.items():
+            if proc.reaped or proc.stop_at is not None:
+                continue
+            proc.stop_at = now
+            current = mesh.view.ranks[rank]
+            self._transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
+            _signal(proc, signal.SIGTERM)
+
+    def _stop_owner(self, owner: str, why: str) -> None:
+        self.owners.pop(owner, None)
+        for mesh in list(self.meshes.values()):
+            if mesh.spec.owner == owner and not mesh.stopped:
+                log.info("stopping mesh %s: %s", mesh.name, why)
+                self._stop(mesh)
+
+    async def _shutdown(self) -> None:
+        for mesh in self.meshes.values():
+            self._stop(mesh)
+        deadline = time.monotonic() + STOP_GRACE + 1.0
+        while time.monotonic() < deadline and self._alive():
+            self._poll_children(time.monotonic())
+            await asyncio.sleep(0.02)
+        for mesh in self.meshes.values():
+            for proc in mesh.procs.values():
+                if not proc.reaped:
+                    _signal(proc, signal.SIGKILL)
+                    proc.popen.wait()
+                    self._reaped(proc)
+
+    def _alive(self) -> bool:
+        return any(not p.reaped for m in self.meshes.values() for p in m.procs.values())
+
+    # ------------------------------------------------------------ the tick
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                self._tick()
+            except Exception:  # the tick must keep going whatever one pass hit
+                log.exception("agent tick failed")
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._pub.send(
+            self._codec.encode(
+                w.Heartbeat(seq=self.seq, epoch=self.epoch, agent=self.label, time=time.time())
+            )
+        )
+        self._poll_children(now)
+        for mesh in self.meshes.values():
+            for rank, proc in mesh.procs.items():
+                if proc.reaped:
+                    continue
+                status = mesh.view.ranks[rank].status
+                if proc.stop_at is not None:
+                    if now - proc.stop_at > STOP_GRACE:
+                        _signal(proc, signal.SIGKILL)
+                elif status == Status.RUNNING and now - proc.last_beat > PROC_HEARTBEAT_TIMEOUT:
+                    self._hung(mesh, proc, f"no heartbeat for {now - proc.last_beat:.1f}s")
+                elif status == Status.INITIALIZING and now - proc.started > STARTUP_TIMEOUT:
+                    self._hung(mesh, proc, f"not ready after {STARTUP_TIMEOUT:.0f}s")
+        for owner, seen in list(self.owners.items()):
+            if now - seen > OWNER_GRACE:
+                self._stop_owner(owner, f"owner {owner} silent for {now - seen:.1f}s")
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.info("parent %d is gone; stopping", self.parent_pid)
+            self._stopping.set()
+        self._prune(now)
+
+    def _hung(self, mesh: _Mesh, proc: _Proc, reason: str) -> None:
+        # Timeout is frozen for this generation; kill the proc so that a
+        # SIGCONT cannot bring a declared-dead generation back.
+        self._transition(
+            mesh,
+            proc.rank,
+            Rank(Status.TIMEOUT, proc.generation, reason=reason, log_path=proc.log_path),
+        )
+        _signal(proc, signal.SIGKILL)
+
+    def _poll_children(self, now: float) -> None:
+        for mesh in self.meshes.values():
+            for proc in mesh.procs.values():
+                if not proc.reaped and proc.popen.poll() is not None:
+                    if proc.pidfd is not None:
+                        self._on_pidfd(proc.pidfd)
+                    else:
+                        self._reaped(proc)
+
+    def _prune(self, now: float) -> None:
+        # Keep stopped meshes for a while so late GetState calls can explain them.
+        if len(self.meshes) < 256:
+            return
+        for name, mesh in list(self.meshes.items()):
+            if mesh.stopped and not any(not p.reaped for p in mesh.procs.values()):
+                del self.meshes[name]
+                if len(self.meshes) < 128:
+                    return
+
+
+def _rank_state(rank: int, s: Rank) -> w.RankState:
+    return w.RankState(
+        rank=rank,
+        status=s.status.value,
+        generation=s.generation,
+        reason=s.reason,
+        pid=s.pid,
+        addr=s.addr,
+        log_path=s.log_path,
+        exit_code=s.exit_code,
+    )
+
+
+def _signal(proc: _Proc, sig: int) -> None:
+    try:
+        proc.popen.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _bind_host(addr: str) -> str:
+    """``tcp://10.0.0.1:5555`` -> ``10.0.0.1``."""
+    return addr.split("://", 1)[1].rsplit(":", 1)[0]
+
+
+def _bind(sock: zmq.Socket, addr: str) -> str:
+    if addr.endswith(":0"):
+        addr = addr[:-2] + ":*"
+    sock.bind(addr)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``zmesh agent``: run one host agent in the foreground."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="zmesh agent", description=main.__doc__)
+    parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="control address")
+    parser.add_argument("--label", default=None, help="this host's name")
+    parser.add_argument("--log-dir", default=None, help="where proc logs go")
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    host = _bind_host(args.bind)
+    if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        parser.error(
+            f"refusing to bind {args.bind}: non-loopback agents need CURVE keys, "
+            "which this version does not support yet; bind 127.0.0.1"
+        )
+    agent = HostAgent(args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid)
+
+    def ready(info: dict[str, Any]) -> None:
+        # One machine-readable line, for whoever started us and waits for it.
+        print("ZMESH-AGENT-READY " + json.dumps(info), flush=True)
+
+    agent.run(ready)

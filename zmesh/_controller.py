@@ -1,0 +1,361 @@
+"""The client side of supervision: agents' streams turned into mesh state.
+
+For every agent a runtime talks to, the controller keeps a control DEALER and
+a SUB on the agent's event stream, and applies the ZeroMQ "Clone" pattern:
+on the welcome message (the subscription is live) and whenever it sees a gap
+in sequence numbers or a new agent epoch, it re-reads the agent's state with
+``GetState`` and replays the events buffered meanwhile. So no transition is
+lost, and the ``(mesh, rank, generation)`` dedup makes sure none is reported
+twice.
+
+An agent whose heartbeats stop is *lost*: its ranks become Unknown and the
+calls in flight to them fail. When it is heard again, its state is re-read
+and ranks that are still running are usable again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from zmesh import _wire as w
+from zmesh._errors import ActorStoppedError, AgentError, SupervisionError, ZmeshError
+from zmesh._state import FailureDedup, MeshView, Rank, Status
+from zmesh._zsock import AsyncSocket, configure
+
+if TYPE_CHECKING:
+    from zmesh._runtime import ProcRef, Runtime
+
+log = logging.getLogger("zmesh")
+
+# A lost agent's ranks become Unknown after this much silence (bar: <= 2 s).
+AGENT_TIMEOUT = 1.0
+WATCH_INTERVAL = 0.1
+
+
+@dataclass(frozen=True)
+class SupervisionEvent:
+    """One failure of one rank generation, as delivered to owners.
+
+    Attributes:
+        mesh: the proc mesh's name.
+        rank: the flat rank.
+        host: the agent's label.
+        status: ``Failed``, ``Timeout`` or ``Unknown``.
+        reason: what happened, e.g. ``killed by SIGKILL``.
+        generation: the rank's generation.
+        log_path: the proc's log file.
+        exit_code: the exit code (negative: a signal), if it exited.
+    """
+
+    mesh: str
+    rank: int
+    host: str
+    status: Status
+    reason: str
+    generation: int
+    log_path: str = ""
+    exit_code: int | None = None
+
+    def __str__(self) -> str:
+        return (
+            f"mesh {self.mesh} rank {self.rank} on {self.host}: {self.status.value} "
+            f"({self.reason}); log: {self.log_path or 'n/a'}"
+        )
+
+    def error(self) -> ZmeshError:
+        """The exception calls to this rank fail with."""
+        if self.status in (Status.STOPPED, Status.STOPPING):
+            return ActorStoppedError(
+                "rank was stopped", mesh=self.mesh, rank=self.rank, host=self.host
+            )
+        return SupervisionError(
+            f"rank is {self.status.value}: {self.reason}",
+            reason=self.reason, mesh=self.mesh, rank=self.rank,
+            host=self.host, log_path=self.log_path or None,
+        )  # fmt: skip
+
+
+class AgentConn:
+    """One agent as this runtime sees it: control requests and its stream."""
+
+    def __init__(self, ctl: Controller, addr: str) -> None:
+        self.ctl = ctl
+        self.addr = addr
+        self.label = addr
+        self.epoch = ""
+        self.seq = 0
+        self.last_heard = time.monotonic()
+        self.lost = False
+        self.syncing = False
+        self.buffered: list[w.Event] = []
+        self.ready = asyncio.Event()  # described and subscribed
+        self._futures: dict[int, asyncio.Future[Any]] = {}
+        loop = ctl.rt.loop
+        ctrl = configure(ctl.rt.ctx.socket(zmq.DEALER))
+        ctrl.connect(addr)
+        self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
+        self.codec = w.Codec(w.AGENT_REPLIES)
+        self.stream_codec = w.Codec(w.STREAM)
+        self.sub: AsyncSocket | None = None
+        self.task = loop.create_task(self._start())
+
+    async def _start(self) -> None:
+        while True:
+            try:
+                info = await self.request(lambda i: w.Describe(i), timeout=2.0)
+                break
+            except AgentError:
+                if self.ctl.closed:
+                    return
+                continue  # not up yet, or lost: the watchdog reports it
+        self.label = info.label
+        self.epoch = info.epoch
+        self.last_heard = time.monotonic()
+        sub = configure(self.ctl.rt.ctx.socket(zmq.SUB))
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(info.stream)
+        self.syncing = True  # until the welcome, then the snapshot
+        self.sub = AsyncSocket(sub, self.ctl.rt.loop, self._on_stream)
+        self.ready.set()
+
+    async def request(self, make: Callable[[int], Any], timeout: float = 5.0) -> Any:
+        """Send a control request and wait for its reply.
+
+        Raises:
+            AgentError: no reply within ``timeout``, or the agent said no.
+        """
+        req_id = next(self.ctl.rt._ids)
+        fut: asyncio.Future[Any] = self.ctl.rt.loop.create_future()
+        self._futures[req_id] = fut
+        self.ctrl.send(self.codec.encode(make(req_id)))
+        try:
+            reply = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise AgentError(
+                f"agent {self.label} did not answer within {timeout}s", host=self.label
+            ) from None
+        finally:
+            self._futures.pop(req_id, None)
+        if isinstance(reply, w.Ack) and not reply.ok:
+            raise AgentError(reply.error, host=self.label)
+        return reply
+
+    def _on_reply(self, frames: list[Any]) -> None:
+        try:
+            msg = self.codec.decode(frames)
+        except Exception:
+            return
+        fut = self._futures.get(msg.id)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    # ------------------------------------------------------------ stream
+
+    def _on_stream(self, frames: list[Any]) -> None:
+        try:
+            msg = self.stream_codec.decode(frames)
+        except Exception:
+            return
+        self.last_heard = time.monotonic()
+        if self.lost:
+            self.lost = False
+            log.info("agent %s is reachable again", self.label)
+            self._resync()
+        if isinstance(msg, w.Heartbeat):
+            if msg.seq < 0 or msg.epoch != self.epoch or msg.seq > self.seq:
+                # Welcome, a restarted agent, or events we never saw.
+                self._resync()
+            return
+        if self.syncing:
+            self.buffered.append(msg)
+        elif msg.epoch != self.epoch or msg.seq != self.seq + 1:
+            if msg.seq > self.seq:
+                self.buffered.append(msg)
+                self._resync()
+        else:
+            self.seq = msg.seq
+            self.ctl.apply(self, msg.mesh, msg.state)
+
+    def _resync(self) -> None:
+        self.syncing = True
+        if not getattr(self, "_resyncing", False):
+            self._resyncing = True
+            self.ctl.rt.loop.create_task(self._snapshot())
+
+    async def _snapshot(self) -> None:
+        try:
+            while True:
+                try:
+                    reply = await self.request(lambda i: w.GetState(i), timeout=2.0)
+                    break
+                except AgentError:
+                    if self.ctl.closed:
+                        return
+        finally:
+            self._resyncing = False
+        self.epoch = reply.epoch
+        self.seq = reply.seq
+        known = {m.name for m in reply.meshes}
+        for mesh in reply.meshes:
+            for r in mesh.ranks:
+                self.ctl.apply(self, mesh.name, r)
+        self.ctl.forget_missing(self, known)
+        events, self.buffered = self.buffered, []
+        self.syncing = False
+        for ev in events:
+            if ev.epoch == self.epoch and ev.seq > self.seq:
+                self.seq = ev.seq
+                self.ctl.apply(self, ev.mesh, ev.state)
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.ctrl.close()
+        if self.sub is not None:
+            self.sub.close()
+
+
+class Controller:
+    """Mesh state as this runtime knows it, kept current by the agents' streams."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.agents: dict[str, AgentConn] = {}
+        self.views: dict[str, MeshView] = {}
+        self.hosts: dict[tuple[str, int], AgentConn] = {}  # (mesh, rank) -> its agent
+        self.dedup = FailureDedup()
+        self.changed: dict[str, asyncio.Event] = {}
+        self.listeners: dict[str, list[Callable[[SupervisionEvent], None]]] = {}
+        self.handlers: dict[str, Callable[[SupervisionEvent], bool]] = {}
+        self.closed = False
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def agent(self, addr: str) -> AgentConn:
+        """The connection to the agent at ``addr``, made on first use."""
+        a = self.agents.get(addr)
+        if a is None:
+            a = self.agents[addr] = AgentConn(self, addr)
+            if self._watchdog is None:
+                self._watchdog = self.rt.loop.create_task(self._watch_agents())
+        return a
+
+    def watch(self, ref: ProcRef) -> None:
+        """Follow the supervision of ``ref``'s rank (a handle we call)."""
+        a = self.agent(ref.agent)
+        view = self.views.get(ref.mesh)
+        if view is None:
+            view = self.views[ref.mesh] = MeshView(ref.mesh, [])
+        if ref.rank not in view.ranks:
+            view.ranks[ref.rank] = Rank(Status.RUNNING, ref.generation, addr=ref.addr)
+        self.hosts[(ref.mesh, ref.rank)] = a
+
+    def track(self, mesh: str, agent: AgentConn, ranks: list[int]) -> None:
+        """Start following a mesh we are creating on ``agent``."""
+        view = self.views.setdefault(mesh, MeshView(mesh, []))
+        for r in ranks:
+            view.ranks.setdefault(r, Rank())
+            self.hosts[(mesh, r)] = agent
+
+    # ------------------------------------------------------------ applying
+
+    def apply(self, agent: AgentConn, mesh: str, rs: w.RankState) -> None:
+        view = self.views.get(mesh)
+        if view is None:
+            return  # not a mesh of ours
+        new = Rank(
+            Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr, rs.log_path, rs.exit_code
+        )
+        state = view.apply(rs.rank, new)
+        if state is None:
+            return
+        self._consequences(agent, mesh, rs.rank, state)
+
+    def _consequences(self, agent: AgentConn, mesh: str, rank: int, state: Rank) -> None:
+        event = SupervisionEvent(
+            mesh, rank, agent.label, state.status, state.reason,
+            state.generation, state.log_path, state.exit_code,
+        )  # fmt: skip
+        if state.addr:
+            healthy = state.status in (Status.RUNNING, Status.INITIALIZING)
+            self.rt.break_conn(state.addr, None if healthy else event.error())
+        ev = self.changed.pop(mesh, None)
+        if ev is not None:
+            ev.set()
+        if state.status.failure and self.dedup.first(mesh, rank, state.generation):
+            self._report(event)
+
+    def _report(self, event: SupervisionEvent) -> None:
+        handled = False
+        for listener in self.listeners.get(event.mesh, []):
+            listener(event)
+            handled = True
+        handler = self.handlers.get(event.mesh)
+        if handler is not None:
+            handled = handler(event) or handled
+        if not handled:
+            log.error("unhandled supervision event: %s", event)
+
+    def forget_missing(self, agent: AgentConn, known: set[str]) -> None:
+        """Ranks the agent no longer knows of (it restarted) are gone."""
+        for (mesh, rank), a in list(self.hosts.items()):
+            if a is agent and mesh not in known:
+                view = self.views.get(mesh)
+                cur = view.ranks.get(rank) if view else None
+                if view is None or cur is None or cur.status.terminal:
+                    continue
+                state = view.apply(
+                    rank, Rank(Status.FAILED, cur.generation, reason="agent no longer knows it")
+                )
+                if state is not None:
+                    self._consequences(agent, mesh, rank, state)
+
+    async def _watch_agents(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(WATCH_INTERVAL)
+            now = time.monotonic()
+            for a in list(self.agents.values()):
+                if not a.lost and now - a.last_heard > AGENT_TIMEOUT and self._has_ranks(a):
+                    a.lost = True
+                    self._agent_lost(a, now - a.last_heard)
+
+    def _has_ranks(self, agent: AgentConn) -> bool:
+        return any(a is agent for a in self.hosts.values())
+
+    def _agent_lost(self, agent: AgentConn, silent: float) -> None:
+        reason = f"agent {agent.label} unreachable (no heartbeat for {silent:.1f}s)"
+        log.warning("%s", reason)
+        for (mesh, rank), a in list(self.hosts.items()):
+            if a is not agent:
+                continue
+            view = self.views[mesh]
+            cur = view.ranks.get(rank)
+            if cur is None or cur.status.terminal:
+                continue
+            state = view.apply(rank, Rank(Status.UNKNOWN, cur.generation, reason=reason))
+            if state is not None:
+                self._consequences(agent, mesh, rank, state)
+
+    # ------------------------------------------------------------ waiting
+
+    async def wait_changed(self, mesh: str, timeout: float) -> None:
+        ev = self.changed.get(mesh)
+        if ev is None:
+            ev = self.changed[mesh] = asyncio.Event()
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        for a in self.agents.values():
+            a.close()
+        self.agents.clear()

@@ -1,0 +1,176 @@
+"""The exceptions zmesh raises.
+
+Every error carries the context a user needs to act on it (mesh, rank, host,
+log path) and builds its message in one place, ``__str__``.
+
+Hierarchy::
+
+    ZmeshError
+    ├── ActorError            an endpoint raised; the actor is still alive
+    ├── SpawnError            a proc or an actor could not be started
+    ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
+    ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
+    ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
+    ├── EndpointError         unknown endpoint or arguments that do not fit it
+    ├── EncodeError           an argument or return value cannot be sent
+    ├── AgentError            an agent refused a request or cannot be reached
+    └── ServiceError          a service cannot take the call
+        └── ServiceOverloadedError   every replica's queue is full
+
+``SupervisionError`` ("it broke") and ``ActorStoppedError`` ("you stopped it")
+are deliberately distinct, as trio tells ``BrokenResourceError`` from
+``ClosedResourceError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "ActorStoppedError",
+    "AgentError",
+    "CallTimeoutError",
+    "EncodeError",
+    "EndpointError",
+    "ServiceError",
+    "ServiceOverloadedError",
+    "SpawnError",
+    "SupervisionError",
+    "ZmeshError",
+]
+
+
+class ZmeshError(Exception):
+    """Root of every error zmesh raises.
+
+    Args:
+        message: what went wrong, in one sentence.
+        mesh: the mesh involved, if any.
+        rank: the flat rank involved, if any.
+        host: the host (agent label or address) involved, if any.
+        log_path: the proc's log file, if any.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        mesh: str | None = None,
+        rank: int | None = None,
+        host: str | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mesh = mesh
+        self.rank = rank
+        self.host = host
+        self.log_path = log_path
+
+    def _context(self) -> list[str]:
+        parts = []
+        if self.mesh is not None:
+            parts.append(f"mesh={self.mesh}")
+        if self.rank is not None:
+            parts.append(f"rank={self.rank}")
+        if self.host is not None:
+            parts.append(f"host={self.host}")
+        if self.log_path is not None:
+            parts.append(f"log={self.log_path}")
+        return parts
+
+    def __str__(self) -> str:
+        ctx = self._context()
+        return f"{self.message} ({', '.join(ctx)})" if ctx else self.message
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Keyword-only context must survive pickling across processes.
+        return (_rebuild, (type(self), self.message, self.__dict__))
+
+
+def _rebuild(cls: type[ZmeshError], message: str, state: dict) -> ZmeshError:  # type: ignore[type-arg]
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class ActorError(ZmeshError):
+    """An endpoint raised an exception; the actor stays alive.
+
+    Attributes:
+        remote_type: the qualified name of the remote exception's type.
+        remote_message: ``str()`` of the remote exception.
+        remote_traceback: the remote traceback, formatted.
+        endpoint: the endpoint that raised.
+        cause: the remote exception itself when it could be unpickled here.
+    """
+
+    def __init__(
+        self,
+        remote_type: str,
+        remote_message: str,
+        remote_traceback: str = "",
+        *,
+        endpoint: str | None = None,
+        cause: BaseException | None = None,
+        **context: object,
+    ) -> None:
+        msg = f"{remote_type}: {remote_message}"
+        if endpoint:
+            msg = f"endpoint {endpoint!r} raised {msg}"
+        super().__init__(msg, **context)  # type: ignore[arg-type]
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.endpoint = endpoint
+        self.cause = cause
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        if self.remote_traceback:
+            return f"{base}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
+        return base
+
+
+class SpawnError(ZmeshError):
+    """A proc or an actor could not be started (``__init__`` raised, proc died)."""
+
+
+class SupervisionError(ZmeshError):
+    """The rank a call went to broke: it crashed, was killed, hung, or its host was lost.
+
+    Attributes:
+        reason: the supervision reason, e.g. ``"killed by SIGKILL"``.
+    """
+
+    def __init__(self, message: str = "", *, reason: str = "", **context: object) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.reason = reason
+
+
+class ActorStoppedError(ZmeshError):
+    """The rank was stopped on purpose (``mesh.stop()`` or shutdown)."""
+
+
+class CallTimeoutError(ZmeshError, TimeoutError):
+    """The caller's timeout passed before the reply arrived."""
+
+
+class EndpointError(ZmeshError):
+    """The endpoint does not exist or the arguments do not fit its signature."""
+
+
+class EncodeError(ZmeshError):
+    """An argument or a return value cannot be encoded for the wire."""
+
+
+class AgentError(ZmeshError):
+    """A host agent refused a request, or cannot be reached."""
+
+
+class ServiceError(ZmeshError):
+    """A service cannot take the call (no healthy replica before the timeout)."""
+
+
+class ServiceOverloadedError(ServiceError):
+    """Every replica's queue is full: overload is an error, not a hang."""

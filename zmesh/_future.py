@@ -1,0 +1,83 @@
+"""``zmesh.Future``: awaitable in asyncio, ``.get()`` from plain code."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Generator
+from typing import Any, Generic, TypeVar
+
+from zmesh._errors import CallTimeoutError
+
+T = TypeVar("T")
+
+
+class Future(Generic[T]):
+    """The eventual result of a zmesh operation.
+
+    ``await fut`` inside asyncio (any loop), or ``fut.get(timeout=...)`` from
+    synchronous code. The operation is already under way when you hold it.
+    """
+
+    __slots__ = ("_afut", "_cfut")
+
+    def __init__(
+        self,
+        afut: asyncio.Future[T] | None = None,
+        cfut: concurrent.futures.Future[T] | None = None,
+    ) -> None:
+        self._afut = afut
+        self._cfut = cfut
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._afut is not None:
+            loop = self._afut.get_loop()
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                return (yield from self._afut.__await__())
+        return (yield from asyncio.wrap_future(self._concurrent()).__await__())
+
+    def get(self, timeout: float | None = None) -> T:
+        """Block until the result is ready and return it (or raise its error).
+
+        Args:
+            timeout: seconds to wait; ``None`` waits as long as it takes.
+
+        Raises:
+            CallTimeoutError: the timeout passed first (the operation goes on).
+            RuntimeError: called from the thread of the loop that must
+                produce the result (use ``await`` there).
+        """
+        if self._afut is not None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self._afut.get_loop():
+                raise RuntimeError("Future.get() would block its own event loop: use await")
+        try:
+            return self._concurrent().result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise CallTimeoutError(f"no result within {timeout}s") from None
+
+    def done(self) -> bool:
+        """Whether the result (or error) is ready."""
+        f = self._afut if self._afut is not None else self._cfut
+        return f is not None and f.done()
+
+    def _concurrent(self) -> concurrent.futures.Future[T]:
+        if self._cfut is None:
+            afut = self._afut
+            assert afut is not None
+            self._cfut = asyncio.run_coroutine_threadsafe(_wait(afut), afut.get_loop())
+        return self._cfut
+
+    def __repr__(self) -> str:
+        return f"<zmesh.Future {'done' if self.done() else 'pending'}>"
+
+
+async def _wait(afut: asyncio.Future[T]) -> T:
+    return await afut

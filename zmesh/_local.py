@@ -1,0 +1,214 @@
+"""This process as an owner: which agents it uses, its heartbeats, its exit.
+
+* Agents come from ``zmesh.connect([...])``, else ``ZMESH_AGENTS``, else the
+  *embedded default*: private agent processes this client starts on loopback
+  (one per host asked for) and stops when it exits.
+* An owner heartbeat thread tells every agent we use that we are alive; an
+  agent that stops hearing it stops our procs after a grace period, so a
+  client killed with SIGKILL leaves nothing behind.
+* At a normal exit (or Ctrl+C) everything we own is stopped at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import zmq
+
+from zmesh import _wire as w
+from zmesh._agent import default_log_dir
+from zmesh._errors import AgentError
+
+OWNER_HEARTBEAT_INTERVAL = 0.5
+AGENT_START_TIMEOUT = 30.0
+
+OWNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+_lock = threading.Lock()
+_configured: list[str] | None = None
+_embedded: list[tuple[subprocess.Popen[bytes], str]] = []
+_used: set[str] = set()
+_heart: _OwnerHeart | None = None
+
+
+def owner_id() -> str:
+    """This process's identity as an owner of meshes (fork-safe)."""
+    global OWNER_ID
+    if f":{os.getpid()}:" not in OWNER_ID:
+        OWNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    return OWNER_ID
+
+
+def configure(addresses: list[str] | None) -> None:
+    """Use these agents (``None``: back to ``ZMESH_AGENTS`` or the embedded default)."""
+    global _configured
+    with _lock:
+        _configured = list(addresses) if addresses is not None else None
+
+
+def agents(hosts: int) -> list[str]:
+    """Control addresses of at least ``hosts`` agents, starting local ones if need be.
+
+    Raises:
+        AgentError: more hosts than configured agents, or a local agent
+            failed to start.
+    """
+    configured = _configured
+    if configured is None:
+        env = os.environ.get("ZMESH_AGENTS", "").strip()
+        configured = [a.strip() for a in env.split(",") if a.strip()] or None
+    if configured is not None:
+        if hosts > len(configured):
+            raise AgentError(
+                f"asked for {hosts} hosts but only {len(configured)} agent(s) are configured "
+                f"({', '.join(configured)})"
+            )
+        return configured[:hosts]
+    with _lock:
+        _embedded[:] = [(p, a) for p, a in _embedded if p.poll() is None]
+        missing = hosts - len(_embedded)
+        if missing > 0:
+            starting = [_start_agent(len(_embedded) + i) for i in range(missing)]
+            for popen, label in starting:
+                _embedded.append((popen, _await_ready(popen, label)))
+        return [addr for _, addr in _embedded[:hosts]]
+
+
+def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
+    label = f"local{index}" if index else "local"
+    log_dir = default_log_dir(f"{label}-{os.getpid()}")
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, "agent.log")
+    with open(log_path, "ab") as err:
+        popen = subprocess.Popen(
+            [
+                sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
+                "--label", label, "--log-dir", log_dir, "--parent-pid", str(os.getpid()),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,  # Ctrl+C is ours to handle, then we stop it
+        )  # fmt: skip
+    return popen, log_path
+
+
+def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
+    assert popen.stdout is not None
+    deadline = time.monotonic() + AGENT_START_TIMEOUT
+    line = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([popen.stdout], [], [], 0.1)
+        if ready:
+            line = popen.stdout.readline()
+            break
+        if popen.poll() is not None:
+            break
+    popen.stdout.close()
+    if not line.startswith(b"ZMESH-AGENT-READY "):
+        popen.kill()
+        popen.wait()
+        raise AgentError("the embedded agent did not start", log_path=log_path)
+    info = json.loads(line.split(b" ", 1)[1])
+    _ensure_heart()
+    return str(info["control"])
+
+
+def note_used(addr: str) -> None:
+    """We own something on ``addr``: heartbeat to it from now on."""
+    with _lock:
+        _used.add(addr)
+    _ensure_heart()
+
+
+class _OwnerHeart(threading.Thread):
+    """Sends ``OwnerHeartbeat`` to every agent we use, from its own thread and sockets.
+
+    A thread, not a task: a client whose loop is busy (or that has no loop)
+    must not look dead to its agents.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="zmesh-owner-heartbeat", daemon=True)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        ctx = zmq.Context.instance()
+        socks: dict[str, zmq.Socket] = {}
+        codec = w.Codec(w.AGENT_INBOX)
+        try:
+            while not self.stopping.wait(OWNER_HEARTBEAT_INTERVAL):
+                beat = codec.encode(w.OwnerHeartbeat(owner_id()))
+                with _lock:
+                    addrs = list(_used)
+                for addr in addrs:
+                    s = socks.get(addr)
+                    if s is None:
+                        s = socks[addr] = ctx.socket(zmq.DEALER)
+                        s.setsockopt(zmq.LINGER, 0)
+                        s.setsockopt(zmq.SNDHWM, 4)  # a backlog of beats means nothing
+                        s.connect(addr)
+                    try:
+                        s.send_multipart(beat, zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
+        finally:
+            for s in socks.values():
+                s.close(linger=0)
+
+
+def _ensure_heart() -> None:
+    global _heart
+    if _heart is None or not _heart.is_alive():
+        _heart = _OwnerHeart()
+        _heart.start()
+
+
+def release_all() -> None:
+    """Stop everything this process owns: tell agents, stop embedded ones."""
+    from zmesh import _runtime
+
+    if _heart is not None:
+        _heart.stopping.set()
+    with _lock:
+        used = list(_used)
+        _used.clear()
+        embedded = list(_embedded)
+        _embedded.clear()
+    embedded_addrs = {a for _, a in embedded}
+    ctx = zmq.Context.instance()
+    codec = w.Codec(w.AGENT_INBOX)
+    for addr in used:
+        if addr in embedded_addrs:
+            continue  # stopping the agent stops its procs
+        s = ctx.socket(zmq.DEALER)
+        s.connect(addr)
+        try:
+            s.send_multipart(codec.encode(w.OwnerGone(owner_id())), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        s.close(linger=500)  # bounded: a dead agent must not hang our exit
+    for popen, _ in embedded:
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 4.0
+    for popen, _ in embedded:
+        try:
+            popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    _runtime.shutdown_io_thread()
+
+
+atexit.register(release_all)

@@ -1,0 +1,304 @@
+"""The actor process: one OS process hosting one or more actors.
+
+Started by an agent as ``python -m zmesh._proc`` with its spec in the
+``ZMESH_PROC`` variable. It binds a ROUTER for calls, says hello to its agent,
+heartbeats from its event loop (so a hung loop is noticed), and runs each
+actor's messages one at a time in arrival order. Sync endpoints run in worker
+threads so the loop, and with it every other actor, keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import ctypes
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import zmq
+
+from zmesh import _wire as w
+from zmesh._actor import _CURRENT, _CURRENT_ACTOR, Endpoint, Point
+from zmesh._zsock import AsyncSocket, configure
+
+log = logging.getLogger("zmesh.proc")
+
+PROC_HEARTBEAT_INTERVAL = 0.2
+
+
+class _BadArguments(Exception):
+    pass
+
+
+class _Mailbox:
+    """One actor: its instance, its queue, and the task that drains it."""
+
+    def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
+        self.server = server
+        self.name = name
+        self.instance = instance
+        self.point = point
+        self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
+        self.wakeup = asyncio.Event()
+        self.endpoints: dict[str, Endpoint[Any, Any]] = {}
+        for klass in type(instance).__mro__:
+            for attr, value in vars(klass).items():
+                if isinstance(value, Endpoint) and attr not in self.endpoints:
+                    self.endpoints[attr] = value
+        self.busy = False
+        self.task = asyncio.ensure_future(self._run())
+
+    def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        self.queue.append((ident, call, frames))
+        self.wakeup.set()
+
+    async def _run(self) -> None:
+        _CURRENT.set(self.point)
+        _CURRENT_ACTOR.set(self.instance)
+        while True:
+            if not self.queue:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            ident, call, frames = self.queue.popleft()
+            ep = self.endpoints.get(call.method)
+            if ep is not None and ep.info.concurrent:
+                asyncio.ensure_future(self.server.handle(self, ident, call, frames))
+            else:
+                self.busy = True
+                try:
+                    await self.server.handle(self, ident, call, frames)
+                finally:
+                    self.busy = False
+
+    def close(self) -> None:
+        self.task.cancel()
+        for ident, call, _ in self.queue:
+            self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
+        self.queue.clear()
+
+
+class ProcServer:
+    """Serves the actors of one proc."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.mesh: str = spec["mesh"]
+        self.rank: int = spec["rank"]
+        self.generation: int = spec["generation"]
+        self.host: str = spec.get("host", "")
+        self.actors: dict[str, _Mailbox] = {}
+        self.codec = w.Codec(w.PROC_INBOX)
+        self.dropped = 0
+        self.late = 0
+        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
+
+    async def serve(self) -> None:
+        from zmesh import _runtime
+
+        loop = asyncio.get_running_loop()
+        # Handles passed to our actors call out through this loop.
+        _runtime.set_home_loop(loop)
+        ctx = zmq.Context.instance()
+        router = configure(ctx.socket(zmq.ROUTER))
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.bind(f"tcp://{self.spec['bind_host']}:*")
+        self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router = AsyncSocket(router, loop, self._on_message, router=True)
+        agent = configure(ctx.socket(zmq.DEALER))
+        agent.connect(self.spec["agent"])
+        self.agent = AsyncSocket(agent, loop, None)
+        self.agent.send(
+            self.codec.encode(
+                w.ProcHello(self.mesh, self.rank, self.generation, self.addr, os.getpid())
+            )
+        )
+        beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation))
+        agent_pid = self.spec.get("agent_pid")
+        while True:
+            await asyncio.sleep(PROC_HEARTBEAT_INTERVAL)
+            if agent_pid and os.getppid() != agent_pid:
+                log.error("agent %s is gone; exiting", agent_pid)
+                os._exit(70)
+            self.agent.send(beat)
+
+    # ------------------------------------------------------------ inbound
+
+    def _on_message(self, frames: list[Any]) -> None:
+        if len(frames) < 2:
+            return self._drop("short message")
+        ident = frames[0]
+        try:
+            msg = self.codec.decode(frames[1:])
+        except Exception as exc:  # never fatal: count, log once, drop
+            return self._drop(repr(exc))
+        if isinstance(msg, w.Call):
+            box = self.actors.get(msg.actor)
+            if box is None:
+                self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
+            else:
+                box.put(ident, msg, frames[1:])
+        elif isinstance(msg, w.SpawnActor):
+            asyncio.ensure_future(self._spawn(ident, msg, frames[1:]))
+        elif isinstance(msg, w.StopActor):
+            box = self.actors.pop(msg.actor, None)
+            if box is not None:
+                box.close()
+            self.router.send([ident, *self.codec.encode(w.Reply(msg.id, w.NONE))])
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            log.warning("dropped %d malformed message(s); latest: %s", self.dropped, why)
+
+    async def _spawn(self, ident: bytes, msg: w.SpawnActor, frames: list[Any]) -> None:
+        point = Point(msg.rank, dict(msg.dims))
+        try:
+            cls = pickle.loads(msg.cls)
+            args, kwargs = self.codec.unpack(msg.payload, frames)
+            ctx = contextvars.copy_context()
+            ctx.run(_CURRENT.set, point)
+            # __init__ may block (loading a model): keep the loop free.
+            instance = await asyncio.get_running_loop().run_in_executor(
+                self.pool, functools.partial(ctx.run, cls, *args, **kwargs)
+            )
+        except Exception as exc:
+            self._send_failure(ident, msg.id, "spawn", exc, "__init__")
+            return
+        old = self.actors.pop(msg.actor, None)
+        if old is not None:
+            old.close()
+        self.actors[msg.actor] = _Mailbox(self, msg.actor, instance, point)
+        self.router.send([ident, *self.codec.encode(w.Reply(msg.id, w.NONE))])
+
+    # ------------------------------------------------------------ handling
+
+    async def handle(self, box: _Mailbox, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if call.deadline and time.time() > call.deadline:
+            # The caller gave up already (a request delivered late, e.g.
+            # after a partition healed): running it now helps nobody.
+            self.late += 1
+            if not call.oneway:
+                self.fail(ident, call, "deadline", "DeadlineExceeded", "request arrived too late")
+            return
+        ep = box.endpoints.get(call.method)
+        if ep is None:
+            names = ", ".join(sorted(box.endpoints)) or "none"
+            self.fail(
+                ident, call, "endpoint", "EndpointError",
+                f"{type(box.instance).__name__} has no endpoint {call.method!r} (endpoints: {names})",
+            )  # fmt: skip
+            return
+        try:
+            args, kwargs = self.codec.unpack(call.payload, frames)
+        except Exception as exc:
+            self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
+            return
+        fn = ep.fn
+        try:
+            if ep.info.is_async:
+                result = await _invoke(fn, box.instance, args, kwargs)
+            else:
+                ctx = contextvars.copy_context()
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, ctx.run, _invoke, fn, box.instance, args, kwargs
+                )
+        except _BadArguments as exc:
+            cause = exc.__cause__
+            self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
+            return
+        except Exception as exc:
+            if not call.oneway:
+                self._send_failure(ident, call.id, "actor", exc, call.method)
+            else:
+                log.exception("oneway call %s raised", call.method)
+            return
+        if call.oneway:
+            return
+        try:
+            payload, buffers = w.Codec.pack_value(result)
+            frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
+        except Exception as exc:
+            self.fail(
+                ident, call, "encode", type(exc).__name__,
+                f"return value of {call.method!r} cannot be sent: {exc}",
+            )  # fmt: skip
+            return
+        self.router.send([ident, *frames_out])
+
+    def fail(
+        self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str
+    ) -> None:
+        if call.oneway:
+            return
+        f = w.Failure(call.id, kind, type_name, message, endpoint=call.method)
+        self.router.send([ident, *self.codec.encode(f)])
+
+    def _send_failure(self, ident: bytes, req: int, kind: str, exc: Exception, ep: str) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            blob = pickle.dumps(exc)
+            pickle.loads(blob)  # an exception that cannot come back is sent as text only
+        except Exception:
+            blob = None
+        qual = type(exc).__qualname__
+        mod = type(exc).__module__
+        name = qual if mod == "builtins" else f"{mod}.{qual}"
+        f = w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
+        self.router.send([ident, *self.codec.encode(f)])
+
+
+def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        return fn(instance, *args, **kwargs)
+    except TypeError as exc:
+        # No frame below this one: the call never entered the endpoint, so
+        # the arguments did not fit its signature (not a user TypeError).
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_next is None:
+            raise _BadArguments() from exc
+        raise
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when the agent dies, so a proc is never orphaned."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    spec = json.loads(os.environ["ZMESH_PROC"])
+    _die_with_parent()
+    if spec.get("agent_pid") and os.getppid() != spec["agent_pid"]:
+        os._exit(70)  # the agent died before prctl took effect
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
+    )
+    from zmesh._spawnprep import prepare
+
+    prepare(spec.get("main") or {})
+    server = ProcServer(spec)
+    try:
+        asyncio.run(server.serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

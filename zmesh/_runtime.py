@@ -1,0 +1,325 @@
+"""The client runtime: sockets to procs, requests in flight, and their fates.
+
+A runtime belongs to one asyncio loop and owns every socket it uses (zmq
+sockets are not thread-safe). Inside ``async`` code, the runtime lives on the
+caller's own loop, so a call is one non-blocking send with no thread hop.
+From plain synchronous code, calls go to a runtime on a background loop
+thread ("zmesh-io") and the caller blocks on ``Future.get()``.
+
+Requests in flight are kept per proc connection, so when supervision says a
+rank failed, exactly the requests sent to it fail, at once, with
+``SupervisionError``; later calls to that rank fail before sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+
+from zmesh import _wire as w
+from zmesh._errors import (
+    ActorError,
+    ActorStoppedError,
+    CallTimeoutError,
+    EncodeError,
+    EndpointError,
+    SpawnError,
+    ZmeshError,
+)
+from zmesh._zsock import AsyncSocket, configure
+
+if TYPE_CHECKING:
+    from zmesh._controller import Controller
+
+
+class ProcRef(msgspec.Struct, frozen=True):
+    """Where one rank of a proc mesh lives. Part of every handle, so it travels."""
+
+    mesh: str
+    rank: int
+    generation: int
+    addr: str
+    agent: str  # the agent's control address
+    host: str  # the agent's label
+    log_path: str = ""
+
+
+class ProcConn:
+    """This runtime's DEALER to one proc, and the requests in flight on it."""
+
+    __slots__ = ("broken", "inflight", "pending", "ref", "sock")
+
+    def __init__(self, ref: ProcRef, sock: AsyncSocket) -> None:
+        self.ref = ref
+        self.sock = sock
+        self.inflight = 0
+        self.pending: set[int] = set()
+        self.broken: ZmeshError | None = None  # set: calls fail before sending
+
+
+class Request:
+    """One message sent to one or more procs, collecting their answers.
+
+    ``deliver(index, ok, value)`` is called once per target: ``ok`` with the
+    value, or not ok with the exception.
+    """
+
+    __slots__ = ("conns", "deliver", "id", "open", "timer")
+
+    def __init__(
+        self, req_id: int, conns: list[ProcConn], deliver: Callable[[int, bool, Any], None]
+    ) -> None:
+        self.id = req_id
+        self.conns = conns
+        self.deliver = deliver
+        self.open = len(conns)
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Runtime:
+    """The zmesh client on one event loop. Get it with ``current()``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        from zmesh._controller import Controller
+
+        self.loop = loop
+        self.ctx = zmq.Context.instance()
+        self.codec = w.Codec(w.CLIENT_INBOX)
+        self._ids = itertools.count(1)
+        self.pending: dict[int, Request] = {}
+        self.conns: dict[str, ProcConn] = {}
+        self.controller: Controller = Controller(self)
+        self.closed = False
+
+    # ------------------------------------------------------------ connections
+
+    def conn(self, ref: ProcRef) -> ProcConn:
+        """The connection to ``ref``'s proc, made on first use."""
+        c = self.conns.get(ref.addr)
+        if c is None:
+            sock = configure(self.ctx.socket(zmq.DEALER))
+            sock.connect(ref.addr)
+            c = ProcConn(ref, AsyncSocket(sock, self.loop, None))
+            c.sock.on_message = lambda frames, c=c: self._on_reply(c, frames)
+            self.conns[ref.addr] = c
+            self.controller.watch(ref)
+        return c
+
+    # ------------------------------------------------------------ requests
+
+    def send(
+        self,
+        refs: list[ProcRef],
+        msg_for: Callable[[int], Any],
+        buffers: list[Any],
+        deliver: Callable[[int, bool, Any], None] | None,
+        timeout: float | None = None,
+    ) -> int:
+        """Send one message to every proc in ``refs``; answers go to ``deliver``.
+
+        The message is encoded once, whatever the fan-out. A target already
+        known to be broken gets its error delivered at once, without a send.
+        """
+        req_id = next(self._ids)
+        frames = self.codec.encode(msg_for(req_id), buffers)
+        conns = [self.conn(r) for r in refs]
+        req = Request(req_id, conns, deliver) if deliver is not None else None
+        if req is not None:
+            self.pending[req_id] = req
+            if timeout is not None:
+                req.timer = self.loop.call_later(timeout, self._expire, req, timeout)
+        for i, c in enumerate(conns):
+            if c.broken is not None:
+                if req is not None:
+                    self._settle(req, i, False, c.broken)
+                continue
+            c.sock.send(frames)
+            if req is not None:
+                c.inflight += 1
+                c.pending.add(req_id)
+        return req_id
+
+    def _on_reply(self, conn: ProcConn, frames: list[Any]) -> None:
+        try:
+            msg = self.codec.decode(frames)
+        except Exception:  # a garbled reply is dropped; its call times out or fails
+            return
+        req = self.pending.get(msg.id)
+        if req is None or msg.id not in conn.pending:
+            return  # late answer to a request that already ended
+        conn.pending.discard(msg.id)
+        conn.inflight -= 1
+        index = req.conns.index(conn) if len(req.conns) > 1 else 0
+        if isinstance(msg, w.Reply):
+            try:
+                value = self.codec.unpack_value(msg.payload, frames)
+            except Exception as exc:
+                self._settle(req, index, False, EncodeError(f"cannot decode reply: {exc!r}"))
+                return
+            self._settle(req, index, True, value)
+        else:
+            self._settle(req, index, False, failure_error(msg, conn.ref))
+
+    def _settle(self, req: Request, index: int, ok: bool, value: Any) -> None:
+        req.open -= 1
+        if req.open <= 0:
+            self.pending.pop(req.id, None)
+            if req.timer is not None:
+                req.timer.cancel()
+        req.deliver(index, ok, value)
+
+    def _expire(self, req: Request, timeout: float) -> None:
+        if self.pending.pop(req.id, None) is None:
+            return
+        for i, c in enumerate(req.conns):
+            if req.id in c.pending:
+                c.pending.discard(req.id)
+                c.inflight -= 1
+                req.deliver(
+                    i,
+                    False,
+                    CallTimeoutError(
+                        f"no reply within {timeout}s", mesh=c.ref.mesh, rank=c.ref.rank,
+                        host=c.ref.host, log_path=c.ref.log_path or None,
+                    ),
+                )  # fmt: skip
+
+    def break_conn(self, addr: str, error: ZmeshError | None) -> None:
+        """Fail everything in flight to ``addr`` with ``error`` (``None`` heals it)."""
+        c = self.conns.get(addr)
+        if c is None:
+            return
+        c.broken = error
+        if error is None:
+            return
+        for req_id in list(c.pending):
+            req = self.pending.get(req_id)
+            c.pending.discard(req_id)
+            c.inflight -= 1
+            if req is not None:
+                self._settle(req, req.conns.index(c), False, error)
+
+    def close(self) -> None:
+        """Close every socket (the loop is stopping or gone)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.controller.close()
+        for c in self.conns.values():
+            c.sock.close()
+        self.conns.clear()
+
+
+def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
+    """The exception for a ``Failure`` message from ``ref``'s proc."""
+    ctx: dict[str, Any] = {
+        "mesh": ref.mesh, "rank": ref.rank, "host": ref.host, "log_path": ref.log_path or None,
+    }  # fmt: skip
+    if msg.kind == "actor":
+        cause = None
+        if msg.exc is not None:
+            try:
+                cause = pickle.loads(msg.exc)
+            except Exception:
+                cause = None
+        return ActorError(
+            msg.type, msg.message, msg.traceback, endpoint=msg.endpoint, cause=cause, **ctx
+        )
+    if msg.kind == "spawn":
+        err = SpawnError(f"actor __init__ raised {msg.type}: {msg.message}", **ctx)
+        err.remote_traceback = msg.traceback  # type: ignore[attr-defined]
+        return err
+    if msg.kind == "endpoint":
+        return EndpointError(f"endpoint {msg.endpoint!r}: {msg.message}", **ctx)
+    if msg.kind == "encode":
+        return EncodeError(msg.message, **ctx)
+    if msg.kind == "deadline":
+        return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
+    return ActorStoppedError(msg.message, **ctx)
+
+
+# ---------------------------------------------------------- which runtime
+
+_lock = threading.Lock()
+_runtimes: dict[asyncio.AbstractEventLoop, Runtime] = {}
+_home: asyncio.AbstractEventLoop | None = None  # where threads without a loop send work
+_io_thread: threading.Thread | None = None
+
+
+def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` the runtime for threads that have no loop (used by procs)."""
+    global _home
+    _home = loop
+
+
+def current() -> tuple[Runtime, bool]:
+    """The runtime for the caller, and whether the caller is on its loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return _runtime_for(_home_loop()), False
+    return _runtime_for(loop), True
+
+
+def _runtime_for(loop: asyncio.AbstractEventLoop) -> Runtime:
+    rt = _runtimes.get(loop)
+    if rt is None:
+        with _lock:
+            rt = _runtimes.get(loop)
+            if rt is None:
+                for old_loop, old in list(_runtimes.items()):
+                    if old_loop.is_closed():  # asyncio.run() ended: its sockets go too
+                        old.close()
+                        del _runtimes[old_loop]
+                rt = _runtimes[loop] = Runtime(loop)
+    return rt
+
+
+def _home_loop() -> asyncio.AbstractEventLoop:
+    global _home, _io_thread
+    with _lock:
+        if _home is None or _home.is_closed():
+            loop = asyncio.new_event_loop()
+            _io_thread = threading.Thread(target=loop.run_forever, name="zmesh-io", daemon=True)
+            _io_thread.start()
+            _home = loop
+        return _home
+
+
+def run_sync(coro_fn: Callable[[Runtime], Any]) -> Any:
+    """Run ``coro_fn(runtime)`` on the home loop from a thread without a loop."""
+    rt = _runtime_for(_home_loop())
+    return asyncio.run_coroutine_threadsafe(coro_fn(rt), rt.loop)
+
+
+def shutdown_io_thread() -> None:
+    """Stop the background loop (at exit), closing its runtime's sockets."""
+    global _home
+    loop = _home
+    if loop is None or _io_thread is None or loop.is_closed():
+        return
+    rt = _runtimes.pop(loop, None)
+
+    def stop() -> None:
+        if rt is not None:
+            rt.close()
+        loop.stop()
+
+    try:
+        loop.call_soon_threadsafe(stop)
+        _io_thread.join(timeout=2.0)
+    except RuntimeError:
+        pass
+    _home = None
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,46 @@
+"""Re-create the client's ``__main__`` in a proc, as multiprocessing's spawn does.
+
+A class defined in the user's script lives in ``__main__``; a proc is a fresh
+interpreter, so it must run that script (as ``__mp_main__``, so its
+``if __name__ == "__main__":`` block does not run) before it can unpickle the
+class. We hand the work to ``multiprocessing.spawn.prepare``, which is what
+``multiprocessing`` itself uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def preparation() -> dict[str, Any]:
+    """What a proc needs to rebuild this process's ``__main__``, ``sys.path`` and cwd."""
+    data: dict[str, Any] = {"sys_path": list(sys.path), "dir": os.getcwd()}
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", "pytest", "pytest.__main__"):
+        name = spec.name
+        if name.endswith(".__main__"):
+            name = name[: -len(".__main__")]
+        data["init_main_from_name"] = name
+    else:
+        path = getattr(main, "__file__", None)
+        if path and _is_script(path):
+            data["init_main_from_path"] = os.path.abspath(path)
+    return data
+
+
+def _is_script(path: str) -> bool:
+    # pytest, python -c and REPLs have no script to re-run.
+    base = os.path.basename(path)
+    return path.endswith(".py") and base not in ("pytest", "py.test", "__main__.py")
+
+
+def prepare(data: dict[str, Any]) -> None:
+    """Apply ``preparation()`` data in a fresh proc."""
+    from multiprocessing import spawn
+
+    if not data:
+        return
+    spawn.prepare(dict(data))

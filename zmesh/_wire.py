@@ -1,0 +1,385 @@
+"""Wire messages and the payload codec.
+
+Every message is a ``msgspec`` tagged, frozen ``Struct`` encoded as msgpack.
+Each socket decodes with one decoder over the union of what it may receive
+(``PROC_INBOX``, ``CLIENT_INBOX``, ...). Anything that fails to decode is
+counted by the receiver and dropped, never fatal.
+
+A message travels as ZeroMQ frames ``[envelope, *buffers]``. User values
+(arguments and return values) are carried in two ways:
+
+* *plain*: when every top-level value is a scalar msgpack carries exactly
+  (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``), they go in the
+  envelope; large ``bytes``/``bytearray``/``memoryview`` values become extra
+  frames referenced by an msgpack ``Ext`` instead of being copied into it.
+* *pickled*: anything else (containers, user classes, exceptions, arrays) is
+  pickled with protocol 5; out-of-band buffers (numpy arrays, bytearrays)
+  travel as extra frames without a copy.
+
+Pickle keeps Python values exact (a tuple stays a tuple), which is what a
+user of Ray or Monarch expects; the plain path makes the common small call
+cheap.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Union
+
+import msgspec
+import zmq
+
+# Values at or above this size travel as their own ZeroMQ frame.
+BIG_BUFFER = 64 * 1024
+
+_EXT_BYTES = 1
+_EXT_BYTEARRAY = 2
+_EXT_MEMORYVIEW = 3
+_BUF_EXTS = {bytes: _EXT_BYTES, bytearray: _EXT_BYTEARRAY, memoryview: _EXT_MEMORYVIEW}
+_SCALARS = (type(None), bool, int, float, str)
+
+
+class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=True):
+    pass
+
+
+# --------------------------------------------------------------- payloads
+
+
+class Payload(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """User values: plain ``args``/``kwargs`` or one pickle ``blob``."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    blob: bytes | None = None
+    nbuf: int = 0  # out-of-band pickle buffers, in frames after the envelope
+
+
+# ------------------------------------------------------ client <-> proc
+
+
+class Call(_Msg):
+    """Run ``actor.method(*args, **kwargs)``; reply unless ``oneway``."""
+
+    id: int
+    actor: str
+    method: str
+    payload: Payload
+    deadline: float = 0.0  # wall clock; 0 = none. The proc skips late requests.
+    oneway: bool = False
+
+
+class SpawnActor(_Msg):
+    """Construct an actor in this proc."""
+
+    id: int
+    actor: str
+    cls: bytes  # pickled class, by reference
+    payload: Payload
+    mesh: str
+    dims: dict[str, int]
+    rank: int
+
+
+class StopActor(_Msg):
+    id: int
+    actor: str
+
+
+class Reply(_Msg):
+    id: int
+    payload: Payload
+
+
+class Failure(_Msg):
+    """A request failed at the proc.
+
+    ``kind`` is one of ``actor`` (the endpoint raised), ``endpoint`` (unknown
+    endpoint or bad arguments), ``encode`` (value cannot be sent), ``spawn``
+    (``__init__`` raised), ``deadline`` (the request arrived too late),
+    ``stopped`` (the actor is gone).
+    """
+
+    id: int
+    kind: str
+    type: str
+    message: str
+    traceback: str = ""
+    exc: bytes | None = None  # the pickled exception, when it pickles
+    endpoint: str = ""
+
+
+# ------------------------------------------------------ client <-> agent
+
+
+class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an agent needs to start the procs of one host slice of a mesh."""
+
+    owner: str
+    ranks: list[int]  # global ranks of this slice, one proc each
+    dims: dict[str, int]
+    host_index: int = 0
+    main: dict[str, Any] = {}  # how to re-create the client's __main__ (see _spawnprep)
+    env: dict[str, str] = {}
+
+
+class CreateOrUpdate(_Msg):
+    id: int
+    name: str
+    spec: ProcSpec
+
+
+class GetState(_Msg):
+    id: int
+    name: str = ""  # "" = every mesh
+
+
+class Stop(_Msg):
+    id: int
+    name: str
+
+
+class ListMeshes(_Msg):
+    id: int
+
+
+class Describe(_Msg):
+    """Ask an agent who it is and where its event stream is."""
+
+    id: int
+
+
+class AgentInfo(_Msg):
+    id: int
+    label: str
+    control: str
+    stream: str
+    epoch: str
+    pid: int
+    hostname: str
+
+
+class OwnerHeartbeat(_Msg):
+    owner: str
+
+
+class OwnerGone(_Msg):
+    """The owner is exiting: stop everything it owns now."""
+
+    owner: str
+
+
+class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
+    rank: int
+    status: str
+    generation: int
+    reason: str = ""
+    pid: int = 0
+    addr: str = ""
+    log_path: str = ""
+    exit_code: int | None = None
+
+
+class MeshState(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    owner: str
+    status: str
+    ranks: list[RankState]
+    dims: dict[str, int] = {}
+
+
+class Ack(_Msg):
+    id: int
+    ok: bool = True
+    error: str = ""
+
+
+class StateReply(_Msg):
+    id: int
+    agent: str
+    epoch: str
+    seq: int
+    meshes: list[MeshState]
+
+
+# -------------------------------------------------------- proc -> agent
+
+
+class ProcHello(_Msg):
+    mesh: str
+    rank: int
+    generation: int
+    addr: str
+    pid: int
+
+
+class ProcHeartbeat(_Msg):
+    mesh: str
+    rank: int
+    generation: int
+
+
+# ------------------------------------------------------- agent PUB stream
+
+
+class Event(_Msg):
+    """A rank transition, published on the agent's stream."""
+
+    seq: int
+    epoch: str
+    agent: str
+    mesh: str
+    owner: str
+    state: RankState
+    time: float
+
+
+class Heartbeat(_Msg):
+    seq: int  # the last event sequence number, so a subscriber sees gaps
+    epoch: str
+    agent: str
+    time: float
+
+
+PROC_INBOX = Union[Call, SpawnActor, StopActor]
+CLIENT_INBOX = Union[Reply, Failure]
+AGENT_INBOX = Union[
+    CreateOrUpdate,
+    GetState,
+    Stop,
+    ListMeshes,
+    Describe,
+    OwnerHeartbeat,
+    OwnerGone,
+    ProcHello,
+    ProcHeartbeat,
+]
+AGENT_REPLIES = Union[Ack, StateReply, AgentInfo]
+STREAM = Union[Event, Heartbeat]
+
+
+# --------------------------------------------------------------- codec
+
+
+class Codec:
+    """Encode messages to frames and decode frames to messages.
+
+    One codec per thread and per socket kind; not thread-safe (it keeps the
+    frames of the message being handled for ``ext_hook``).
+
+    Args:
+        inbox: the union of message types this codec decodes.
+        allow_pickle: whether pickled values may be decoded (only from
+            authenticated peers).
+    """
+
+    def __init__(self, inbox: Any, *, allow_pickle: bool = True) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(inbox, ext_hook=self._ext_hook)
+        self._frames: list[Any] = []
+        self.allow_pickle = allow_pickle
+
+    # -- encoding
+
+    def encode(self, msg: Any, buffers: list[Any] | None = None) -> list[Any]:
+        """Return the frames of ``msg``: the envelope then ``buffers``."""
+        env = self._encoder.encode(msg)
+        if buffers:
+            return [env, *buffers]
+        return [env]
+
+    @staticmethod
+    def pack(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Payload, list[Any]]:
+        """Turn user ``args``/``kwargs`` into a payload and out-of-band buffers.
+
+        Raises:
+            Exception: whatever pickle raises for a value it cannot carry; the
+                caller wraps it in ``EncodeError``.
+        """
+        buffers: list[Any] = []
+        plain = True
+        for v in args:
+            if type(v) not in _SCALARS and type(v) not in _BUF_EXTS:
+                plain = False
+                break
+        if plain:
+            for v in kwargs.values():
+                if type(v) not in _SCALARS and type(v) not in _BUF_EXTS:
+                    plain = False
+                    break
+        if plain:
+            a = tuple(_lift(v, buffers) for v in args) if args else ()
+            kw = {k: _lift(v, buffers) for k, v in kwargs.items()} if kwargs else {}
+            return Payload(args=a, kwargs=kw), buffers
+
+        def keep(buf: pickle.PickleBuffer) -> bool:
+            # Small buffers stay in the pickle; large ones travel as frames.
+            if buf.raw().nbytes < BIG_BUFFER:
+                return True
+            buffers.append(buf)
+            return False
+
+        blob = pickle.dumps((args, kwargs), protocol=5, buffer_callback=keep)
+        return Payload(blob=blob, nbuf=len(buffers)), buffers
+
+    @staticmethod
+    def pack_value(value: Any) -> tuple[Payload, list[Any]]:
+        """Like ``pack`` for a single return value."""
+        return Codec.pack((value,), {})
+
+    # -- decoding
+
+    def decode(self, frames: list[Any]) -> Any:
+        """Decode the envelope in ``frames[0]``; buffers are in ``frames[1:]``.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError, RecursionError: the
+                receiver counts and drops the message.
+        """
+        self._frames = frames
+        try:
+            return self._decoder.decode(_buf(frames[0]))
+        finally:
+            self._frames = []
+
+    def unpack(self, payload: Payload, frames: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Return ``(args, kwargs)`` of a decoded payload."""
+        if payload.blob is None:
+            return payload.args, payload.kwargs
+        if not self.allow_pickle:
+            raise PermissionError("pickled values are not accepted from this peer")
+        bufs = [_buf(f) for f in frames[1 : 1 + payload.nbuf]]
+        args, kwargs = pickle.loads(payload.blob, buffers=bufs)
+        return args, kwargs
+
+    def unpack_value(self, payload: Payload, frames: list[Any]) -> Any:
+        args, _ = self.unpack(payload, frames)
+        return args[0]
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        frame = self._frames[int.from_bytes(data, "little")]
+        if code == _EXT_BYTES:
+            return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+        if code == _EXT_BYTEARRAY:
+            return bytearray(_buf(frame))
+        if code == _EXT_MEMORYVIEW:
+            return _buf(frame)
+        raise ValueError(f"unknown msgpack extension {code}")
+
+
+def _lift(v: Any, buffers: list[Any]) -> Any:
+    """Move a large top-level buffer out of the envelope into its own frame."""
+    code = _BUF_EXTS.get(type(v))
+    if code is None or len(v) < BIG_BUFFER:
+        return v
+    # Frame indices count from 1: frame 0 is the envelope.
+    buffers.append(v)
+    return msgspec.msgpack.Ext(code, len(buffers).to_bytes(4, "little"))
+
+
+def _buf(frame: Any) -> Any:
+    """A zero-copy view of a received frame."""
+    return frame.buffer if isinstance(frame, zmq.Frame) else frame
+
+
+NONE = Payload(args=(None,))  # the payload of a ``None`` result

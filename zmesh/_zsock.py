@@ -1,0 +1,165 @@
+"""ZeroMQ sockets on an asyncio loop, the fast way.
+
+``zmq.asyncio`` was measured ~6x slower pipelined on this kind of machine than
+an asyncio loop that waits on the socket's ``ZMQ_FD`` with ``add_reader`` and
+does non-blocking sends and receives. This module is that second style.
+
+``ZMQ_FD`` is edge-triggered: it signals that the socket's state *may* have
+changed, and any send or receive may consume the edge. So the handler reads
+``EVENTS`` in a loop until there is nothing to do, and every send outside the
+handler re-checks ``EVENTS`` and schedules the handler if input is waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+# Messages handled per wake-up before yielding to other tasks.
+_BATCH = 256
+
+# Bounded linger: a message queued to a dead peer must never hang close/term.
+LINGER_MS = 200
+MAX_MSG_SIZE = 1 << 31  # one frame; a larger one disconnects the peer
+
+
+def configure(sock: zmq.Socket, *, tcp_heartbeats: bool = True) -> zmq.Socket:
+    """Apply zmesh's deliberate socket options."""
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    if tcp_heartbeats:
+        # Measured: 100/500 ms ZMTP heartbeats notice a cut link in ~0.5 s;
+        # the defaults never notice it.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 100)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 500)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, 1000)
+    return sock
+
+
+class AsyncSocket:
+    """A ZeroMQ socket driven by an asyncio loop, delivering to a callback.
+
+    The socket belongs to the loop's thread: create, use and close it there.
+
+    Args:
+        sock: the ZeroMQ socket (bound or connected already, or later).
+        loop: the loop whose thread owns the socket.
+        on_message: called with the frames of each message. For a ROUTER the
+            frames are ``[identity, envelope, *buffers]``, else
+            ``[envelope, *buffers]``; the envelope (and identity) are
+            ``bytes`` and buffers are zero-copy ``zmq.Frame``.
+        router: whether the first frame is a routing identity.
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        loop: asyncio.AbstractEventLoop,
+        on_message: Callable[[list[Any]], None] | None,
+        *,
+        router: bool = False,
+    ) -> None:
+        self.sock = sock
+        self.loop = loop
+        self.on_message = on_message
+        self._heads = 2 if router else 1
+        self._pending: deque[list[Any]] = deque()
+        self._scheduled = False
+        self.closed = False
+        self.sent = 0
+        self.received = 0
+        self.unroutable = 0
+        self._fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self._fd, self._on_ready)
+        self._schedule()
+
+    def send(self, frames: list[Any]) -> None:
+        """Queue ``frames`` as one message; never blocks.
+
+        A message that ZeroMQ cannot take now (high-water mark) waits in an
+        in-process queue, in order, until the socket is writable.
+        """
+        if self.closed:
+            return
+        if self._pending:
+            self._pending.append(frames)
+            return
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self.sent += 1
+        except zmq.Again:
+            self._pending.append(frames)
+            self._schedule()
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:  # ROUTER_MANDATORY: peer is gone
+                self.unroutable += 1
+                return
+            raise
+        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and not self.closed:
+            self._scheduled = True
+            self.loop.call_soon(self._on_ready)
+
+    def _on_ready(self) -> None:
+        self._scheduled = False
+        if self.closed:
+            return
+        sock = self.sock
+        handled = 0
+        while True:
+            events = sock.getsockopt(zmq.EVENTS)
+            if events & zmq.POLLOUT and self._pending:
+                self._flush()
+            if not events & zmq.POLLIN:
+                return
+            if handled >= _BATCH:
+                self._schedule()  # let other tasks run, then continue
+                return
+            try:
+                frames = [sock.recv(zmq.NOBLOCK)]
+                while sock.getsockopt(zmq.RCVMORE):
+                    # Heads (identity, envelope) as bytes; buffers zero-copy.
+                    frames.append(sock.recv(zmq.NOBLOCK, copy=len(frames) < self._heads))
+            except zmq.Again:
+                continue
+            handled += 1
+            self.received += 1
+            if self.on_message is not None:
+                self.on_message(frames)
+            if self.closed:
+                return
+
+    def _flush(self) -> None:
+        pending = self._pending
+        while pending:
+            try:
+                self.sock.send_multipart(pending[0], zmq.NOBLOCK, copy=False)
+                self.sent += 1
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.unroutable += 1
+            pending.popleft()
+
+    def close(self) -> None:
+        """Stop reading and close the socket with a bounded linger."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.loop.remove_reader(self._fd)
+        except (ValueError, RuntimeError):  # loop already closed
+            pass
+        self.sock.close(linger=LINGER_MS)
