@@ -209,6 +209,7 @@ def release_all() -> None:
             popen.kill()
             popen.wait()
     _runtime.shutdown_io_thread()
+    _runtime.close_finished()
 
 
 atexit.register(release_all)

@@ -308,17 +308,35 @@ def shutdown_io_thread() -> None:
         return
     rt = _runtimes.pop(loop, None)
 
-    def stop() -> None:
+    async def close_all() -> None:
         if rt is not None:
             rt.close()
-        loop.stop()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     try:
-        loop.call_soon_threadsafe(stop)
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(2.0)
+    except Exception:  # closing is best effort; the thread is a daemon
+        pass
+    try:
+        loop.call_soon_threadsafe(loop.stop)
         _io_thread.join(timeout=2.0)
     except RuntimeError:
         pass
+    if not _io_thread.is_alive():
+        loop.close()
     _home = None
+
+
+def close_finished() -> None:
+    """Close the runtimes of loops that have ended (``asyncio.run`` returned)."""
+    with _lock:
+        for loop, rt in list(_runtimes.items()):
+            if loop.is_closed():
+                rt.close()
+                del _runtimes[loop]
 
 
 def now() -> float:

@@ -1,0 +1,83 @@
+"""Fixtures for zmesh's own tests.
+
+Every process a test starts carries ``ZMESH_TEST_SESSION`` in its
+environment (agents pass it on to procs), so at the end of the session we
+can find, by pid, any zmesh process that outlived its test, end it, and fail
+the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import zmesh
+from zmesh.testing import AgentProcess, local_cluster
+
+SESSION_TAG = uuid.uuid4().hex
+os.environ["ZMESH_TEST_SESSION"] = SESSION_TAG
+# Tests kill things on purpose: keep the waits they measure short.
+os.environ.setdefault("ZMESH_OWNER_GRACE", "2.0")
+
+
+def tagged_pids() -> list[int]:
+    """Live processes (other than us) started by this test session."""
+    needle = f"ZMESH_TEST_SESSION={SESSION_TAG}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _stop_everything() -> Iterator[None]:
+    """Whatever a test spawned on the embedded agent stops when it ends."""
+    yield
+    zmesh.shutdown()
+
+
+@pytest.fixture
+def cluster() -> Iterator[list[AgentProcess]]:
+    """Two loopback agents, as two hosts."""
+    with local_cluster(2) as agents:
+        yield agents
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    zmesh.shutdown()
+    deadline = time.monotonic() + 5.0  # processes being stopped get a moment to exit
+    while (leftovers := tagged_pids()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not leftovers:
+        return
+    lines = []
+    for pid in leftovers:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"  {pid}: {cmd}")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    print("\nzmesh processes outlived their tests (killed now):\n" + "\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
