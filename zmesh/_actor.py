@@ -43,7 +43,7 @@ class Endpoint(Generic[P, R]):
             concurrent=concurrent,
             retry=retry,
         )
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.info = EndpointInfo(name, self.info.is_async, self.info.concurrent, self.info.retry)
@@ -181,7 +181,7 @@ class Options(Generic[A]):
         self.name = name or cls.__name__.lower()
 
     def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
-        """Spawn ``hosts × procs`` actors; return a future of their ``ActorMesh``.
+        """Spawn ``hosts x procs`` actors; return a future of their ``ActorMesh``.
 
         Raises (from the future):
             SpawnError: a proc failed to start or ``__init__`` raised; nothing

@@ -243,9 +243,11 @@ class Stream(Generic[R]):
             self._start(rt, q.put_nowait)
         else:
             loop = asyncio.get_running_loop()
-            rt.loop.call_soon_threadsafe(
-                self._start, rt, lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
-            )
+
+            def put(item: tuple[int, bool, Any]) -> None:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+            rt.loop.call_soon_threadsafe(self._start, rt, put)
         for _ in range(self._n):
             _, ok, value = await q.get()
             if not ok:

@@ -120,7 +120,7 @@ class HostAgent:
     async def serve(self, ready: Any = None) -> None:
         loop = asyncio.get_running_loop()
         os.makedirs(self.log_dir, exist_ok=True)
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         ctrl = configure(ctx.socket(zmq.ROUTER))
         ctrl.setsockopt(zmq.ROUTER_MANDATORY, 1)
         host = _bind_host(self.bind)
@@ -282,7 +282,9 @@ class HostAgent:
         self._transition(
             mesh,
             msg.rank,
-            Rank(Status.RUNNING, msg.generation, pid=msg.pid, addr=msg.addr, log_path=proc.log_path),
+            Rank(
+                Status.RUNNING, msg.generation, pid=msg.pid, addr=msg.addr, log_path=proc.log_path
+            ),
         )
 
     def _on_proc_heartbeat(self, msg: w.ProcHeartbeat) -> None:

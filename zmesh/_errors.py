@@ -24,6 +24,8 @@ are deliberately distinct, as trio tells ``BrokenResourceError`` from
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ActorError",
     "ActorStoppedError",
@@ -82,12 +84,12 @@ class ZmeshError(Exception):
         ctx = self._context()
         return f"{self.message} ({', '.join(ctx)})" if ctx else self.message
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only context must survive pickling across processes.
         return (_rebuild, (type(self), self.message, self.__dict__))
 
 
-def _rebuild(cls: type[ZmeshError], message: str, state: dict) -> ZmeshError:  # type: ignore[type-arg]
+def _rebuild(cls: type[ZmeshError], message: str, state: dict[str, Any]) -> ZmeshError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)

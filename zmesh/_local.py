@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import zmq
 
@@ -143,7 +144,7 @@ class _OwnerHeart(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         socks: dict[str, zmq.Socket] = {}
         codec = w.Codec(w.AGENT_INBOX)
         try:
@@ -186,7 +187,7 @@ def release_all() -> None:
         embedded = list(_embedded)
         _embedded.clear()
     embedded_addrs = {a for _, a in embedded}
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     codec = w.Codec(w.AGENT_INBOX)
     for addr in used:
         if addr in embedded_addrs:

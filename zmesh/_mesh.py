@@ -9,11 +9,12 @@ over the dims, hosts first: ``{hosts: 2, procs: 4}`` puts rank 5 at
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import pickle
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
 from zmesh import _local, _runtime
@@ -419,7 +420,7 @@ async def _spawn_procs(
     )
     await asyncio.gather(
         *(
-            a.request(lambda i, h=h, r=r: w.CreateOrUpdate(i, name, spec_of(h, r)))
+            a.request(functools.partial(w.CreateOrUpdate, name=name, spec=spec_of(h, r)))
             for h, (a, r) in enumerate(conns)
         )
     )
@@ -427,7 +428,8 @@ async def _spawn_procs(
     deadline = loop.time() + SPAWN_TIMEOUT
     while True:
         view = ctl.views[name]
-        bad = [(r, s) for r, s in sorted(view.ranks.items()) if s.status.failure or s.status.terminal]
+        now_ranks = sorted(view.ranks.items())
+        bad = [(r, s) for r, s in now_ranks if s.status.failure or s.status.terminal]
         if bad:
             await _stop_mesh_on(rt, name, conns)
             rank, st = bad[0]
@@ -447,7 +449,9 @@ async def _spawn_procs(
     for agent, ranks in conns:
         for r in ranks:
             st = view.ranks[r]
-            refs.append(ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path))
+            refs.append(
+                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
+            )
     return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
 
@@ -497,7 +501,15 @@ async def _spawn_actors(
     for ref in procs._refs:
         rt.send(
             [ref],
-            lambda i, r=ref.rank: w.SpawnActor(i, name, blob, payload, procs.name, dims, r),
+            functools.partial(
+                w.SpawnActor,
+                actor=name,
+                cls=blob,
+                payload=payload,
+                mesh=procs.name,
+                dims=dims,
+                rank=ref.rank,
+            ),
             buffers,
             deliver,
         )
@@ -537,7 +549,7 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
         names = {r.mesh for r in rs}
         for n in names:
             try:
-                await agent.request(lambda i, n=n: w.Stop(i, n), timeout=5.0)
+                await agent.request(functools.partial(w.Stop, name=n), timeout=5.0)
             except AgentError:
                 pass  # the agent is gone: so are its procs
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -56,6 +56,7 @@ class _Mailbox:
                 if isinstance(value, Endpoint) and attr not in self.endpoints:
                     self.endpoints[attr] = value
         self.busy = False
+        self.running: set[asyncio.Task[None]] = set()
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
@@ -73,7 +74,9 @@ class _Mailbox:
             ident, call, frames = self.queue.popleft()
             ep = self.endpoints.get(call.method)
             if ep is not None and ep.info.concurrent:
-                asyncio.ensure_future(self.server.handle(self, ident, call, frames))
+                task = asyncio.ensure_future(self.server.handle(self, ident, call, frames))
+                self.running.add(task)  # keep a reference until it ends
+                task.add_done_callback(self.running.discard)
             else:
                 self.busy = True
                 try:
@@ -101,6 +104,7 @@ class ProcServer:
         self.codec = w.Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
+        self.spawning: set[asyncio.Task[None]] = set()
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
 
     async def serve(self) -> None:
@@ -109,7 +113,7 @@ class ProcServer:
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         router = configure(ctx.socket(zmq.ROUTER))
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(f"tcp://{self.spec['bind_host']}:*")
@@ -149,7 +153,9 @@ class ProcServer:
             else:
                 box.put(ident, msg, frames[1:])
         elif isinstance(msg, w.SpawnActor):
-            asyncio.ensure_future(self._spawn(ident, msg, frames[1:]))
+            task = asyncio.ensure_future(self._spawn(ident, msg, frames[1:]))
+            self.spawning.add(task)  # keep a reference until it ends
+            task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):
             box = self.actors.pop(msg.actor, None)
             if box is not None:
@@ -196,7 +202,8 @@ class ProcServer:
             names = ", ".join(sorted(box.endpoints)) or "none"
             self.fail(
                 ident, call, "endpoint", "EndpointError",
-                f"{type(box.instance).__name__} has no endpoint {call.method!r} (endpoints: {names})",
+                f"{type(box.instance).__name__} has no endpoint {call.method!r} "
+                f"(endpoints: {names})",
             )  # fmt: skip
             return
         try:

@@ -91,7 +91,7 @@ class Runtime:
         from zmesh._controller import Controller
 
         self.loop = loop
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.codec = w.Codec(w.CLIENT_INBOX)
         self._ids = itertools.count(1)
         self.pending: dict[int, Request] = {}

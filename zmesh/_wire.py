@@ -24,7 +24,7 @@ cheap.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import zmq
@@ -35,7 +35,11 @@ BIG_BUFFER = 64 * 1024
 _EXT_BYTES = 1
 _EXT_BYTEARRAY = 2
 _EXT_MEMORYVIEW = 3
-_BUF_EXTS = {bytes: _EXT_BYTES, bytearray: _EXT_BYTEARRAY, memoryview: _EXT_MEMORYVIEW}
+_BUF_EXTS: dict[Any, int] = {
+    bytes: _EXT_BYTES,
+    bytearray: _EXT_BYTEARRAY,
+    memoryview: _EXT_MEMORYVIEW,
+}
 _SCALARS = (type(None), bool, int, float, str)
 
 
@@ -58,7 +62,7 @@ class Payload(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
 # ------------------------------------------------------ client <-> proc
 
 
-class Call(_Msg):
+class Call(_Msg, frozen=True):
     """Run ``actor.method(*args, **kwargs)``; reply unless ``oneway``."""
 
     id: int
@@ -69,7 +73,7 @@ class Call(_Msg):
     oneway: bool = False
 
 
-class SpawnActor(_Msg):
+class SpawnActor(_Msg, frozen=True):
     """Construct an actor in this proc."""
 
     id: int
@@ -81,17 +85,17 @@ class SpawnActor(_Msg):
     rank: int
 
 
-class StopActor(_Msg):
+class StopActor(_Msg, frozen=True):
     id: int
     actor: str
 
 
-class Reply(_Msg):
+class Reply(_Msg, frozen=True):
     id: int
     payload: Payload
 
 
-class Failure(_Msg):
+class Failure(_Msg, frozen=True):
     """A request failed at the proc.
 
     ``kind`` is one of ``actor`` (the endpoint raised), ``endpoint`` (unknown
@@ -123,33 +127,33 @@ class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     env: dict[str, str] = {}
 
 
-class CreateOrUpdate(_Msg):
+class CreateOrUpdate(_Msg, frozen=True):
     id: int
     name: str
     spec: ProcSpec
 
 
-class GetState(_Msg):
+class GetState(_Msg, frozen=True):
     id: int
     name: str = ""  # "" = every mesh
 
 
-class Stop(_Msg):
+class Stop(_Msg, frozen=True):
     id: int
     name: str
 
 
-class ListMeshes(_Msg):
+class ListMeshes(_Msg, frozen=True):
     id: int
 
 
-class Describe(_Msg):
+class Describe(_Msg, frozen=True):
     """Ask an agent who it is and where its event stream is."""
 
     id: int
 
 
-class AgentInfo(_Msg):
+class AgentInfo(_Msg, frozen=True):
     id: int
     label: str
     control: str
@@ -159,11 +163,11 @@ class AgentInfo(_Msg):
     hostname: str
 
 
-class OwnerHeartbeat(_Msg):
+class OwnerHeartbeat(_Msg, frozen=True):
     owner: str
 
 
-class OwnerGone(_Msg):
+class OwnerGone(_Msg, frozen=True):
     """The owner is exiting: stop everything it owns now."""
 
     owner: str
@@ -188,13 +192,13 @@ class MeshState(msgspec.Struct, frozen=True, omit_defaults=True):
     dims: dict[str, int] = {}
 
 
-class Ack(_Msg):
+class Ack(_Msg, frozen=True):
     id: int
     ok: bool = True
     error: str = ""
 
 
-class StateReply(_Msg):
+class StateReply(_Msg, frozen=True):
     id: int
     agent: str
     epoch: str
@@ -205,7 +209,7 @@ class StateReply(_Msg):
 # -------------------------------------------------------- proc -> agent
 
 
-class ProcHello(_Msg):
+class ProcHello(_Msg, frozen=True):
     mesh: str
     rank: int
     generation: int
@@ -213,7 +217,7 @@ class ProcHello(_Msg):
     pid: int
 
 
-class ProcHeartbeat(_Msg):
+class ProcHeartbeat(_Msg, frozen=True):
     mesh: str
     rank: int
     generation: int
@@ -222,7 +226,7 @@ class ProcHeartbeat(_Msg):
 # ------------------------------------------------------- agent PUB stream
 
 
-class Event(_Msg):
+class Event(_Msg, frozen=True):
     """A rank transition, published on the agent's stream."""
 
     seq: int
@@ -234,28 +238,28 @@ class Event(_Msg):
     time: float
 
 
-class Heartbeat(_Msg):
+class Heartbeat(_Msg, frozen=True):
     seq: int  # the last event sequence number, so a subscriber sees gaps
     epoch: str
     agent: str
     time: float
 
 
-PROC_INBOX = Union[Call, SpawnActor, StopActor]
-CLIENT_INBOX = Union[Reply, Failure]
-AGENT_INBOX = Union[
-    CreateOrUpdate,
-    GetState,
-    Stop,
-    ListMeshes,
-    Describe,
-    OwnerHeartbeat,
-    OwnerGone,
-    ProcHello,
-    ProcHeartbeat,
-]
-AGENT_REPLIES = Union[Ack, StateReply, AgentInfo]
-STREAM = Union[Event, Heartbeat]
+PROC_INBOX: Any = Call | SpawnActor | StopActor
+CLIENT_INBOX: Any = Reply | Failure
+AGENT_INBOX: Any = (
+    CreateOrUpdate
+    | GetState
+    | Stop
+    | ListMeshes
+    | Describe
+    | OwnerHeartbeat
+    | OwnerGone
+    | ProcHello
+    | ProcHeartbeat
+)
+AGENT_REPLIES: Any = Ack | StateReply | AgentInfo
+STREAM: Any = Event | Heartbeat
 
 
 # --------------------------------------------------------------- codec

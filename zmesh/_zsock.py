@@ -27,7 +27,7 @@ LINGER_MS = 200
 MAX_MSG_SIZE = 1 << 31  # one frame; a larger one disconnects the peer
 
 
-def configure(sock: zmq.Socket, *, tcp_heartbeats: bool = True) -> zmq.Socket:
+def configure(sock: Any, *, tcp_heartbeats: bool = True) -> Any:
     """Apply zmesh's deliberate socket options."""
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
@@ -59,7 +59,7 @@ class AsyncSocket:
 
     def __init__(
         self,
-        sock: zmq.Socket,
+        sock: Any,
         loop: asyncio.AbstractEventLoop,
         on_message: Callable[[list[Any]], None] | None,
         *,

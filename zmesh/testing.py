@@ -80,7 +80,8 @@ def start_agent(label: str, log_dir: str | None = None, timeout: float = 30.0) -
     if not line.startswith(b"ZMESH-AGENT-READY "):
         popen.kill()
         popen.wait()
-        raise AgentError(f"agent {label} did not start", log_path=os.path.join(log_dir, "agent.log"))
+        log_path = os.path.join(log_dir, "agent.log")
+        raise AgentError(f"agent {label} did not start", log_path=log_path)
     info = json.loads(line.split(b" ", 1)[1])
     return AgentProcess(label, info["control"], info["stream"], popen.pid, log_dir, popen)
 
