@@ -14,7 +14,8 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    done = _run(sys.executable, "-m", "ruff", "check", "zmesh", "tests", "tools", "examples")
+    dirs = [d for d in ("zmesh", "tests", "tools", "examples") if (ROOT / d).is_dir()]
+    done = _run(sys.executable, "-m", "ruff", "check", *dirs)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

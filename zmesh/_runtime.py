@@ -331,10 +331,14 @@ def shutdown_io_thread() -> None:
 
 
 def close_finished() -> None:
-    """Close the runtimes of loops that have ended (``asyncio.run`` returned)."""
+    """Close the runtimes of loops that are not running (``asyncio.run`` returned).
+
+    A loop that is not running has no callback in flight, so its sockets can
+    be closed from here; it gets a fresh runtime if it runs zmesh again.
+    """
     with _lock:
         for loop, rt in list(_runtimes.items()):
-            if loop.is_closed():
+            if loop.is_closed() or not loop.is_running():
                 rt.close()
                 del _runtimes[loop]
 
