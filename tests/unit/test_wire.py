@@ -1,0 +1,108 @@
+"""The codec: exact values, large buffers as frames, and bad input that never crashes."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgspec
+import pytest
+
+from zmesh import _wire as w
+
+
+def roundtrip(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[object, object]:
+    codec = w.Codec(w.PROC_INBOX)
+    payload, buffers = w.Codec.pack(args, kwargs)
+    frames = codec.encode(w.Call(1, "a", "m", payload), buffers)
+    msg = codec.decode(frames)
+    assert isinstance(msg, w.Call)
+    return codec.unpack(msg.payload, frames)
+
+
+def test_scalars_travel_plain_without_pickle() -> None:
+    payload, buffers = w.Codec.pack((1, 2.5, "s", None, True, b"x"), {"k": 3})
+    assert payload.blob is None and buffers == []
+    assert roundtrip((1, 2.5, "s", None, True, b"x"), {"k": 3}) == (
+        (1, 2.5, "s", None, True, b"x"),
+        {"k": 3},
+    )
+
+
+def test_containers_keep_their_python_types() -> None:
+    args = ((1, 2), {3, 4}, {"a": [1, (2,)]}, frozenset({5}))
+    got_args, _ = roundtrip(args, {})
+    assert got_args == args
+    assert type(got_args[0]) is tuple  # type: ignore[index]
+
+
+def test_large_buffers_travel_as_their_own_frames() -> None:
+    big = b"x" * (w.BIG_BUFFER + 1)
+    payload, buffers = w.Codec.pack((big, bytearray(big), memoryview(big)), {})
+    assert payload.blob is None
+    assert len(buffers) == 3 and buffers[0] is big  # no copy into the envelope
+    (a, b, c), _ = roundtrip((big, bytearray(big), memoryview(big)), {})
+    assert a == big and type(a) is bytes
+    assert b == big and type(b) is bytearray
+    assert bytes(c) == big
+
+
+class Array:
+    """Pickles its data out of band with protocol 5, as numpy arrays do."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: int) -> object:
+        return (Array._rebuild, (pickle.PickleBuffer(self.data),))
+
+    @staticmethod
+    def _rebuild(buf: object) -> Array:
+        return Array(bytes(memoryview(buf)))  # type: ignore[arg-type]
+
+
+def test_large_out_of_band_pickle_buffer_travels_as_a_frame() -> None:
+    big = b"y" * (2 * w.BIG_BUFFER)
+    payload, buffers = w.Codec.pack(([Array(big)],), {})
+    assert payload.blob is not None and payload.nbuf == 1 and len(buffers) == 1
+    assert len(payload.blob) < 1000  # the data is not inside the pickle
+    (got,), _ = roundtrip(([Array(big)],), {})
+    assert got[0].data == big  # type: ignore[index]
+
+
+def test_unpicklable_argument_raises_at_pack() -> None:
+    import threading
+
+    with pytest.raises(TypeError):
+        w.Codec.pack((threading.Lock(),), {})
+
+
+def test_pickle_refused_from_unauthenticated_peer() -> None:
+    codec = w.Codec(w.PROC_INBOX, allow_pickle=False)
+    payload, buffers = w.Codec.pack(([1],), {})
+    frames = codec.encode(w.Call(1, "a", "m", payload), buffers)
+    msg = codec.decode(frames)
+    with pytest.raises(PermissionError):
+        codec.unpack(msg.payload, frames)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b"\xc1", b"\x93\x01", b"not msgpack at all", msgspec.msgpack.encode(["Nope", 1])],
+)
+def test_garbage_raises_a_catchable_error(garbage: bytes) -> None:
+    with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+        w.Codec(w.PROC_INBOX).decode([garbage])
+
+
+def test_deep_nesting_raises_a_catchable_error() -> None:
+    deep = b"\x91" * 200_000 + b"\xc0"
+    with pytest.raises(Exception) as info:  # RecursionError or DecodeError, never a crash
+        w.Codec(w.PROC_INBOX).decode([deep])
+    assert isinstance(info.value, (RecursionError, msgspec.DecodeError, msgspec.ValidationError))
+
+
+def test_one_message_kind_per_tag() -> None:
+    codec = w.Codec(w.AGENT_INBOX)
+    msg = w.OwnerHeartbeat("me")
+    assert codec.decode(codec.encode(msg)) == msg
+    assert pickle.loads(pickle.dumps(msg)) == msg
