@@ -12,6 +12,7 @@ whatever the fan-out.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import queue
 import time
@@ -45,10 +46,34 @@ def _on_runtime(start: Callable[[Runtime], asyncio.Future[R]]) -> Future[R]:
     if home:
         return Future(afut=start(rt))
 
-    async def go(rt: Runtime) -> R:
-        return await start(rt)
+    # Send from a plain callback, not a task: callbacks run in the order they
+    # were scheduled, so calls, broadcasts and streams from one thread go out
+    # in the order the thread made them (a task would start one turn later
+    # and be overtaken by a later broadcast).
+    cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
 
-    return Future(cfut=asyncio.run_coroutine_threadsafe(go(rt), rt.loop))
+    def copy(afut: asyncio.Future[R]) -> None:
+        if cfut.cancelled():
+            return
+        if afut.cancelled():
+            cfut.cancel()
+        elif afut.exception() is not None:
+            cfut.set_exception(afut.exception())
+        else:
+            cfut.set_result(afut.result())
+
+    def run() -> None:
+        if not cfut.set_running_or_notify_cancel():
+            return
+        try:
+            afut = start(rt)
+        except BaseException as exc:
+            cfut.set_exception(exc)
+            return
+        afut.add_done_callback(copy)
+
+    rt.loop.call_soon_threadsafe(run)
+    return Future(cfut=cfut)
 
 
 class EndpointRef(Generic[R]):
@@ -77,7 +102,7 @@ class EndpointRef(Generic[R]):
         except Exception as exc:
             raise EncodeError(
                 f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
-                mesh=self._mesh.actor,
+                mesh=self._mesh.proc_mesh,
             ) from exc
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:

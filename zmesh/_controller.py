@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ log = logging.getLogger("zmesh")
 # A lost agent's ranks become Unknown after this much silence (bar: <= 2 s).
 AGENT_TIMEOUT = 1.0
 WATCH_INTERVAL = 0.1
+# Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
+# no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
+ESCALATE_UNHANDLED = False
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class Controller:
         self.changed: dict[str, asyncio.Event] = {}
         self.listeners: dict[str, list[Callable[[SupervisionEvent], None]]] = {}
         self.handlers: dict[str, Callable[[SupervisionEvent], bool]] = {}
+        self.owned: set[str] = set()  # meshes spawned (successfully) from here
         self.closed = False
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -300,6 +305,9 @@ class Controller:
             handled = handler(event) or handled
         if not handled:
             log.error("unhandled supervision event: %s", event)
+            if ESCALATE_UNHANDLED and event.mesh in self.owned:
+                log.error("failing this proc so that its owner is told")
+                os._exit(1)
 
     def forget_missing(self, agent: AgentConn, known: set[str]) -> None:
         """Ranks the agent no longer knows of (it restarted) are gone."""
@@ -308,6 +316,9 @@ class Controller:
                 view = self.views.get(mesh)
                 cur = view.ranks.get(rank) if view else None
                 if view is None or cur is None or cur.status.terminal:
+                    continue
+                if cur.status is Status.NOT_EXIST:
+                    # Being created: the snapshot may predate our CreateOrUpdate.
                     continue
                 state = view.apply(
                     rank, Rank(Status.FAILED, cur.generation, reason="agent no longer knows it")

@@ -57,6 +57,11 @@ def configure(addresses: list[str] | None) -> None:
         _configured = list(addresses) if addresses is not None else None
 
 
+def configured() -> list[str] | None:
+    """The agents set by ``zmesh.connect`` or ``local_cluster``, if any."""
+    return list(_configured) if _configured is not None else None
+
+
 def agents(hosts: int) -> list[str]:
     """Control addresses of at least ``hosts`` agents, starting local ones if need be.
 

@@ -255,7 +255,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             known = ", ".join(sorted(self.endpoints)) or "none"
             raise EndpointError(
                 f"{self.cls_name} has no endpoint {name!r} (endpoints: {known})",
-                mesh=self.actor,
+                mesh=self.proc_mesh,
             )
         return EndpointRef(self, name)
 
@@ -400,6 +400,8 @@ async def _spawn_procs(
         raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
     prep = preparation()
     env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
+    if _local.configured() is not None:  # zmesh.connect(): procs use the same agents
+        env["ZMESH_AGENTS"] = ",".join(_local.configured() or [])
     ctl = rt.controller
     owner_actor = _CURRENT_ACTOR.get(None)
     if owner_actor is not None:
@@ -452,6 +454,7 @@ async def _spawn_procs(
             refs.append(
                 ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
             )
+    ctl.owned.add(name)  # from now on, its unhandled failures are ours
     return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
 

@@ -169,14 +169,19 @@ class ProcServer:
 
     async def _spawn(self, ident: bytes, msg: w.SpawnActor, frames: list[Any]) -> None:
         point = Point(msg.rank, dict(msg.dims))
-        try:
+
+        def build() -> Any:
+            # Unpickling may import the user's modules, and __init__ may block
+            # (loading a model): both run off the loop, so heartbeats go on.
             cls = pickle.loads(msg.cls)
             args, kwargs = self.codec.unpack(msg.payload, frames)
+            return cls(*args, **kwargs)
+
+        try:
             ctx = contextvars.copy_context()
             ctx.run(_CURRENT.set, point)
-            # __init__ may block (loading a model): keep the loop free.
             instance = await asyncio.get_running_loop().run_in_executor(
-                self.pool, functools.partial(ctx.run, cls, *args, **kwargs)
+                self.pool, functools.partial(ctx.run, build)
             )
         except Exception as exc:
             self._send_failure(ident, msg.id, "spawn", exc, "__init__")
@@ -297,8 +302,16 @@ def main() -> None:
         level=logging.INFO,
         format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
     )
+    from zmesh import _controller
     from zmesh._spawnprep import prepare
 
+    _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
+    if not os.environ.get("ZMESH_AGENTS"):
+        # Meshes spawned by an actor go to this proc's own agent by default,
+        # never to a private embedded agent of the proc.
+        from zmesh import _local
+
+        _local.configure([spec["agent"]])
     prepare(spec.get("main") or {})
     server = ProcServer(spec)
     try:

@@ -18,6 +18,11 @@ def preparation() -> dict[str, Any]:
     """What a proc needs to rebuild this process's ``__main__``, ``sys.path`` and cwd."""
     data: dict[str, Any] = {"sys_path": list(sys.path), "dir": os.getcwd()}
     main = sys.modules.get("__main__")
+    if main is not None:
+        # A proc runs our script as ``__mp_main__``, so instances of its
+        # classes come back pickled as ``__mp_main__.X``: let that name
+        # resolve here, as ``import multiprocessing`` does in a parent.
+        sys.modules.setdefault("__mp_main__", main)
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name not in ("__main__", "pytest", "pytest.__main__"):
         name = spec.name

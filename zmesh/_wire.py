@@ -372,9 +372,14 @@ class Codec:
 
 
 def _lift(v: Any, buffers: list[Any]) -> Any:
-    """Move a large top-level buffer out of the envelope into its own frame."""
+    """Move a large top-level buffer out of the envelope into its own frame.
+
+    Small ``bytes`` stay in the envelope. A ``bytearray`` or ``memoryview``
+    always travels as a frame, whatever its size, so that it arrives as the
+    same type (msgpack would turn it into ``bytes``).
+    """
     code = _BUF_EXTS.get(type(v))
-    if code is None or len(v) < BIG_BUFFER:
+    if code is None or (code == _EXT_BYTES and len(v) < BIG_BUFFER):
         return v
     # Frame indices count from 1: frame 0 is the envelope.
     buffers.append(v)

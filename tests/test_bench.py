@@ -1,0 +1,68 @@
+"""tools/bench.py runs end to end and writes the JSON it promises (no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "tools" / "bench.py"
+
+PAIRED = [  # zmesh and raw, with a ratio
+    "call_one_p50_us",
+    "call_one_p99_us",
+    "call_one_get_p50_us",
+    "call_one_get_p99_us",
+    "pipelined_per_s",
+    "bulk_1mib_gbps",
+]
+ZMESH_ONLY = [
+    *(f"call_fanout{n}_p50_us" for n in (4, 16, 64)),
+    *(f"broadcast_fanout{n}_p50_us" for n in (4, 16, 64)),
+    "cold_import_s",
+    "cold_main_to_first_reply_s",
+    "cold_total_wall_s",
+    "rss_proc_idle_mb",
+    "rss_agent_idle_mb",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_quick_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "ZMESH_AGENTS"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "zmesh vs raw pyzmq" in proc.stdout
+    assert "targets" in proc.stdout
+
+    report = json.loads(out.read_text())
+    assert report["mode"] == "quick"
+    for key in ("nproc", "python", "pyzmq", "libzmq"):
+        assert key in report["machine"]
+    results = report["results"]
+    for key in PAIRED:
+        assert {"zmesh", "raw", "ratio"} <= results[key].keys(), key
+        assert math.isfinite(results[key]["zmesh"]) and results[key]["zmesh"] > 0, key
+        assert math.isfinite(results[key]["raw"]) and results[key]["raw"] > 0, key
+    for key in ZMESH_ONLY:
+        assert results[key]["zmesh"] > 0, key
+    names = {t["name"] for t in report["targets"]}
+    assert {"call_one p50 vs raw", "pipelined vs raw", "1 MiB GB/s vs raw",
+            "fan-out call to 64 p50", "cold start (main -> first reply)",
+            "idle proc RSS", "agent RSS"} <= names  # fmt: skip
+    assert all(isinstance(t["met"], bool) for t in report["targets"])
+    if "skipped" in report["ray"]:
+        assert "ray not installed" in proc.stdout or "skipped" in proc.stdout
+    else:
+        assert {"ray_lat_p50_us", "ray_pipelined_per_s"} <= results.keys()

@@ -1,0 +1,49 @@
+"""zmesh's public face: ``__all__`` is sorted and complete, and documented.
+
+After httpx's ``tests/test_exported_members.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+
+import zmesh
+
+
+def _public_names() -> list[str]:
+    # Submodules (zmesh.testing, zmesh.cli) show up in vars(zmesh) once
+    # imported; they are not names __init__.py defines.
+    return [
+        name
+        for name, value in vars(zmesh).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    ]
+
+
+def test_all_is_sorted() -> None:
+    assert zmesh.__all__ == sorted(zmesh.__all__)
+
+
+def test_all_imports_are_exported() -> None:
+    assert zmesh.__all__ == sorted(_public_names())
+
+
+def test_every_exported_name_exists() -> None:
+    missing = [name for name in zmesh.__all__ if not hasattr(zmesh, name)]
+    assert missing == []
+
+
+def test_every_exported_name_has_a_docstring() -> None:
+    undocumented = []
+    for name in zmesh.__all__:
+        obj = getattr(zmesh, name)
+        # A class's own docstring, not one inherited (inspect.getdoc would
+        # find Exception's) nor the signature dataclasses write when none.
+        doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else obj.__doc__
+        if dataclasses.is_dataclass(obj) and doc and doc.startswith(f"{name}("):
+            doc = None
+        if not (doc and inspect.cleandoc(doc).strip()):
+            undocumented.append(name)
+    assert undocumented == []

@@ -1,0 +1,760 @@
+#!/usr/bin/env python
+"""zmesh vs a raw pyzmq baseline (and Ray, when installed), side by side.
+
+Run from the repository root::
+
+    python tools/bench.py                 # a few minutes, 5 rounds
+    python tools/bench.py --quick         # ~1 minute smoke, 3 short rounds
+    python tools/bench.py --json out.json # also write every number as JSON
+
+Both sides are measured in the same run and *interleaved* (raw, zmesh, raw,
+zmesh, ... with the order flipped every round) so that drift on a noisy shared
+machine hits both. Each number is the median over rounds of a per-round
+statistic; compare the ratios, not absolutes from different runs.
+
+Raw baseline: a ~60-line pyzmq DEALER (here) / ROUTER (a subprocess) echo over
+tcp loopback, written the fast way: asyncio + ``loop.add_reader`` on the
+socket's ``ZMQ_FD``, ``NOBLOCK`` sends and receives, ``EVENTS`` re-checked
+after every operation (``ZMQ_FD`` is edge-triggered), ``copy=False`` for
+the 1 MiB case.
+
+See docs/benchmarks.md for how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+import zmesh
+import zmesh._local
+
+PAYLOAD = b"x" * 64
+MIB = 1 << 20
+BIG = b"y" * MIB
+WINDOW = 1000  # requests in flight for the pipelined runs
+FANOUT = (4, 16, 64)
+
+
+# ---------------------------------------------------------------- the actor
+
+
+class BenchActor(zmesh.Actor):
+    """Defined at module level: procs re-import this script as ``__mp_main__``."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+
+    @zmesh.endpoint
+    async def echo(self, x: Any) -> Any:
+        return x
+
+    @zmesh.endpoint
+    async def ping(self) -> int:
+        return self.hits
+
+    @zmesh.endpoint
+    async def hit(self, x: Any) -> None:
+        self.hits += 1
+
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def med(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS of ``pid`` in MB (1e6 bytes)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    return float("nan")
+
+
+# ---------------------------------------------------------------- raw baseline
+
+
+def raw_server() -> None:
+    """ROUTER echo in its own process; prints its address, exits when stdin closes."""
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.bind("tcp://127.0.0.1:*")
+        pending: deque[list[Any]] = deque()
+        done = loop.create_future()
+
+        def on_ready() -> None:
+            while True:
+                ev = sock.getsockopt(zmq.EVENTS)
+                while pending and ev & zmq.POLLOUT:
+                    try:
+                        sock.send_multipart(pending[0], zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    pending.popleft()
+                    ev = sock.getsockopt(zmq.EVENTS)
+                if not ev & zmq.POLLIN:
+                    return
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                if pending:
+                    pending.append(frames)
+                    continue
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    pending.append(frames)
+
+        loop.add_reader(sock.getsockopt(zmq.FD), on_ready)
+        loop.add_reader(sys.stdin.fileno(), lambda: done.done() or done.set_result(None))
+        print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+        on_ready()
+        await done
+        sock.close(linger=0)
+
+    asyncio.run(serve())
+
+
+class RawClient:
+    """DEALER side of the raw echo; replies come back in order (FIFO of futures)."""
+
+    def __init__(self, addr: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.connect(addr)
+        self.waiters: deque[asyncio.Future[Any]] = deque()
+        self.pending: deque[list[Any]] = deque()
+        self.copy = True
+        self.scheduled = False
+        self.fd = self.sock.getsockopt(zmq.FD)
+        loop.add_reader(self.fd, self._ready)
+
+    def request(self, frames: list[Any]) -> asyncio.Future[Any]:
+        fut = self.loop.create_future()
+        self.waiters.append(fut)
+        if self.pending:
+            self.pending.append(frames)
+        else:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.pending.append(frames)
+        # Edge-triggered FD: the send may have consumed the edge of a reply.
+        if not self.scheduled and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.scheduled = True
+            self.loop.call_soon(self._ready)
+        return fut
+
+    def _ready(self) -> None:
+        self.scheduled = False
+        sock = self.sock
+        while True:
+            ev = sock.getsockopt(zmq.EVENTS)
+            while self.pending and ev & zmq.POLLOUT:
+                try:
+                    sock.send_multipart(self.pending[0], zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self.pending.popleft()
+                ev = sock.getsockopt(zmq.EVENTS)
+            if not ev & zmq.POLLIN:
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=self.copy)
+            except zmq.Again:
+                continue
+            self.waiters.popleft().set_result(frames)
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        self.sock.close(linger=0)
+
+
+# ---------------------------------------------------------------- measurements
+
+
+async def lat_async(call: Any, n: int) -> list[float]:
+    """Round trip samples in µs of ``await call()``."""
+    out = []
+    pc = time.perf_counter_ns
+    for _ in range(n):
+        t = pc()
+        await call()
+        out.append((pc() - t) / 1000)
+    return out
+
+
+def lat_sync(call: Any, n: int) -> list[float]:
+    out = []
+    pc = time.perf_counter_ns
+    for _ in range(n):
+        t = pc()
+        call().get(timeout=30)
+        out.append((pc() - t) / 1000)
+    return out
+
+
+async def pipelined(start: Any, total: int, window: int = WINDOW) -> float:
+    """Calls per second with ``window`` in flight (sliding window, oldest first)."""
+    inflight: deque[Any] = deque()
+    t = time.perf_counter()
+    sent = 0
+    while sent < min(window, total):
+        inflight.append(start())
+        sent += 1
+    while inflight:
+        await inflight.popleft()
+        if sent < total:
+            inflight.append(start())
+            sent += 1
+    return total / (time.perf_counter() - t)
+
+
+async def bulk(call: Any, n: int) -> float:
+    """GB/s (1e9 B/s) of payload: 1 MiB per round trip / round trip time (median)."""
+    samples = await lat_async(call, n)
+    return MIB / (med(samples) / 1e6) / 1e9
+
+
+async def check_echo(raw: RawClient, ref: Any) -> None:
+    got = await raw.request([PAYLOAD])
+    assert bytes(got[0]) == PAYLOAD, got
+    assert await ref.echo.call_one(PAYLOAD) == PAYLOAD
+    raw.copy = False
+    got = await raw.request([BIG])
+    raw.copy = True
+    assert got[0].bytes == BIG
+    assert await ref.echo.call_one(BIG) == BIG
+
+
+# ---------------------------------------------------------------- cold start
+
+COLD_SCRIPT = textwrap.dedent(
+    """
+    import time
+    T0 = time.perf_counter()
+    import asyncio, json, os
+    import zmesh
+    T_IMPORT = time.perf_counter()
+
+
+    class Cold(zmesh.Actor):
+        @zmesh.endpoint
+        async def ping(self) -> int:
+            return os.getpid()
+
+
+    async def main() -> None:
+        t_main = time.perf_counter()
+        mesh = await Cold.options(procs=4).as_actor()
+        t_spawned = time.perf_counter()
+        await mesh.slice(procs=0).ping.call_one()
+        t_first = time.perf_counter()
+        await mesh.ping.call()
+        t_all = time.perf_counter()
+        print("COLD " + json.dumps({
+            "import_s": T_IMPORT - T0,
+            "main_to_spawned_s": t_spawned - t_main,
+            "main_to_first_reply_s": t_first - t_main,
+            "main_to_all_replies_s": t_all - t_main,
+            "script_start_to_first_reply_s": t_first - T0,
+        }), flush=True)
+
+
+    if __name__ == "__main__":
+        asyncio.run(main())
+    """
+)
+
+
+def cold_start(tmpdir: str) -> dict[str, float]:
+    path = os.path.join(tmpdir, "zmesh_cold_start.py")
+    with open(path, "w") as f:
+        f.write(COLD_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "ZMESH_AGENTS"}
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, path], capture_output=True, text=True, env=env, cwd=tmpdir, timeout=120
+    )
+    wall = time.perf_counter() - t
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("COLD ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"cold start run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    out = json.loads(line[5:])
+    out["total_wall_s"] = wall  # interpreter start to exit, teardown included
+    return out
+
+
+# ---------------------------------------------------------------- ray
+
+
+def ray_bench(cfg: dict[str, int], rounds: int) -> dict[str, Any]:
+    try:
+        import ray
+    except Exception as exc:  # not installed, or broken
+        return {"skipped": f"ray not installed: skipped (pip install -e '.[bench]') [ray: {exc}]"}
+
+    t = time.perf_counter()
+    ray.init(num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    init_s = time.perf_counter() - t
+
+    @ray.remote
+    class Pinger:
+        def ping(self, x: Any) -> Any:
+            return x
+
+    try:
+        creates, lats, p99s, tputs, fans = [], [], [], [], []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            actors = [Pinger.remote() for _ in range(4)]
+            ray.get([a.ping.remote(b"") for a in actors])
+            creates.append(time.perf_counter() - t)
+            a = actors[0]
+            for _ in range(20):
+                ray.get(a.ping.remote(PAYLOAD))
+            samples = []
+            for _ in range(cfg["lat_n"] // 2):
+                s = time.perf_counter_ns()
+                ray.get(a.ping.remote(PAYLOAD))
+                samples.append((time.perf_counter_ns() - s) / 1000)
+            lats.append(pct(samples, 50))
+            p99s.append(pct(samples, 99))
+            n = max(WINDOW, cfg["pipe_n"] // 4)
+            t = time.perf_counter()
+            refs: deque[Any] = deque(a.ping.remote(PAYLOAD) for _ in range(WINDOW))
+            sent = WINDOW
+            while refs:
+                ray.get(refs.popleft())
+                if sent < n:
+                    refs.append(a.ping.remote(PAYLOAD))
+                    sent += 1
+            tputs.append(n / (time.perf_counter() - t))
+            fs = []
+            for _ in range(cfg["fan_n"]):
+                s = time.perf_counter_ns()
+                ray.get([x.ping.remote(PAYLOAD) for x in actors])
+                fs.append((time.perf_counter_ns() - s) / 1000)
+            fans.append(pct(fs, 50))
+            for x in actors:
+                ray.kill(x)
+        return {
+            "version": ray.__version__,
+            "init_s": init_s,
+            "create4_s": med(creates),
+            "lat_p50_us": med(lats),
+            "lat_p99_us": med(p99s),
+            "pipelined_per_s": med(tputs),
+            "fanout4_p50_us": med(fans),
+        }
+    finally:
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------- main run
+
+
+CONFIGS = {
+    "quick": {"rounds": 3, "lat_n": 300, "pipe_n": 4000, "big_n": 15, "fan_n": 20, "fan_rounds": 2,
+              "cold_n": 1},
+    "full": {
+        "rounds": 5, "lat_n": 2000, "pipe_n": 20000, "big_n": 60, "fan_n": 150, "fan_rounds": 3,
+        "cold_n": 3,
+    },
+}  # fmt: skip
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    res: dict[str, Any] = {}
+    rounds: dict[str, list[float]] = {}
+
+    def keep(key: str, value: float) -> None:
+        rounds.setdefault(key, []).append(value)
+
+    # Cold start first, before this process has any agent or procs.
+    log(f"cold start x{cfg['cold_n']} (fresh interpreter, 4 procs, embedded agent)")
+    colds = [cold_start(tmpdir) for _ in range(cfg["cold_n"])]
+    res["cold"] = {k: med([c[k] for c in colds]) for k in colds[0]}
+    rounds["cold_main_to_first_reply_s"] = [c["main_to_first_reply_s"] for c in colds]
+
+    log("starting raw echo server and zmesh singleton")
+    srv = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--_raw-server"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert srv.stdout is not None
+        addr = srv.stdout.readline().strip()
+        raw = RawClient(addr, loop)
+        t = time.perf_counter()
+        one = await BenchActor.options(procs=1).as_actor()
+        res["spawn1_s"] = time.perf_counter() - t
+        ref = one.slice(procs=0)
+        proc_pid = await ref.pid.call_one()
+        agent_pid = zmesh._local._embedded[0][0].pid
+        await check_echo(raw, ref)
+        await asyncio.sleep(1.0)  # settle, then idle RSS
+        res["rss_mb"] = {
+            "proc_idle": rss_mb(proc_pid),
+            "agent_idle": rss_mb(agent_pid),
+            "raw_server_idle": rss_mb(srv.pid),
+        }
+
+        # Warm up both sides (connections, code paths, allocator).
+        for _ in range(200):
+            await raw.request([PAYLOAD])
+            await ref.echo.call_one(PAYLOAD)
+        await loop.run_in_executor(None, lat_sync, lambda: ref.echo.call_one(PAYLOAD), 100)
+
+        def raw_call() -> Any:
+            return raw.request([PAYLOAD])
+
+        def zm_call() -> Any:
+            return ref.echo.call_one(PAYLOAD)
+
+        def raw_big() -> Any:
+            return raw.request([BIG])
+
+        def zm_big() -> Any:
+            return ref.echo.call_one(BIG)
+
+        for r in range(cfg["rounds"]):
+            log(f"round {r + 1}/{cfg['rounds']}: latency, pipelined, 1 MiB")
+            order = ("raw", "zmesh") if r % 2 == 0 else ("zmesh", "raw")
+            for side in order:
+                if side == "raw":
+                    s = await lat_async(raw_call, cfg["lat_n"])
+                    keep("raw_p50_us", pct(s, 50))
+                    keep("raw_p99_us", pct(s, 99))
+                else:
+                    s = await lat_async(zm_call, cfg["lat_n"])
+                    keep("zmesh_p50_us", pct(s, 50))
+                    keep("zmesh_p99_us", pct(s, 99))
+                    s = await loop.run_in_executor(None, lat_sync, zm_call, cfg["lat_n"])
+                    keep("zmesh_get_p50_us", pct(s, 50))
+                    keep("zmesh_get_p99_us", pct(s, 99))
+            for side in order:
+                if side == "raw":
+                    keep("raw_pipelined_per_s", await pipelined(raw_call, cfg["pipe_n"]))
+                else:
+                    keep("zmesh_pipelined_per_s", await pipelined(zm_call, cfg["pipe_n"]))
+            for side in order:
+                if side == "raw":
+                    raw.copy = False
+                    keep("raw_1mib_gbps", await bulk(raw_big, cfg["big_n"]))
+                    raw.copy = True
+                else:
+                    keep("zmesh_1mib_gbps", await bulk(zm_big, cfg["big_n"]))
+
+        res["rss_mb"]["proc_after_load"] = rss_mb(proc_pid)
+        res["rss_mb"]["agent_after_load"] = rss_mb(agent_pid)
+        raw.close()
+        await one.stop()
+    finally:
+        if srv.stdin is not None:
+            srv.stdin.close()
+        try:
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+
+    # Fan-out: one mesh of max(FANOUT) procs, sliced. No raw counterpart.
+    n_max = max(FANOUT)
+    log(f"spawning {n_max} procs for fan-out")
+    t = time.perf_counter()
+    big_mesh = await BenchActor.options(procs=n_max).as_actor()
+    res["spawn64_s"] = time.perf_counter() - t
+    try:
+        await big_mesh.ping.call()
+        meshes = {n: big_mesh.slice(procs=slice(0, n)) for n in FANOUT}
+        for m in meshes.values():
+            for _ in range(5):
+                await m.ping.call()
+        for r in range(cfg["fan_rounds"]):
+            log(f"fan-out round {r + 1}/{cfg['fan_rounds']}")
+            for n, m in meshes.items():
+                s = await lat_async(lambda m=m: m.ping.call(), cfg["fan_n"])
+                keep(f"call{n}_p50_us", pct(s, 50))
+                keep(f"call{n}_p99_us", pct(s, 99))
+
+                async def bcast(m: Any = m) -> None:
+                    m.hit.broadcast(PAYLOAD)
+                    await m.ping.call()  # per-sender order: all have run hit()
+
+                s = await lat_async(bcast, cfg["fan_n"])
+                keep(f"bcast{n}_p50_us", pct(s, 50))
+                # The send side alone: how long broadcast() blocks the caller.
+                s = []
+                for _ in range(cfg["fan_n"]):
+                    t0 = time.perf_counter_ns()
+                    m.hit.broadcast(PAYLOAD)
+                    s.append((time.perf_counter_ns() - t0) / 1000)
+                    await m.ping.call()
+                keep(f"bcast{n}_send_p50_us", pct(s, 50))
+    finally:
+        await big_mesh.stop()
+
+    res["rounds"] = rounds
+    res["median"] = {k: med(v) for k, v in rounds.items()}
+    return res
+
+
+def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
+    m = res["median"]
+    cold = res["cold"]
+    rss = res["rss_mb"]
+    results: dict[str, Any] = {
+        "call_one_p50_us": {"zmesh": m["zmesh_p50_us"], "raw": m["raw_p50_us"]},
+        "call_one_p99_us": {"zmesh": m["zmesh_p99_us"], "raw": m["raw_p99_us"]},
+        "call_one_get_p50_us": {"zmesh": m["zmesh_get_p50_us"], "raw": m["raw_p50_us"]},
+        "call_one_get_p99_us": {"zmesh": m["zmesh_get_p99_us"], "raw": m["raw_p99_us"]},
+        "pipelined_per_s": {"zmesh": m["zmesh_pipelined_per_s"], "raw": m["raw_pipelined_per_s"]},
+        "bulk_1mib_gbps": {"zmesh": m["zmesh_1mib_gbps"], "raw": m["raw_1mib_gbps"]},
+    }
+    for n in FANOUT:
+        results[f"call_fanout{n}_p50_us"] = {"zmesh": m[f"call{n}_p50_us"]}
+        results[f"call_fanout{n}_p99_us"] = {"zmesh": m[f"call{n}_p99_us"]}
+        results[f"broadcast_fanout{n}_p50_us"] = {"zmesh": m[f"bcast{n}_p50_us"]}
+        results[f"broadcast_send{n}_p50_us"] = {"zmesh": m[f"bcast{n}_send_p50_us"]}
+    for k, v in cold.items():
+        results[f"cold_{k}"] = {"zmesh": v}
+    results["spawn1_s"] = {"zmesh": res["spawn1_s"]}
+    results["spawn64_s"] = {"zmesh": res["spawn64_s"]}
+    for k, v in rss.items():
+        if k.startswith("raw"):
+            continue
+        results[f"rss_{k}_mb"] = {"zmesh": v, "raw": rss["raw_server_idle"]}
+    for v in results.values():
+        if v.get("raw"):
+            v["ratio"] = v["zmesh"] / v["raw"]
+    if "skipped" not in ray:
+        results["ray_lat_p50_us"] = {"zmesh": m["zmesh_p50_us"], "ray": ray["lat_p50_us"]}
+        results["ray_pipelined_per_s"] = {
+            "zmesh": m["zmesh_pipelined_per_s"], "ray": ray["pipelined_per_s"],
+        }  # fmt: skip
+        results["ray_fanout4_p50_us"] = {"zmesh": m["call4_p50_us"], "ray": ray["fanout4_p50_us"]}
+        results["ray_create4_s"] = {"zmesh": cold["main_to_spawned_s"], "ray": ray["create4_s"]}
+        for v in (results[k] for k in results if k.startswith("ray_")):
+            v["ratio_vs_ray"] = v["zmesh"] / v["ray"] if v["ray"] else float("nan")
+
+    def target(name: str, value: float, op: str, limit: float, unit: str) -> dict[str, Any]:
+        met = value <= limit if op == "<=" else value >= limit
+        return {"name": name, "value": value, "op": op, "limit": limit, "unit": unit, "met": met}
+
+    r = results
+    targets = [
+        target("call_one p50 vs raw", r["call_one_p50_us"]["ratio"], "<=", 1.2, "x raw"),
+        target("pipelined vs raw", r["pipelined_per_s"]["ratio"], ">=", 0.8, "x raw"),
+        target("1 MiB GB/s vs raw", r["bulk_1mib_gbps"]["ratio"], ">=", 0.8, "x raw"),
+        target("fan-out call to 64 p50", r["call_fanout64_p50_us"]["zmesh"] / 1000, "<=", 5.0,
+               "ms"),
+        target("cold start (main -> first reply)", cold["main_to_first_reply_s"], "<=", 1.0, "s"),
+        target("idle proc RSS", rss["proc_idle"], "<=", 60.0, "MB"),
+        target("agent RSS", rss["agent_idle"], "<=", 60.0, "MB"),
+    ]  # fmt: skip
+    if "skipped" not in ray:
+        targets.append(
+            target("latency vs Ray", ray["lat_p50_us"] / m["zmesh_p50_us"], ">=", 5.0, "x lower")
+        )
+        targets.append(
+            target("throughput vs Ray", m["zmesh_pipelined_per_s"] / ray["pipelined_per_s"], ">=",
+                   20.0, "x higher")
+        )  # fmt: skip
+    return {"results": results, "targets": targets}
+
+
+def machine() -> dict[str, Any]:
+    import msgspec
+
+    return {
+        "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+        "msgspec": msgspec.__version__,
+        "zmesh": zmesh.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    r = report["results"]
+    console = Console()
+
+    def us(v: float) -> str:
+        return f"{v:,.0f} µs" if v < 10_000 else f"{v / 1000:,.1f} ms"
+
+    table = Table(title=f"zmesh vs raw pyzmq ({report['mode']}, medians of rounds)")
+    for col, just in (("metric", "left"), ("zmesh", "right"), ("raw pyzmq", "right"),
+                      ("zmesh/raw", "right")):  # fmt: skip
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+
+    def row(label: str, key: str, fmt: Any) -> None:
+        v = r[key]
+        raw = fmt(v["raw"]) if "raw" in v else "—"
+        ratio = f"{v['ratio']:.2f}x" if "ratio" in v else "—"
+        table.add_row(label, fmt(v["zmesh"]), raw, ratio)
+
+    row("call_one round trip p50 (await)", "call_one_p50_us", us)
+    row("call_one round trip p99 (await)", "call_one_p99_us", us)
+    row("call_one round trip p50 (.get(), sync)", "call_one_get_p50_us", us)
+    row("call_one round trip p99 (.get(), sync)", "call_one_get_p99_us", us)
+    row(f"pipelined call_one, {WINDOW} in flight", "pipelined_per_s", lambda v: f"{v:,.0f}/s")
+    row("1 MiB round trip (payload/RTT)", "bulk_1mib_gbps", lambda v: f"{v:.2f} GB/s")
+    for n in FANOUT:
+        row(f"call fan-out to {n}, p50", f"call_fanout{n}_p50_us", us)
+    for n in FANOUT:
+        row(f"broadcast to {n} + call barrier, p50", f"broadcast_fanout{n}_p50_us", us)
+    for n in FANOUT:
+        row(f"broadcast() send side only ({n}), p50", f"broadcast_send{n}_p50_us", us)
+    sec = lambda v: f"{v:.2f} s"  # noqa: E731
+    row("cold start: import zmesh", "cold_import_s", sec)
+    row("cold start: main -> 4 procs spawned", "cold_main_to_spawned_s", sec)
+    row("cold start: main -> first reply", "cold_main_to_first_reply_s", sec)
+    row("cold start: total wall (start..exit)", "cold_total_wall_s", sec)
+    row("spawn 1 proc (agent warm)", "spawn1_s", sec)
+    row("spawn 64 procs (agent warm)", "spawn64_s", sec)
+    mb = lambda v: f"{v:.1f} MB"  # noqa: E731
+    row("RSS idle proc (raw: echo server)", "rss_proc_idle_mb", mb)
+    row("RSS agent (raw: echo server)", "rss_agent_idle_mb", mb)
+    row("RSS proc after the load", "rss_proc_after_load_mb", mb)
+    console.print(table)
+
+    if "skipped" in report["ray"]:
+        console.print(report["ray"]["skipped"].split(" [ray")[0], markup=False)
+    else:
+        rt = Table(title=f"zmesh vs Ray {report['ray']['version']}")
+        for col in ("metric", "zmesh", "Ray", "zmesh/Ray"):
+            rt.add_column(col, justify="left" if col == "metric" else "right")
+        for label, key, fmt in (
+            ("actor call p50", "ray_lat_p50_us", us),
+            (f"pipelined, {WINDOW} in flight", "ray_pipelined_per_s", lambda v: f"{v:,.0f}/s"),
+            ("fan-out to 4, p50", "ray_fanout4_p50_us", us),
+            ("create 4 actors (zmesh: spawn 4 procs, cold)", "ray_create4_s", sec),
+        ):
+            v = r[key]
+            rt.add_row(label, fmt(v["zmesh"]), fmt(v["ray"]), f"{v['ratio_vs_ray']:.3f}x")
+        console.print(rt)
+        console.print(f"ray.init: {report['ray']['init_s']:.2f} s")
+
+    tt = Table(title="targets")
+    for col in ("target", "measured", "limit", "status"):
+        tt.add_column(col, justify="left" if col in ("target", "status") else "right")
+    for t in report["targets"]:
+        status = "[green]met[/green]" if t["met"] else "[red]not met[/red]"
+        limit = f"{t['op']} {t['limit']} {t['unit']}"
+        tt.add_row(t["name"], f"{t['value']:.2f} {t['unit']}", limit, status)
+    console.print(tt)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="~1 minute smoke run")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--rounds", type=int, help="override the number of interleaved rounds")
+    ap.add_argument("--no-ray", action="store_true", help="skip Ray even when installed")
+    ap.add_argument("--_raw-server", dest="raw_server", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.raw_server:
+        raw_server()
+        return
+
+    mode = "quick" if args.quick else "full"
+    cfg = dict(CONFIGS[mode])
+    if args.rounds:
+        cfg["rounds"] = args.rounds
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="zmesh-bench-") as tmpdir:
+        res = asyncio.run(run(cfg, tmpdir))
+    zmesh.shutdown()
+    if args.no_ray:
+        ray = {"skipped": "ray: skipped (--no-ray)"}
+    else:
+        log("ray")
+        ray = ray_bench(cfg, 1 if args.quick else 3)
+    report = {
+        "mode": mode,
+        "command": " ".join(["python", "tools/bench.py", *sys.argv[1:]]),
+        "config": cfg,
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "elapsed_s": time.time() - started,
+        "ray": ray,
+        **summarize(res, ray),
+        "rounds": res["rounds"],
+        "cold": res["cold"],
+        "rss_mb": res["rss_mb"],
+    }
+    render(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=float)
+        log(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
