@@ -257,7 +257,9 @@ class ActorMesh(_MeshBase, Generic[A]):
                 f"{self.cls_name} has no endpoint {name!r} (endpoints: {known})",
                 mesh=self.proc_mesh,
             )
-        return EndpointRef(self, name)
+        ref: EndpointRef[Any] = EndpointRef(self, name)
+        self.__dict__[name] = ref  # next time a plain attribute, not __getattr__
+        return ref
 
     def slice(self, **sel: int | slice) -> ActorMesh[A]:
         """A view of some points: ``mesh.slice(hosts=0, procs=slice(0, 2))``.

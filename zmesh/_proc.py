@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import ctypes
 import functools
+import gc
 import json
 import logging
 import os
@@ -313,6 +314,8 @@ def main() -> None:
 
         _local.configure([spec["agent"]])
     prepare(spec.get("main") or {})
+    # What is loaded now lives as long as the proc: keep the collector off it.
+    gc.freeze()
     server = ProcServer(spec)
     try:
         asyncio.run(server.serve())
