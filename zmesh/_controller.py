@@ -108,6 +108,7 @@ class AgentConn:
         self.codec = w.Codec(w.AGENT_REPLIES)
         self.stream_codec = w.Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
         self.task = loop.create_task(self._start())
 
     async def _start(self) -> None:
@@ -191,7 +192,7 @@ class AgentConn:
         self.syncing = True
         if not getattr(self, "_resyncing", False):
             self._resyncing = True
-            self.ctl.rt.loop.create_task(self._snapshot())
+            self._snapshot_task = self.ctl.rt.loop.create_task(self._snapshot())
 
     async def _snapshot(self) -> None:
         try:
@@ -219,10 +220,23 @@ class AgentConn:
                 self.ctl.apply(self, ev.mesh, ev.state)
 
     def close(self) -> None:
-        self.task.cancel()
+        _cancel(self.task)
+        if self._snapshot_task is not None:
+            _cancel(self._snapshot_task)
         self.ctrl.close()
         if self.sub is not None:
             self.sub.close()
+
+
+def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task``; on a loop that has ended it can never run again, so
+    asyncio must not complain at exit that it was destroyed while pending."""
+    if task.done():
+        return
+    if task.get_loop().is_closed():
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+    else:
+        task.cancel()
 
 
 class Controller:
@@ -366,7 +380,7 @@ class Controller:
     def close(self) -> None:
         self.closed = True
         if self._watchdog is not None:
-            self._watchdog.cancel()
+            _cancel(self._watchdog)
         for a in self.agents.values():
             a.close()
         self.agents.clear()

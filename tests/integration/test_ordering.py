@@ -1,0 +1,191 @@
+"""Send order per sender, one message at a time per actor, and sync endpoints that block."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _fabric import wait_for
+
+import zmesh
+
+N = 1000
+
+
+class Log(zmesh.Actor):
+    def __init__(self) -> None:
+        self.log: list[int] = []
+        self.running = 0
+        self.overlap = 0
+
+    @zmesh.endpoint
+    async def append(self, i: int) -> int:
+        self.running += 1
+        self.overlap = max(self.overlap, self.running)
+        await asyncio.sleep(0)  # a chance to interleave, were it allowed
+        self.log.append(i)
+        self.running -= 1
+        return len(self.log) - 1
+
+    @zmesh.endpoint
+    def append_sync(self, i: int) -> int:
+        self.log.append(i)
+        return len(self.log) - 1
+
+    @zmesh.endpoint
+    async def take(self) -> tuple[list[int], int]:
+        log, self.log = self.log, []
+        overlap, self.overlap = self.overlap, 0
+        return log, overlap
+
+
+@pytest.fixture(autouse=True)
+def _stop_everything() -> Iterator[None]:
+    yield  # the module mesh outlives single tests; the fixture below stops it
+
+
+@pytest.fixture(scope="module")
+def log_actor() -> Iterator[zmesh.ActorMesh[Log]]:
+    m = Log.options().as_actor().get(timeout=60)
+    yield m
+    zmesh.shutdown()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("endpoint", ["append", "append_sync"])
+async def test_pipelined_calls_run_in_send_order_async(
+    log_actor: zmesh.ActorMesh[Log], endpoint: str
+) -> None:
+    ep = getattr(log_actor, endpoint)
+    futures = [ep.call_one(i) for i in range(N)]  # all sent before any is awaited
+    positions = await asyncio.gather(*(asyncio.ensure_future(_aw(f)) for f in futures))
+    assert positions == list(range(N))
+    log, overlap = await log_actor.take.call_one()
+    assert log == list(range(N))
+    assert overlap <= 1  # one message at a time
+
+
+async def _aw(fut: zmesh.Future[int]) -> int:
+    return await fut
+
+
+@pytest.mark.parametrize("endpoint", ["append", "append_sync"])
+def test_pipelined_calls_run_in_send_order_sync(
+    log_actor: zmesh.ActorMesh[Log], endpoint: str
+) -> None:
+    ep = getattr(log_actor, endpoint)
+    futures = [ep.call_one(i) for i in range(N)]
+    assert [f.get(timeout=30) for f in futures] == list(range(N))
+    log, overlap = log_actor.take.call_one().get(timeout=10)
+    assert log == list(range(N))
+    assert overlap <= 1
+
+
+def test_broadcasts_and_calls_keep_their_relative_order(log_actor: zmesh.ActorMesh[Log]) -> None:
+    for i in range(N):
+        if i % 2:
+            log_actor.append.broadcast(i)
+        else:
+            log_actor.append.call_one(i)
+    log, _ = log_actor.take.call_one().get(timeout=30)
+    assert log == list(range(N))
+
+
+def test_two_senders_each_keep_their_order(log_actor: zmesh.ActorMesh[Log]) -> None:
+    # Each thread's sync calls go out in its own order; the actor sees each
+    # thread's sequence in order (interleaved with the other's).
+    errors: list[BaseException] = []
+
+    def send(base: int) -> None:
+        try:
+            futs = [log_actor.append.call_one(base + i) for i in range(300)]
+            for f in futs:
+                f.get(timeout=30)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(b,)) for b in (0, 10_000)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors
+    log, _ = log_actor.take.call_one().get(timeout=10)
+    assert [x for x in log if x < 10_000] == list(range(300))
+    assert [x for x in log if x >= 10_000] == [10_000 + i for i in range(300)]
+
+
+# ------------------------------------------- a blocking sync endpoint
+
+
+class Blocker(zmesh.Actor):
+    @zmesh.endpoint
+    def block(self, seconds: float, flag: str) -> float:
+        Path(flag).write_text("in")
+        start = time.monotonic()
+        time.sleep(seconds)  # blocks a worker thread, never the proc's loop
+        return time.monotonic() - start
+
+
+class Pinger(zmesh.Actor):
+    @zmesh.endpoint
+    async def ping(self) -> int:
+        return os.getpid()
+
+    @zmesh.endpoint
+    def ping_sync(self) -> int:
+        return os.getpid()
+
+
+def test_blocking_sync_endpoint_does_not_stall_other_actors(tmp_path: Path) -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 1}).get(timeout=60)
+    a = procs.spawn("a", Blocker).get(timeout=30)
+    b = procs.spawn("b", Pinger).get(timeout=30)
+    pid = b.ping.call_one().get(timeout=10)  # warm: the connection exists
+    assert b.ping_sync.call_one().get(timeout=10) == pid  # same proc
+
+    flag = tmp_path / "blocking"
+    blocked = a.block.call_one(2.0, str(flag))
+    wait_for(flag.exists, 10, "the sync endpoint to start blocking")
+
+    latencies = []
+    for ep in (b.ping, b.ping_sync, b.ping, b.ping_sync, b.ping):
+        t0 = time.monotonic()
+        assert ep.call_one().get(timeout=5) == pid
+        latencies.append(time.monotonic() - t0)
+    assert not blocked.done(), "the blocking call ended before we measured"
+    assert max(latencies) < 0.1, latencies
+
+    slept = blocked.get(timeout=10)
+    assert slept >= 2.0
+    # The proc kept heartbeating all along: the agent never declared it hung.
+    assert procs.state().status == zmesh.Status.RUNNING
+    assert a.block.call_one(0, str(flag)).get(timeout=10) >= 0
+    procs.stop().get(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_blocking_sync_endpoint_does_not_stall_other_actors_async(tmp_path: Path) -> None:
+    procs = await zmesh.this_host().spawn_procs(per_host={"procs": 1})
+    a = await procs.spawn("a", Blocker)
+    b = await procs.spawn("b", Pinger)
+    pid = await b.ping.call_one()
+
+    flag = tmp_path / "blocking"
+    blocked = asyncio.ensure_future(_aw(a.block.call_one(2.0, str(flag))))
+    deadline = time.monotonic() + 10
+    while not flag.exists():
+        assert time.monotonic() < deadline, "the sync endpoint never started"
+        await asyncio.sleep(0.01)
+
+    t0 = time.monotonic()
+    assert await b.ping.call_one() == pid
+    assert time.monotonic() - t0 < 0.1
+    assert not blocked.done()
+    assert await blocked >= 2.0
+    await procs.stop()
