@@ -251,10 +251,10 @@ async def test_stream_yields_replies_as_they_arrive(mesh: zmesh.ActorMesh[Worker
         pytest.skip("needs several replies")
     start = time.monotonic()
     arrivals = []
-    async for rank in mesh.nap_if.stream(0, 1.0):  # rank 0 answers 1 s late
+    async for rank in mesh.nap_if.stream(0, 2.0):  # rank 0 answers 2 s late
         arrivals.append((rank, time.monotonic() - start))
     assert sorted(r for r, _ in arrivals) == list(range(len(mesh)))
     assert arrivals[-1][0] == 0
     # The quick ones were yielded long before the slow one answered.
-    assert all(t < 0.8 for r, t in arrivals[:-1]), arrivals
-    assert arrivals[-1][1] >= 0.9
+    assert all(t < 1.5 for r, t in arrivals[:-1]), arrivals
+    assert arrivals[-1][1] >= 1.9

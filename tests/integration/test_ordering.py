@@ -159,7 +159,10 @@ def test_blocking_sync_endpoint_does_not_stall_other_actors(tmp_path: Path) -> N
         assert ep.call_one().get(timeout=5) == pid
         latencies.append(time.monotonic() - t0)
     assert not blocked.done(), "the blocking call ended before we measured"
-    assert max(latencies) < 0.1, latencies
+    # A stall would take the whole 2 s; the median answers within 100 ms and
+    # no single reply (on a noisy shared 2-core machine) takes more than 0.5 s.
+    assert sorted(latencies)[len(latencies) // 2] < 0.1, latencies
+    assert max(latencies) < 0.5, latencies
 
     slept = blocked.get(timeout=10)
     assert slept >= 2.0
@@ -183,9 +186,12 @@ async def test_blocking_sync_endpoint_does_not_stall_other_actors_async(tmp_path
         assert time.monotonic() < deadline, "the sync endpoint never started"
         await asyncio.sleep(0.01)
 
-    t0 = time.monotonic()
-    assert await b.ping.call_one() == pid
-    assert time.monotonic() - t0 < 0.1
+    latencies = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        assert await b.ping.call_one() == pid
+        latencies.append(time.monotonic() - t0)
+    assert min(latencies) < 0.1 and max(latencies) < 0.5, latencies
     assert not blocked.done()
     assert await blocked >= 2.0
     await procs.stop()
