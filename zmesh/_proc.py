@@ -30,6 +30,7 @@ import zmq
 
 from zmesh import _wire as w
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, Endpoint, Point
+from zmesh._errors import SpawnError
 from zmesh._zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.proc")
@@ -174,9 +175,18 @@ class ProcServer:
         def build() -> Any:
             # Unpickling may import the user's modules, and __init__ may block
             # (loading a model): both run off the loop, so heartbeats go on.
-            cls = pickle.loads(msg.cls)
-            args, kwargs = self.codec.unpack(msg.payload, frames)
-            return cls(*args, **kwargs)
+            try:
+                cls = pickle.loads(msg.cls)
+                args, kwargs = self.codec.unpack(msg.payload, frames)
+            except Exception as exc:
+                raise SpawnError(
+                    f"the proc cannot load the actor class or its arguments: {exc!r}"
+                ) from exc
+            instance = cls.__new__(cls)
+            # Meshes spawned inside __init__ are owned (supervised) by this actor.
+            _CURRENT_ACTOR.set(instance)
+            instance.__init__(*args, **kwargs)
+            return instance
 
         try:
             ctx = contextvars.copy_context()
