@@ -92,26 +92,42 @@ def agents(hosts: int) -> list[str]:
 
 def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
     label = f"local{index}" if index else "local"
-    log_dir = default_log_dir(f"{label}-{os.getpid()}")
+    return launch_agent(label, default_log_dir(f"{label}-{os.getpid()}"), parent_pid=os.getpid())
+
+
+def launch_agent(
+    label: str, log_dir: str, *, parent_pid: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``zmesh agent`` on loopback; return it and its log path (see ``await_ready``)."""
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, "agent.log")
+    cmd = [
+        sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
+        "--label", label, "--log-dir", log_dir,
+    ]  # fmt: skip
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
     with open(log_path, "ab") as err:
         popen = subprocess.Popen(
-            [
-                sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
-                "--label", label, "--log-dir", log_dir, "--parent-pid", str(os.getpid()),
-            ],
+            cmd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err,
-            start_new_session=True,  # Ctrl+C is ours to handle, then we stop it
-        )  # fmt: skip
+            start_new_session=True,  # Ctrl+C is the owner's to handle, then it stops us
+        )
     return popen, log_path
 
 
-def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
+def await_ready(
+    popen: subprocess.Popen[bytes], log_path: str, timeout: float = AGENT_START_TIMEOUT
+) -> dict[str, Any]:
+    """Wait for a launched agent's ready line; return what it says of itself.
+
+    Raises:
+        AgentError: it exited or stayed silent for ``timeout`` (it is killed).
+    """
     assert popen.stdout is not None
-    deadline = time.monotonic() + AGENT_START_TIMEOUT
+    deadline = time.monotonic() + timeout
     line = b""
     while time.monotonic() < deadline:
         ready, _, _ = select.select([popen.stdout], [], [], 0.1)
@@ -124,8 +140,13 @@ def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
     if not line.startswith(b"ZMESH-AGENT-READY "):
         popen.kill()
         popen.wait()
-        raise AgentError("the embedded agent did not start", log_path=log_path)
-    info = json.loads(line.split(b" ", 1)[1])
+        raise AgentError("the agent did not start", log_path=log_path)
+    info: dict[str, Any] = json.loads(line.split(b" ", 1)[1])
+    return info
+
+
+def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
+    info = await_ready(popen, log_path)
     _ensure_heart()
     return str(info["control"])
 

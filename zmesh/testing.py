@@ -22,19 +22,13 @@ As a pytest fixture::
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import select
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from zmesh import _local
-from zmesh._errors import AgentError
 
 
 @dataclass
@@ -61,28 +55,8 @@ def start_agent(label: str, log_dir: str | None = None, timeout: float = 30.0) -
         AgentError: it did not become ready within ``timeout``.
     """
     log_dir = log_dir or tempfile.mkdtemp(prefix=f"zmesh-{label}-")
-    err = open(os.path.join(log_dir, "agent.log"), "ab")
-    with err:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
-             "--label", label, "--log-dir", log_dir],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-            start_new_session=True,
-        )  # fmt: skip
-    assert popen.stdout is not None
-    deadline = time.monotonic() + timeout
-    line = b""
-    while time.monotonic() < deadline and popen.poll() is None:
-        if select.select([popen.stdout], [], [], 0.1)[0]:
-            line = popen.stdout.readline()
-            break
-    popen.stdout.close()
-    if not line.startswith(b"ZMESH-AGENT-READY "):
-        popen.kill()
-        popen.wait()
-        log_path = os.path.join(log_dir, "agent.log")
-        raise AgentError(f"agent {label} did not start", log_path=log_path)
-    info = json.loads(line.split(b" ", 1)[1])
+    popen, log_path = _local.launch_agent(label, log_dir)
+    info = _local.await_ready(popen, log_path, timeout)
     return AgentProcess(label, info["control"], info["stream"], popen.pid, log_dir, popen)
 
 
