@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -326,19 +326,12 @@ class Controller:
     def forget_missing(self, agent: AgentConn, known: set[str]) -> None:
         """Ranks the agent no longer knows of (it restarted) are gone."""
         for (mesh, rank), a in list(self.hosts.items()):
-            if a is agent and mesh not in known:
-                view = self.views.get(mesh)
-                cur = view.ranks.get(rank) if view else None
-                if view is None or cur is None or cur.status.terminal:
-                    continue
-                if cur.status is Status.NOT_EXIST:
-                    # Being created: the snapshot may predate our CreateOrUpdate.
-                    continue
-                state = view.apply(
-                    rank, Rank(Status.FAILED, cur.generation, reason="agent no longer knows it")
-                )
-                if state is not None:
-                    self._consequences(agent, mesh, rank, state)
+            if a is not agent or mesh in known:
+                continue
+            cur = self.views[mesh].ranks.get(rank)
+            # NotExist: being created; the snapshot may predate our CreateOrUpdate.
+            if cur is not None and cur.status is not Status.NOT_EXIST:
+                self.judge(agent, mesh, rank, Status.FAILED, "agent no longer knows it")
 
     async def _watch_agents(self) -> None:
         while not self.closed:
@@ -356,15 +349,20 @@ class Controller:
         reason = f"agent {agent.label} unreachable (no heartbeat for {silent:.1f}s)"
         log.warning("%s", reason)
         for (mesh, rank), a in list(self.hosts.items()):
-            if a is not agent:
-                continue
-            view = self.views[mesh]
-            cur = view.ranks.get(rank)
-            if cur is None or cur.status.terminal:
-                continue
-            state = view.apply(rank, Rank(Status.UNKNOWN, cur.generation, reason=reason))
-            if state is not None:
-                self._consequences(agent, mesh, rank, state)
+            if a is agent:
+                self.judge(agent, mesh, rank, Status.UNKNOWN, reason)
+
+    def judge(self, agent: AgentConn, mesh: str, rank: int, status: Status, reason: str) -> None:
+        """Set a rank's status from what this client knows (a stop it asked
+        for, a lost agent), in the rank's current generation, with the same
+        consequences as a report from the agent."""
+        view = self.views.get(mesh)
+        cur = view.ranks.get(rank) if view is not None else None
+        if view is None or cur is None or cur.status.terminal:
+            return
+        state = view.apply(rank, replace(cur, status=status, reason=reason))
+        if state is not None:
+            self._consequences(agent, mesh, rank, state)
 
     # ------------------------------------------------------------ waiting
 

@@ -517,6 +517,7 @@ async def _spawn_actors(
             ),
             buffers,
             deliver,
+            SPAWN_TIMEOUT,  # an __init__ that never returns must not hang the spawn
         )
     await fut
     if errors:
@@ -546,11 +547,9 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
         agent = ctl.agent(addr)
         for r in rs:
             ctl.watch(r)
-            view = ctl.views[r.mesh]
-            cur = view.ranks.get(r.rank, Rank())
-            state = view.apply(r.rank, Rank(Status.STOPPING, cur.generation, addr=r.addr))
-            if state is not None:
-                ctl._consequences(agent, r.mesh, r.rank, state)
+            # Calls made after stop() fail with ActorStoppedError at once,
+            # without waiting for the agent's events.
+            ctl.judge(agent, r.mesh, r.rank, Status.STOPPING, "")
         names = {r.mesh for r in rs}
         for n in names:
             try:

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 import pickle
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -294,12 +293,6 @@ def _home_loop() -> asyncio.AbstractEventLoop:
         return _home
 
 
-def run_sync(coro_fn: Callable[[Runtime], Any]) -> Any:
-    """Run ``coro_fn(runtime)`` on the home loop from a thread without a loop."""
-    rt = _runtime_for(_home_loop())
-    return asyncio.run_coroutine_threadsafe(coro_fn(rt), rt.loop)
-
-
 def shutdown_io_thread() -> None:
     """Stop the background loop (at exit), closing its runtime's sockets."""
     global _home
@@ -342,6 +335,3 @@ def close_finished() -> None:
                 rt.close()
                 del _runtimes[loop]
 
-
-def now() -> float:
-    return time.time()

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+import zmesh
+
 T = TypeVar("T")
 
 
@@ -92,3 +94,17 @@ def read_line(popen: subprocess.Popen[str], timeout: float) -> str:
     popen.kill()
     out, err = popen.communicate(timeout=10)
     raise AssertionError(f"child printed no line within {timeout}s; stdout={out!r} stderr={err!r}")
+
+
+class Notebook(zmesh.Actor):
+    """An actor that records tokens in arrival order (for ordering checks)."""
+
+    notes: list[str]
+
+    @zmesh.endpoint
+    async def note(self, token: str) -> None:
+        self.notes.append(token)
+
+    @zmesh.endpoint
+    async def seen(self) -> list[str]:
+        return list(self.notes)

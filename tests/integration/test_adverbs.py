@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _fabric import Notebook
 
 import zmesh
 
 
-class Worker(zmesh.Actor):
+class Worker(Notebook):
     def __init__(self) -> None:
         self.notes: list[str] = []
 
@@ -33,14 +34,6 @@ class Worker(zmesh.Actor):
     async def awhere(self) -> tuple[int, dict[str, int]]:
         p = zmesh.current_rank()
         return p.rank, p.coords
-
-    @zmesh.endpoint
-    async def note(self, token: str) -> None:
-        self.notes.append(token)
-
-    @zmesh.endpoint
-    async def seen(self) -> list[str]:
-        return list(self.notes)
 
     @zmesh.endpoint
     async def nap_if(self, rank: int, seconds: float) -> int:

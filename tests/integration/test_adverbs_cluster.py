@@ -7,12 +7,13 @@ import os
 import uuid
 
 import pytest
+from _fabric import Notebook
 
 import zmesh
 from zmesh.testing import AgentProcess
 
 
-class Placed(zmesh.Actor):
+class Placed(Notebook):
     def __init__(self) -> None:
         self.notes: list[str] = []
 
@@ -20,14 +21,6 @@ class Placed(zmesh.Actor):
     def where(self) -> tuple[int, dict[str, int], int]:
         p = zmesh.current_rank()
         return p.rank, p.coords, os.getppid()
-
-    @zmesh.endpoint
-    async def note(self, token: str) -> None:
-        self.notes.append(token)
-
-    @zmesh.endpoint
-    async def seen(self) -> list[str]:
-        return list(self.notes)
 
 
 def expected(agents: list[AgentProcess]) -> list[tuple[int, dict[str, int], int]]:

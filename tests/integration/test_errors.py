@@ -445,3 +445,26 @@ def test_stopped_actor_raises_actor_stopped(procs: zmesh.ProcMesh) -> None:
     other = procs.spawn(f"other-{uuid.uuid4().hex[:6]}", Sleepy).get(timeout=30)
     assert other.sleep.call(0).get(timeout=10).values() == [0, 0]
     other.stop().get(timeout=10)
+
+
+class SlowInit(zmesh.Actor):
+    def __init__(self) -> None:
+        time.sleep(60)
+
+    @zmesh.endpoint
+    def ping(self) -> int:
+        return 1
+
+
+def test_init_that_never_returns_fails_the_spawn_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zmesh._mesh
+
+    monkeypatch.setattr(zmesh._mesh, "SPAWN_TIMEOUT", 1.0)
+    before = session_pids("proc")
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.SpawnError) as info:
+        SlowInit.options(procs=2).as_actor().get(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert "no reply within 1.0s" in str(info.value)
+    # The procs made for the failed spawn are stopped.
+    wait_for(lambda: session_pids("proc") <= before, 10, "the spawned procs to go")

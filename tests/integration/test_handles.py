@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _fabric import Notebook
 
 import zmesh
 
 
-class Target(zmesh.Actor):
+class Target(Notebook):
     def __init__(self) -> None:
         self.notes: list[str] = []
 
@@ -22,14 +23,6 @@ class Target(zmesh.Actor):
     @zmesh.endpoint
     def where(self) -> tuple[int, int]:
         return zmesh.current_rank().rank, os.getpid()
-
-    @zmesh.endpoint
-    async def note(self, token: str) -> None:
-        self.notes.append(token)
-
-    @zmesh.endpoint
-    async def seen(self) -> list[str]:
-        return list(self.notes)
 
     @zmesh.endpoint
     def explode(self) -> None:
