@@ -18,7 +18,7 @@ their endpoints with adverbs::
     print(await mesh.incr.call(1))
 """
 
-from zmesh._actor import Actor, Endpoint, Options, Point, current_rank, endpoint
+from zmesh._actor import Actor, Endpoint, Options, Point, current_rank, current_request, endpoint
 from zmesh._adverbs import EndpointRef, Stream
 from zmesh._controller import SupervisionEvent
 from zmesh._errors import (
@@ -28,12 +28,24 @@ from zmesh._errors import (
     CallTimeoutError,
     EncodeError,
     EndpointError,
+    ServiceError,
+    ServiceOverloadedError,
     SpawnError,
     SupervisionError,
     ZmeshError,
 )
 from zmesh._future import Future
 from zmesh._mesh import ActorMesh, HostMesh, MeshState, ProcMesh, ValueMesh, connect, this_host
+from zmesh._routing import (
+    LeastLoadedRouter,
+    ReplicaStatistics,
+    RoundRobinRouter,
+    Router,
+    ServiceConfig,
+    ServiceStatistics,
+    Session,
+)
+from zmesh._service import Service, ServiceEndpoint
 from zmesh._shutdown import shutdown
 from zmesh._state import Rank, Status
 
@@ -50,11 +62,22 @@ __all__ = [
     "EndpointRef",
     "Future",
     "HostMesh",
+    "LeastLoadedRouter",
     "MeshState",
     "Options",
     "Point",
     "ProcMesh",
     "Rank",
+    "ReplicaStatistics",
+    "RoundRobinRouter",
+    "Router",
+    "Service",
+    "ServiceConfig",
+    "ServiceEndpoint",
+    "ServiceError",
+    "ServiceOverloadedError",
+    "ServiceStatistics",
+    "Session",
     "SpawnError",
     "Status",
     "Stream",
@@ -64,6 +87,7 @@ __all__ = [
     "ZmeshError",
     "connect",
     "current_rank",
+    "current_request",
     "endpoint",
     "shutdown",
     "this_host",

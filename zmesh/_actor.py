@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 if TYPE_CHECKING:
     from zmesh._future import Future
     from zmesh._mesh import ActorMesh
+    from zmesh._service import Service
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -140,6 +141,8 @@ class Point:
 
 
 _CURRENT: contextvars.ContextVar[Point] = contextvars.ContextVar("zmesh_point")
+# The service request being handled (the same id across retries).
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_request", default="")
 # The actor instance whose endpoint is running: it owns meshes it spawns.
 _CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_actor")
 
@@ -156,13 +159,25 @@ def current_rank() -> Point:
         raise RuntimeError("current_rank() is only available inside an actor") from None
 
 
+def current_request() -> str:
+    """The id of the service request the calling endpoint is handling.
+
+    A service may deliver a request more than once (it re-sends requests
+    that were in flight on a replica that died); the id is the same each
+    time, so an actor can deduplicate. ``""`` outside a service call.
+    """
+    return _REQUEST.get()
+
+
 class Options(Generic[A]):
     """How to spawn an actor class: made by ``Cls.options(...)``.
 
     Args:
         procs: procs per host.
         hosts: hosts (agents), one host slice each.
+        replicas: for ``as_service()``: how many replicas (each ``hosts x procs``).
         name: the mesh name (default: the class name in lower case).
+        service_config: for ``as_service()``: see ``zmesh.ServiceConfig``.
     """
 
     def __init__(
@@ -171,14 +186,25 @@ class Options(Generic[A]):
         *,
         procs: int = 1,
         hosts: int = 1,
+        replicas: int = 1,
         name: str | None = None,
+        **service_config: Any,
     ) -> None:
-        if procs < 1 or hosts < 1:
-            raise ValueError(f"procs and hosts must be at least 1, got procs={procs} hosts={hosts}")
+        if procs < 1 or hosts < 1 or replicas < 1:
+            raise ValueError(
+                "procs, hosts and replicas must be at least 1, "
+                f"got procs={procs} hosts={hosts} replicas={replicas}"
+            )
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
+        self.replicas = replicas
         self.name = name or cls.__name__.lower()
+        self.service_config = service_config
+        if service_config:
+            from zmesh._routing import ServiceConfig
+
+            ServiceConfig(**service_config)  # unknown or bad settings fail here, at once
 
     def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
         """Spawn ``hosts x procs`` actors; return a future of their ``ActorMesh``.
@@ -189,8 +215,19 @@ class Options(Generic[A]):
         """
         from zmesh._mesh import spawn_actor_mesh
 
+        if self.replicas != 1 or self.service_config:
+            raise ValueError("replicas= and service settings are for as_service()")
         return spawn_actor_mesh(self, args, kwargs)
 
+    def as_service(self, *args: Any, **kwargs: Any) -> Future[Service]:
+        """Spawn ``replicas`` actor meshes as one self-healing ``Service``.
+
+        Raises (from the future):
+            SpawnError: a replica could not be started; nothing is left running.
+        """
+        from zmesh._service import spawn_service
+
+        return spawn_service(self, args, kwargs)
 
 
 class Actor:
@@ -206,7 +243,11 @@ class Actor:
         *,
         procs: int = 1,
         hosts: int = 1,
+        replicas: int = 1,
         name: str | None = None,
+        **service_config: Any,
     ) -> Options[A]:
-        """Say how to spawn this class; then ``.as_actor(...)``."""
-        return Options(cls, procs=procs, hosts=hosts, name=name)
+        """Say how to spawn this class; then ``.as_actor(...)`` or ``.as_service(...)``."""
+        return Options(
+            cls, procs=procs, hosts=hosts, replicas=replicas, name=name, **service_config
+        )

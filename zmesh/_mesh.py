@@ -17,7 +17,7 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from zmesh import _local, _runtime
+from zmesh import _local, _runtime, _spawnprep
 from zmesh import _wire as w
 from zmesh._actor import Actor, Options, Point, endpoints_of
 from zmesh._adverbs import EndpointRef, submit
@@ -373,18 +373,34 @@ def connect(addresses: list[str]) -> HostMesh:
 
 def spawn_actor_mesh(opts: Options[A], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``Cls.options(...).as_actor(...)``: procs then actors, as one future."""
-    async def go(rt: Runtime) -> ActorMesh[A]:
-        addrs = await rt.loop.run_in_executor(None, _local.agents, opts.hosts)
-        procs = await _spawn_procs(rt, addrs, {"procs": opts.procs}, opts.name)
-        try:
-            mesh = await _spawn_actors(rt, procs, opts.name, opts.cls, args, kwargs)
-        except BaseException:
-            await _stop_procs(rt, procs._refs)
-            raise
-        mesh._owns_procs = True
-        return mesh
+    return submit(
+        lambda rt: spawn_owned_mesh(rt, opts.cls, opts.hosts, opts.procs, opts.name, args, kwargs)
+    )
 
-    return submit(go)
+
+async def spawn_owned_mesh(
+    rt: Runtime,
+    cls: type[A],
+    hosts: int,
+    procs: int,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> ActorMesh[A]:
+    """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
+
+    Raises:
+        SpawnError: a proc or an actor failed to start; nothing is left running.
+    """
+    addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
+    pm = await _spawn_procs(rt, addrs, {"procs": procs}, name)
+    try:
+        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
+    except BaseException:
+        await _stop_procs(rt, pm._refs)
+        raise
+    mesh._owns_procs = True
+    return mesh
 
 
 # ------------------------------------------------------------ the work
@@ -395,6 +411,7 @@ async def _spawn_procs(
 ) -> ProcMesh:
     from zmesh._actor import _CURRENT_ACTOR
 
+    _spawnprep.check_not_preparing()
     name = f"{base}-{secrets.token_hex(4)}"
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())

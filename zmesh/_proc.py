@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 
 from zmesh import _wire as w
-from zmesh._actor import _CURRENT, _CURRENT_ACTOR, Endpoint, Point
+from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
 from zmesh._zsock import AsyncSocket, configure
 
@@ -228,6 +228,7 @@ class ProcServer:
             self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
             return
         fn = ep.fn
+        _REQUEST.set(call.request)  # zmesh.current_request(), for dedup by actors
         try:
             if ep.info.is_async:
                 result = await _invoke(fn, box.instance, args, kwargs)

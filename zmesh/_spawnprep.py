@@ -46,6 +46,30 @@ def prepare(data: dict[str, Any]) -> None:
     """Apply ``preparation()`` data in a fresh proc."""
     from multiprocessing import spawn
 
+    global preparing
     if not data:
         return
-    spawn.prepare(dict(data))
+    preparing = True
+    try:
+        spawn.prepare(dict(data))
+    finally:
+        preparing = False
+
+
+# True while a proc re-runs the client's script: spawning then means the
+# script spawns at import time, which would recurse once per proc.
+preparing = False
+
+
+def check_not_preparing() -> None:
+    """Refuse to spawn from a script that a proc is re-running for its classes.
+
+    Raises:
+        RuntimeError: with the fix, as multiprocessing does in the same case.
+    """
+    if preparing:
+        raise RuntimeError(
+            "this script spawns zmesh meshes when it is imported; a proc re-runs the "
+            "script (as __mp_main__) to find its actor classes, so it would spawn again. "
+            "Put the code that spawns under  if __name__ == '__main__':"
+        )

@@ -71,6 +71,7 @@ class Call(_Msg, frozen=True):
     payload: Payload
     deadline: float = 0.0  # wall clock; 0 = none. The proc skips late requests.
     oneway: bool = False
+    request: str = ""  # a service request id, the same across retries
 
 
 class SpawnActor(_Msg, frozen=True):
