@@ -31,7 +31,9 @@ from zmesh._state import Rank, Status, mesh_status
 A = TypeVar("A", bound=Actor)
 T = TypeVar("T")
 
+# How long procs may take to start, and actors' __init__ to return.
 SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
+INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
 
 
 class MeshState:
@@ -534,7 +536,7 @@ async def _spawn_actors(
             ),
             buffers,
             deliver,
-            SPAWN_TIMEOUT,  # an __init__ that never returns must not hang the spawn
+            INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
         )
     await fut
     if errors:
