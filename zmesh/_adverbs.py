@@ -23,7 +23,7 @@ from zmesh import _runtime
 from zmesh import _wire as w
 from zmesh._errors import EncodeError
 from zmesh._future import Future
-from zmesh._runtime import Runtime
+from zmesh._runtime import ProcRef, Runtime, Sink, resolve
 
 if TYPE_CHECKING:
     from zmesh._mesh import ActorMesh, ValueMesh
@@ -40,11 +40,18 @@ def submit(work: Callable[[Runtime], Coroutine[Any, Any, R]]) -> Future[R]:
     return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))
 
 
-def _on_runtime(start: Callable[[Runtime], asyncio.Future[R]]) -> Future[R]:
-    """Like ``submit`` for work that is one send plus a future: no task on the hot path."""
+def _on_runtime(start: Callable[[Runtime, Sink], None]) -> Future[R]:
+    """Run ``start(runtime, fut)`` on the caller's runtime; it settles ``fut``.
+
+    On the runtime's own loop ``fut`` is an asyncio future. From another
+    thread it is the ``concurrent.futures.Future`` that ``.get()`` waits on,
+    settled straight from the loop: no asyncio future or callback between.
+    """
     rt, home = _runtime.current()
     if home:
-        return Future(afut=start(rt))
+        afut: asyncio.Future[R] = rt.loop.create_future()
+        start(rt, afut)
+        return Future(afut=afut)
 
     # Send from a plain callback, not a task: callbacks run in the order they
     # were scheduled, so calls, broadcasts and streams from one thread go out
@@ -52,25 +59,13 @@ def _on_runtime(start: Callable[[Runtime], asyncio.Future[R]]) -> Future[R]:
     # and be overtaken by a later broadcast).
     cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
 
-    def copy(afut: asyncio.Future[R]) -> None:
-        if cfut.cancelled():
-            return
-        if afut.cancelled():
-            cfut.cancel()
-        elif afut.exception() is not None:
-            cfut.set_exception(afut.exception())
-        else:
-            cfut.set_result(afut.result())
-
     def run() -> None:
         if not cfut.set_running_or_notify_cancel():
             return
         try:
-            afut = start(rt)
+            start(rt, cfut)
         except BaseException as exc:
-            cfut.set_exception(exc)
-            return
-        afut.add_done_callback(copy)
+            resolve(cfut, False, exc)
 
     rt.loop.call_soon_threadsafe(run)
     return Future(cfut=cfut)
@@ -126,7 +121,7 @@ class EndpointRef(Generic[R]):
                 f"call_one() needs exactly one actor, but {self._mesh!r} has {len(refs)}; "
                 "use call(), choose() or slice the mesh"
             )
-        return self._one(refs, args, kwargs)
+        return self._one(refs[0], args, kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of this mesh, the least loaded from this caller."""
@@ -134,27 +129,33 @@ class EndpointRef(Generic[R]):
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
         payload, buffers = self._pack(args, kwargs)
-        msg = self._call_msg(payload)
+        actor, name, timeout = self._mesh.actor, self._name, self._timeout
+        deadline = time.time() + timeout if timeout is not None else 0.0
 
-        def start(rt: Runtime) -> asyncio.Future[R]:
-            fut: asyncio.Future[R] = rt.loop.create_future()
+        def start(rt: Runtime, fut: Sink) -> None:
             best = _least_loaded(rt, refs)
-            rt.send([best], msg, buffers, _one_deliver(fut), self._timeout)
-            return fut
+            rt.call(best, actor, name, payload, buffers, deadline, fut, timeout)
 
         return _on_runtime(start)
 
-    def _one(self, refs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
+    def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
+        # The hot path: no closure and no task; the reply settles the future.
         payload, buffers = self._pack(args, kwargs)
-        msg = self._call_msg(payload)
         timeout = self._timeout
-
-        def start(rt: Runtime) -> asyncio.Future[R]:
+        deadline = time.time() + timeout if timeout is not None else 0.0
+        rt, home = _runtime.current()
+        if home:
             fut: asyncio.Future[R] = rt.loop.create_future()
-            rt.send(refs, msg, buffers, _one_deliver(fut), timeout)
-            return fut
-
-        return _on_runtime(start)
+            rt.call(ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout)
+            return Future(afut=fut)
+        # From another thread: one callback on the runtime's loop, scheduled
+        # in call order like every other adverb (see _on_runtime).
+        cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
+        rt.loop.call_soon_threadsafe(
+            rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
+            cfut, timeout,
+        )  # fmt: skip
+        return Future(cfut=cfut)
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; a future of their values as a ``ValueMesh``.
@@ -171,8 +172,7 @@ class EndpointRef(Generic[R]):
         points = mesh.points()
         dims = mesh.sizes
 
-        def start(rt: Runtime) -> asyncio.Future[ValueMesh[R]]:
-            fut: asyncio.Future[ValueMesh[R]] = rt.loop.create_future()
+        def start(rt: Runtime, fut: Sink) -> None:
             results: list[Any] = [None] * len(refs)
             remaining = len(refs)
 
@@ -192,7 +192,6 @@ class EndpointRef(Generic[R]):
                 fut.set_result(ValueMesh(dims, [], []))
             else:
                 rt.send(refs, msg, buffers, deliver, self._timeout)
-            return fut
 
         return _on_runtime(start)
 
@@ -218,18 +217,6 @@ class EndpointRef(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self._name} of {self._mesh!r}>"
-
-
-def _one_deliver(fut: asyncio.Future[Any]) -> Callable[[int, bool, Any], None]:
-    def deliver(_: int, ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    return deliver
 
 
 def _least_loaded(rt: Runtime, refs: list[Any]) -> Any:
@@ -290,4 +277,3 @@ class Stream(Generic[R]):
             if not ok:
                 raise value
             yield value
-

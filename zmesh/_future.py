@@ -30,15 +30,12 @@ class Future(Generic[T]):
         self._cfut = cfut
 
     def __await__(self) -> Generator[Any, None, T]:
-        if self._afut is not None:
-            loop = self._afut.get_loop()
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:
-                return (yield from self._afut.__await__())
-        return (yield from asyncio.wrap_future(self._concurrent()).__await__())
+        # Not a generator itself: handing out the inner future's iterator
+        # saves a generator and a delegation step on every await.
+        afut = self._afut
+        if afut is not None and afut.get_loop() is asyncio._get_running_loop():
+            return afut.__await__()
+        return asyncio.wrap_future(self._concurrent()).__await__()
 
     def get(self, timeout: float | None = None) -> T:
         """Block until the result is ready and return it (or raise its error).

@@ -14,11 +14,13 @@ rank failed, exactly the requests sent to it fail, at once, with
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import itertools
 import pickle
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 import zmq
@@ -33,6 +35,7 @@ from zmesh._errors import (
     SpawnError,
     ZmeshError,
 )
+from zmesh._security import secure_client
 from zmesh._zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
@@ -54,14 +57,39 @@ class ProcRef(msgspec.Struct, frozen=True):
 class ProcConn:
     """This runtime's DEALER to one proc, and the requests in flight on it."""
 
-    __slots__ = ("broken", "inflight", "pending", "ref", "sock")
+    __slots__ = ("broken", "pending", "ref", "sock")
 
     def __init__(self, ref: ProcRef, sock: AsyncSocket) -> None:
         self.ref = ref
         self.sock = sock
-        self.inflight = 0
-        self.pending: set[int] = set()
+        # In flight on this connection, by request id, in send order. A reply
+        # arrives on its connection, so settling it is one pop here.
+        self.pending: dict[int, Request | OneRequest] = {}
         self.broken: ZmeshError | None = None  # set: calls fail before sending
+
+    @property
+    def inflight(self) -> int:
+        """Requests sent on this connection and not answered yet."""
+        return len(self.pending)
+
+
+# Where the answer of a single-target call goes: an asyncio future on the
+# runtime's loop, or a concurrent future for a caller blocked in ``.get()``.
+# Both are only ever settled from the runtime's loop; a concurrent future is
+# marked running before its call is sent, so its caller cannot cancel it.
+Sink: TypeAlias = asyncio.Future[Any] | concurrent.futures.Future[Any]
+
+
+class OneRequest:
+    """A call to one proc whose answer settles ``fut`` directly (the fast path)."""
+
+    __slots__ = ("conn", "fut", "id", "timer")
+
+    def __init__(self, req_id: int, conn: ProcConn, fut: Sink) -> None:
+        self.id = req_id
+        self.conn = conn
+        self.fut = fut
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class Request:
@@ -83,6 +111,16 @@ class Request:
         self.timer: asyncio.TimerHandle | None = None
 
 
+def resolve(fut: Sink, ok: bool, value: Any) -> None:
+    """Settle ``fut`` with a value (``ok``) or an exception, unless it is done."""
+    if fut.done():  # an asyncio future its caller cancelled
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
 class Runtime:
     """The zmesh client on one event loop. Get it with ``current()``."""
 
@@ -93,7 +131,6 @@ class Runtime:
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.codec = w.Codec(w.CLIENT_INBOX)
         self._ids = itertools.count(1)
-        self.pending: dict[int, Request] = {}
         self.conns: dict[str, ProcConn] = {}
         self.controller: Controller = Controller(self)
         self.closed = False
@@ -104,15 +141,63 @@ class Runtime:
         """The connection to ``ref``'s proc, made on first use."""
         c = self.conns.get(ref.addr)
         if c is None:
-            sock = configure(self.ctx.socket(zmq.DEALER))
+            sock = secure_client(configure(self.ctx.socket(zmq.DEALER)))
             sock.connect(ref.addr)
             c = ProcConn(ref, AsyncSocket(sock, self.loop, None))
-            c.sock.on_message = lambda frames, c=c: self._on_reply(c, frames)
+            c.sock.on_message = functools.partial(self._on_reply, c)
             self.conns[ref.addr] = c
             self.controller.watch(ref)
         return c
 
     # ------------------------------------------------------------ requests
+
+    def call(
+        self,
+        ref: ProcRef,
+        actor: str,
+        method: str,
+        payload: w.Payload,
+        buffers: list[Any],
+        deadline: float,
+        fut: Sink,
+        timeout: float | None = None,
+    ) -> None:
+        """Send one ``Call`` to ``ref``'s proc; its answer settles ``fut``.
+
+        The single-target fast path of ``send``: no closures, and the reply
+        is one dict pop away from its future.
+        """
+        c = self.conns.get(ref.addr)
+        if c is None:
+            c = self.conn(ref)
+        if c.broken is not None:
+            resolve(fut, False, c.broken)
+            return
+        req_id = next(self._ids)
+        c.sock.send(self.codec.encode(w.Call(req_id, actor, method, payload, deadline), buffers))
+        req = OneRequest(req_id, c, fut)
+        c.pending[req_id] = req
+        if timeout is not None:
+            req.timer = self.loop.call_later(timeout, self._expire_one, req, timeout)
+
+    def call_threadsafe(
+        self,
+        ref: ProcRef,
+        actor: str,
+        method: str,
+        payload: w.Payload,
+        buffers: list[Any],
+        deadline: float,
+        fut: concurrent.futures.Future[Any],
+        timeout: float | None = None,
+    ) -> None:
+        """``call`` for a caller in another thread (scheduled with ``call_soon_threadsafe``)."""
+        if not fut.set_running_or_notify_cancel():
+            return  # cancelled before it was sent
+        try:
+            self.call(ref, actor, method, payload, buffers, deadline, fut, timeout)
+        except BaseException as exc:
+            resolve(fut, False, exc)
 
     def send(
         self,
@@ -131,10 +216,8 @@ class Runtime:
         frames = self.codec.encode(msg_for(req_id), buffers)
         conns = [self.conn(r) for r in refs]
         req = Request(req_id, conns, deliver) if deliver is not None else None
-        if req is not None:
-            self.pending[req_id] = req
-            if timeout is not None:
-                req.timer = self.loop.call_later(timeout, self._expire, req, timeout)
+        if req is not None and timeout is not None:
+            req.timer = self.loop.call_later(timeout, self._expire, req, timeout)
         for i, c in enumerate(conns):
             if c.broken is not None:
                 if req is not None:
@@ -142,8 +225,7 @@ class Runtime:
                 continue
             c.sock.send(frames)
             if req is not None:
-                c.inflight += 1
-                c.pending.add(req_id)
+                c.pending[req_id] = req
         return req_id
 
     def _on_reply(self, conn: ProcConn, frames: list[Any]) -> None:
@@ -151,45 +233,43 @@ class Runtime:
             msg = self.codec.decode(frames)
         except Exception:  # a garbled reply is dropped; its call times out or fails
             return
-        req = self.pending.get(msg.id)
-        if req is None or msg.id not in conn.pending:
+        req = conn.pending.pop(msg.id, None)
+        if req is None:
             return  # late answer to a request that already ended
-        conn.pending.discard(msg.id)
-        conn.inflight -= 1
-        index = req.conns.index(conn) if len(req.conns) > 1 else 0
-        if isinstance(msg, w.Reply):
+        ok = True
+        if type(msg) is w.Reply:
             try:
-                value = self.codec.unpack_value(msg.payload, frames)
+                payload = msg.payload
+                if payload.blob is None:  # plain: the value is right there
+                    value = payload.args[0]
+                else:
+                    value = self.codec.unpack_value(payload, frames)
             except Exception as exc:
-                self._settle(req, index, False, EncodeError(f"cannot decode reply: {exc!r}"))
-                return
-            self._settle(req, index, True, value)
+                ok, value = False, EncodeError(f"cannot decode reply: {exc!r}")
         else:
-            self._settle(req, index, False, failure_error(msg, conn.ref))
+            ok, value = False, failure_error(msg, conn.ref)
+        if isinstance(req, OneRequest):
+            if req.timer is not None:
+                req.timer.cancel()
+            resolve(req.fut, ok, value)
+        else:
+            index = req.conns.index(conn) if len(req.conns) > 1 else 0
+            self._settle(req, index, ok, value)
 
     def _settle(self, req: Request, index: int, ok: bool, value: Any) -> None:
         req.open -= 1
-        if req.open <= 0:
-            self.pending.pop(req.id, None)
-            if req.timer is not None:
-                req.timer.cancel()
+        if req.open <= 0 and req.timer is not None:
+            req.timer.cancel()
         req.deliver(index, ok, value)
 
     def _expire(self, req: Request, timeout: float) -> None:
-        if self.pending.pop(req.id, None) is None:
-            return
         for i, c in enumerate(req.conns):
-            if req.id in c.pending:
-                c.pending.discard(req.id)
-                c.inflight -= 1
-                req.deliver(
-                    i,
-                    False,
-                    CallTimeoutError(
-                        f"no reply within {timeout}s", mesh=c.ref.mesh, rank=c.ref.rank,
-                        host=c.ref.host, log_path=c.ref.log_path or None,
-                    ),
-                )  # fmt: skip
+            if c.pending.pop(req.id, None) is not None:
+                req.deliver(i, False, _timeout_error(c.ref, timeout))
+
+    def _expire_one(self, req: OneRequest, timeout: float) -> None:
+        if req.conn.pending.pop(req.id, None) is not None:
+            resolve(req.fut, False, _timeout_error(req.conn.ref, timeout))
 
     def break_conn(self, addr: str, error: ZmeshError | None) -> None:
         """Fail everything in flight to ``addr`` with ``error`` (``None`` heals it)."""
@@ -199,11 +279,14 @@ class Runtime:
         c.broken = error
         if error is None:
             return
-        for req_id in list(c.pending):
-            req = self.pending.get(req_id)
-            c.pending.discard(req_id)
-            c.inflight -= 1
-            if req is not None:
+        failed = list(c.pending.values())
+        c.pending.clear()
+        for req in failed:
+            if isinstance(req, OneRequest):
+                if req.timer is not None:
+                    req.timer.cancel()
+                resolve(req.fut, False, error)
+            else:
                 self._settle(req, req.conns.index(c), False, error)
 
     def close(self) -> None:
@@ -215,6 +298,13 @@ class Runtime:
         for c in self.conns.values():
             c.sock.close()
         self.conns.clear()
+
+
+def _timeout_error(ref: ProcRef, timeout: float) -> CallTimeoutError:
+    return CallTimeoutError(
+        f"no reply within {timeout}s", mesh=ref.mesh, rank=ref.rank, host=ref.host,
+        log_path=ref.log_path or None,
+    )  # fmt: skip
 
 
 def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
@@ -261,11 +351,11 @@ def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def current() -> tuple[Runtime, bool]:
     """The runtime for the caller, and whether the caller is on its loop."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
+    loop = asyncio._get_running_loop()
+    if loop is None:
         return _runtime_for(_home_loop()), False
-    return _runtime_for(loop), True
+    rt = _runtimes.get(loop)
+    return (rt if rt is not None else _runtime_for(loop)), True
 
 
 def _runtime_for(loop: asyncio.AbstractEventLoop) -> Runtime:
@@ -334,4 +424,3 @@ def close_finished() -> None:
             if loop.is_closed() or not loop.is_running():
                 rt.close()
                 del _runtimes[loop]
-
