@@ -33,13 +33,17 @@ from typing import Any
 
 import zmq
 
+from zmesh import _stats
 from zmesh import _wire as w
+from zmesh._errors import SecurityError
+from zmesh._security import Keys, is_loopback, secure_server, start_authenticator
 from zmesh._state import MeshView, Rank, Status
 from zmesh._zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.agent")
 
 HEARTBEAT_INTERVAL = 0.1
+STATS_EVERY = 10  # ticks: a Stats message about once a second
 # A Running proc silent this long is declared Timeout (issue bar: within 3 s).
 PROC_HEARTBEAT_TIMEOUT = float(os.environ.get("ZMESH_PROC_HEARTBEAT_TIMEOUT", "2.0"))
 # An owner silent this long loses its procs (issue bar: gone within 5 s).
@@ -59,6 +63,7 @@ class _Proc:
     last_beat: float
     pidfd: int | None = None
     stop_at: float | None = None  # when a stop was requested
+    fail_reason: str = ""  # stopped because something broke (its owner went silent)
     reaped: bool = False
 
 
@@ -96,7 +101,18 @@ class HostAgent:
         label: str | None = None,
         log_dir: str | None = None,
         parent_pid: int | None = None,
+        keys: Keys | None = None,
+        insecure: bool = False,
     ) -> None:
+        host = _bind_host(bind)
+        if keys is None and not insecure and not is_loopback(host):
+            raise SecurityError(
+                f"refusing to bind {bind}: an agent runs code for whoever reaches it, so a "
+                "non-loopback address needs CURVE keys (zmesh keygen DIR; --keys DIR), "
+                "or --insecure said out loud",
+                host=label,
+            )
+        self.keys = keys
         self.bind = bind
         self.label = label or socket.gethostname()
         self.log_dir = log_dir or default_log_dir(self.label)
@@ -108,8 +124,16 @@ class HostAgent:
         self.dropped = 0
         self.control_addr = ""
         self.stream_addr = ""
+        self.stats_addr = ""  # a stream of its own: supervision clients never pay for it
         self._stopping = asyncio.Event()
         self._by_pidfd: dict[int, _Proc] = {}
+        # The latest statistics of each running proc, by (mesh, rank).
+        self.proc_stats: dict[tuple[str, int], _stats.ProcStatistics] = {}
+        # Services' replica tables, as their orchestrators report them.
+        self.services: dict[str, tuple[_stats.ServiceSummary, float]] = {}
+        self._host_sampler = _stats.HostSampler()
+        self._host_stats: _stats.HostStatistics | None = None
+        self._ticks = 0
 
     # ------------------------------------------------------------ serving
 
@@ -121,11 +145,13 @@ class HostAgent:
         loop = asyncio.get_running_loop()
         os.makedirs(self.log_dir, exist_ok=True)
         ctx: zmq.Context[Any] = zmq.Context.instance()
-        ctrl = configure(ctx.socket(zmq.ROUTER))
+        if self.keys is not None:
+            self._auth = start_authenticator(ctx, self.keys)
+        ctrl = secure_server(configure(ctx.socket(zmq.ROUTER)), self.keys)
         ctrl.setsockopt(zmq.ROUTER_MANDATORY, 1)
         host = _bind_host(self.bind)
         self.control_addr = _bind(ctrl, self.bind)
-        pub = configure(ctx.socket(zmq.XPUB))
+        pub = secure_server(configure(ctx.socket(zmq.XPUB)), self.keys)
         # The welcome tells a new subscriber that its subscription is live,
         # so it can take a snapshot without missing the events after it.
         welcome = w.Heartbeat(seq=-1, epoch=self.epoch, agent=self.label, time=0.0)
@@ -134,6 +160,9 @@ class HostAgent:
         self._codec = w.Codec(w.AGENT_INBOX)
         self._ctrl = AsyncSocket(ctrl, loop, self._on_control, router=True)
         self._pub = AsyncSocket(pub, loop, None)  # subscriptions are read and ignored
+        stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys)
+        self.stats_addr = _bind(stats_pub, f"tcp://{host}:0")
+        self._stats_pub = AsyncSocket(stats_pub, loop, None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         log.info("agent %s control=%s stream=%s", self.label, self.control_addr, self.stream_addr)
@@ -147,6 +176,9 @@ class HostAgent:
             await self._shutdown()
             self._ctrl.close()
             self._pub.close()
+            self._stats_pub.close()
+            if self.keys is not None:
+                self._auth.stop()
 
     def info_dict(self) -> dict[str, Any]:
         return {
@@ -203,6 +235,37 @@ class HostAgent:
             )
         elif isinstance(msg, w.OwnerGone):
             self._stop_owner(msg.owner, "owner exited")
+        elif isinstance(msg, w.ProcStats):
+            st = msg.stats
+            mesh = self.meshes.get(st.mesh)
+            proc = mesh.procs.get(st.rank) if mesh else None
+            if proc is not None and proc.generation == st.generation and not proc.reaped:
+                self.proc_stats[(st.mesh, st.rank)] = st
+        elif isinstance(msg, w.ServiceReport):
+            self.services[msg.summary.name] = (msg.summary, time.monotonic())
+        elif isinstance(msg, w.GetStats):
+            self._reply(ident, w.StatsReply(msg.id, self.stats(), self.stats_addr))
+
+    def stats(self) -> w.Stats:
+        """This agent's host, meshes and procs' latest statistics (``zmesh top``)."""
+        if self._host_stats is None:
+            self._host_stats = self._host_sampler.sample(socket.gethostname())
+        live = {
+            (m.name, r) for m in self.meshes.values() for r, p in m.procs.items() if not p.reaped
+        }
+        for key in [k for k in self.proc_stats if k not in live]:
+            del self.proc_stats[key]  # the proc is gone: its numbers are history
+        now = time.monotonic()
+        for name in [n for n, (_, seen) in self.services.items() if now - seen > 5.0]:
+            del self.services[name]  # its orchestrator stopped reporting
+        return w.Stats(
+            agent=self.label, epoch=self.epoch, seq=self.seq, time=time.time(),
+            interval=HEARTBEAT_INTERVAL * STATS_EVERY, host=self._host_stats,
+            control=self.control_addr,
+            meshes=[self._mesh_state(m) for m in self.meshes.values()],
+            procs=list(self.proc_stats.values()),
+            services=[s for s, _ in self.services.values()],
+        )  # fmt: skip
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
@@ -244,6 +307,7 @@ class HostAgent:
             "bind_host": _bind_host(self.control_addr),
             "log_path": log_path,
             "main": mesh.spec.main,
+            "keys": self.keys.dir if self.keys is not None else "",
         }
         env = dict(os.environ)
         env.update(mesh.spec.env)
@@ -359,6 +423,8 @@ class HostAgent:
         if mesh is None:
             return
         status = Status.STOPPED if proc.stop_at is not None else Status.FAILED
+        if proc.fail_reason:
+            status, reason = Status.FAILED, f"{proc.fail_reason}; {reason}"
         self._transition(
             mesh,
             proc.rank,
@@ -374,23 +440,27 @@ class HostAgent:
         self._stop(mesh)
         return w.Ack(req_id)
 
-    def _stop(self, mesh: _Mesh) -> None:
+    def _stop(self, mesh: _Mesh, failure: str = "") -> None:
+        """Stop a mesh's procs: a clean stop, or with ``failure`` a stop forced
+        by something broken, which its owner will see as Failed(failure)."""
         mesh.stopped = True
         now = time.monotonic()
         for rank, proc in mesh.procs.items():
             if proc.reaped or proc.stop_at is not None:
                 continue
             proc.stop_at = now
-            current = mesh.view.ranks[rank]
-            self._transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
+            proc.fail_reason = failure
+            if not failure:
+                current = mesh.view.ranks[rank]
+                self._transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
             _signal(proc, signal.SIGTERM)
 
-    def _stop_owner(self, owner: str, why: str) -> None:
+    def _stop_owner(self, owner: str, why: str, failure: bool = False) -> None:
         self.owners.pop(owner, None)
         for mesh in list(self.meshes.values()):
             if mesh.spec.owner == owner and not mesh.stopped:
                 log.info("stopping mesh %s: %s", mesh.name, why)
-                self._stop(mesh)
+                self._stop(mesh, why if failure else "")
 
     async def _shutdown(self) -> None:
         for mesh in self.meshes.values():
@@ -421,6 +491,10 @@ class HostAgent:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self._ticks += 1
+        if self._ticks % STATS_EVERY == 0:
+            self._host_stats = self._host_sampler.sample(socket.gethostname())
+            self._stats_pub.send(self._codec.encode(self.stats()))
         self._pub.send(
             self._codec.encode(
                 w.Heartbeat(seq=self.seq, epoch=self.epoch, agent=self.label, time=time.time())
@@ -441,7 +515,10 @@ class HostAgent:
                     self._hung(mesh, proc, f"not ready after {STARTUP_TIMEOUT:.0f}s")
         for owner, seen in list(self.owners.items()):
             if now - seen > OWNER_GRACE:
-                self._stop_owner(owner, f"owner {owner} silent for {now - seen:.1f}s")
+                self._stop_owner(
+                    owner, f"stopped by its agent: owner {owner} silent for {now - seen:.1f}s",
+                    failure=True,
+                )  # fmt: skip
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.info("parent %d is gone; stopping", self.parent_pid)
             self._stopping.set()
@@ -518,17 +595,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", default=None, help="this host's name")
     parser.add_argument("--log-dir", default=None, help="where proc logs go")
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--keys", default=None, help="a 'zmesh keygen' directory: use CURVE")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback bind without keys (anyone who reaches it runs code)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    host = _bind_host(args.bind)
-    if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
-        parser.error(
-            f"refusing to bind {args.bind}: non-loopback agents need CURVE keys, "
-            "which this version does not support yet; bind 127.0.0.1"
+    try:
+        keys = Keys.load(args.keys) if args.keys else None
+        agent = HostAgent(
+            args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid,
+            keys=keys, insecure=args.insecure,
+        )  # fmt: skip
+    except SecurityError as exc:
+        parser.error(str(exc))
+    if args.insecure and keys is None and not is_loopback(_bind_host(args.bind)):
+        print(
+            f"\n*** WARNING: zmesh agent on {args.bind} WITHOUT authentication (--insecure).\n"
+            "*** Anyone who can reach this address can run any code as this user.\n"
+            "*** Use 'zmesh keygen DIR' and '--keys DIR' instead.\n",
+            file=sys.stderr,
+            flush=True,
         )
-    agent = HostAgent(args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid)
 
     def ready(info: dict[str, Any]) -> None:
         # One machine-readable line, for whoever started us and waits for it.

@@ -27,6 +27,7 @@ import zmq
 
 from zmesh import _wire as w
 from zmesh._errors import ActorStoppedError, AgentError, SupervisionError, ZmeshError
+from zmesh._security import secure_client
 from zmesh._state import FailureDedup, MeshView, Rank, Status
 from zmesh._zsock import AsyncSocket, configure
 
@@ -102,7 +103,7 @@ class AgentConn:
         self.ready = asyncio.Event()  # described and subscribed
         self._futures: dict[int, asyncio.Future[Any]] = {}
         loop = ctl.rt.loop
-        ctrl = configure(ctl.rt.ctx.socket(zmq.DEALER))
+        ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)))
         ctrl.connect(addr)
         self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
         self.codec = w.Codec(w.AGENT_REPLIES)
@@ -123,7 +124,7 @@ class AgentConn:
         self.label = info.label
         self.epoch = info.epoch
         self.last_heard = time.monotonic()
-        sub = configure(self.ctl.rt.ctx.socket(zmq.SUB))
+        sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)))
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.syncing = True  # until the welcome, then the snapshot

@@ -14,6 +14,7 @@ Hierarchy::
     ├── EndpointError         unknown endpoint or arguments that do not fit it
     ├── EncodeError           an argument or return value cannot be sent
     ├── AgentError            an agent refused a request or cannot be reached
+    ├── SecurityError         keys missing or unreadable; an address needs keys
     └── ServiceError          a service cannot take the call
         └── ServiceOverloadedError   every replica's queue is full
 
@@ -33,6 +34,7 @@ __all__ = [
     "CallTimeoutError",
     "EncodeError",
     "EndpointError",
+    "SecurityError",
     "ServiceError",
     "ServiceOverloadedError",
     "SpawnError",
@@ -168,6 +170,10 @@ class EncodeError(ZmeshError):
 
 class AgentError(ZmeshError):
     """A host agent refused a request, or cannot be reached."""
+
+
+class SecurityError(ZmeshError):
+    """CURVE keys are missing or unreadable, or an address needs keys it was not given."""
 
 
 class ServiceError(ZmeshError):

@@ -26,9 +26,11 @@ from typing import Any
 
 import zmq
 
+from zmesh import _security
 from zmesh import _wire as w
 from zmesh._agent import default_log_dir
 from zmesh._errors import AgentError
+from zmesh._security import secure_client
 
 OWNER_HEARTBEAT_INTERVAL = 0.5
 AGENT_START_TIMEOUT = 30.0
@@ -57,9 +59,35 @@ def configure(addresses: list[str] | None) -> None:
         _configured = list(addresses) if addresses is not None else None
 
 
-def configured() -> list[str] | None:
-    """The agents set by ``zmesh.connect`` or ``local_cluster``, if any."""
-    return list(_configured) if _configured is not None else None
+def configured_agents() -> list[str] | None:
+    """Every agent given by ``zmesh.connect``, ``ZMESH_AGENTS`` or ``ZMESH_HOSTFILE``.
+
+    ``None`` means none is configured: the embedded default applies.
+    """
+    if _configured is not None:
+        return list(_configured)
+    env = os.environ.get("ZMESH_AGENTS", "").strip()
+    if env:
+        return [a.strip() for a in env.split(",") if a.strip()]
+    hostfile = os.environ.get("ZMESH_HOSTFILE")
+    return read_hostfile(hostfile) if hostfile else None
+
+
+def read_hostfile(path: str) -> list[str]:
+    """Agent addresses from a file: one per line; blank lines and ``#`` comments skipped.
+
+    Raises:
+        AgentError: the file cannot be read or lists no agent.
+    """
+    try:
+        with open(path) as f:
+            lines = [ln.split("#", 1)[0].strip() for ln in f]
+    except OSError as exc:
+        raise AgentError(f"cannot read the host file {path!r}: {exc}") from exc
+    agents = [ln for ln in lines if ln]
+    if not agents:
+        raise AgentError(f"the host file {path!r} lists no agent")
+    return agents
 
 
 def agents(hosts: int) -> list[str]:
@@ -69,10 +97,7 @@ def agents(hosts: int) -> list[str]:
         AgentError: more hosts than configured agents, or a local agent
             failed to start.
     """
-    configured = _configured
-    if configured is None:
-        env = os.environ.get("ZMESH_AGENTS", "").strip()
-        configured = [a.strip() for a in env.split(",") if a.strip()] or None
+    configured = configured_agents()
     if configured is not None:
         if hosts > len(configured):
             raise AgentError(
@@ -107,6 +132,9 @@ def launch_agent(
     ]  # fmt: skip
     if parent_pid is not None:
         cmd += ["--parent-pid", str(parent_pid)]
+    keys = _security.active()
+    if keys is not None:  # a client with keys talks CURVE: so must its own agents
+        cmd += ["--keys", keys.dir]
     with open(log_path, "ab") as err:
         popen = subprocess.Popen(
             cmd,
@@ -181,7 +209,7 @@ class _OwnerHeart(threading.Thread):
                 for addr in addrs:
                     s = socks.get(addr)
                     if s is None:
-                        s = socks[addr] = ctx.socket(zmq.DEALER)
+                        s = socks[addr] = secure_client(ctx.socket(zmq.DEALER))
                         s.setsockopt(zmq.LINGER, 0)
                         s.setsockopt(zmq.SNDHWM, 4)  # a backlog of beats means nothing
                         s.connect(addr)
@@ -218,7 +246,7 @@ def release_all() -> None:
     for addr in used:
         if addr in embedded_addrs:
             continue  # stopping the agent stops its procs
-        s = ctx.socket(zmq.DEALER)
+        s = secure_client(ctx.socket(zmq.DEALER))
         s.connect(addr)
         try:
             s.send_multipart(codec.encode(w.OwnerGone(owner_id())), zmq.NOBLOCK)

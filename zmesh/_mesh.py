@@ -17,7 +17,7 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from zmesh import _local, _runtime, _spawnprep
+from zmesh import _local, _runtime, _security, _spawnprep
 from zmesh import _wire as w
 from zmesh._actor import Actor, Options, Point, endpoints_of
 from zmesh._adverbs import EndpointRef, submit
@@ -365,10 +365,21 @@ def this_host() -> HostMesh:
     return HostMesh(None, hosts=1)
 
 
-def connect(addresses: list[str]) -> HostMesh:
-    """Use these agents (``tcp://host:port`` each) from now on; a ``HostMesh`` of them."""
+def connect(addresses: list[str], *, keys: str | None = None) -> HostMesh:
+    """Use these agents (``tcp://host:port`` each) from now on; a ``HostMesh`` of them.
+
+    Args:
+        addresses: the agents' control addresses, one per host.
+        keys: a ``zmesh keygen`` directory, for agents started with ``--keys``
+            (default: the ``ZMESH_KEYS`` variable, if set).
+
+    Raises:
+        SecurityError: ``keys`` cannot be read.
+    """
     if not addresses:
         raise ValueError("connect() needs at least one agent address")
+    if keys is not None:
+        _security.use(keys)
     _local.configure(addresses)
     return HostMesh(list(addresses))
 
@@ -388,13 +399,19 @@ async def spawn_owned_mesh(
     name: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    addrs: list[str] | None = None,
 ) -> ActorMesh[A]:
     """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
+
+    Args:
+        addrs: the agents to place the host slices on (default: the first
+            ``hosts`` configured agents, or the embedded default).
 
     Raises:
         SpawnError: a proc or an actor failed to start; nothing is left running.
     """
-    addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
+    if addrs is None:
+        addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
     pm = await _spawn_procs(rt, addrs, {"procs": procs}, name)
     try:
         mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
@@ -421,8 +438,9 @@ async def _spawn_procs(
         raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
     prep = preparation()
     env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
-    if _local.configured() is not None:  # zmesh.connect(): procs use the same agents
-        env["ZMESH_AGENTS"] = ",".join(_local.configured() or [])
+    agents = _local.configured_agents()
+    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
+        env["ZMESH_AGENTS"] = ",".join(agents)
     ctl = rt.controller
     owner_actor = _CURRENT_ACTOR.get(None)
     if owner_actor is not None:
@@ -433,7 +451,11 @@ async def _spawn_procs(
         try:
             await asyncio.wait_for(agent.ready.wait(), 10.0)
         except asyncio.TimeoutError:
-            raise AgentError(f"agent at {addr} cannot be reached", host=addr) from None
+            hint = " and whether your keys match its --keys" if _security.active() else ""
+            raise AgentError(
+                f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                host=addr,
+            ) from None
         _local.note_used(addr)
         ranks = list(range(h * per, (h + 1) * per))
         ctl.track(name, agent, ranks)

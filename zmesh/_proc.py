@@ -22,12 +22,15 @@ import signal
 import sys
 import time
 import traceback
+from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
 
+from zmesh import _security, _stats
 from zmesh import _wire as w
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
@@ -36,6 +39,7 @@ from zmesh._zsock import AsyncSocket, configure
 log = logging.getLogger("zmesh.proc")
 
 PROC_HEARTBEAT_INTERVAL = 0.2
+STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
 
 
 class _BadArguments(Exception):
@@ -43,7 +47,17 @@ class _BadArguments(Exception):
 
 
 class _Mailbox:
-    """One actor: its instance, its queue, and the task that drains it."""
+    """One actor: its instance, its queue, and the task that drains it.
+
+    An actor runs one message at a time, in arrival order (``concurrent``
+    endpoints start in order and may overlap). When the actor is idle and
+    nothing is queued, a message to an async endpoint starts at once, inside
+    the socket's reader, as the mailbox task would run it (same current task,
+    the actor's context): most such endpoints finish without suspending and
+    reply right there, which saves a task wake-up per message. One that
+    suspends is handed to the mailbox task to finish, and the actor stays
+    busy until it has.
+    """
 
     def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
         self.server = server
@@ -51,27 +65,92 @@ class _Mailbox:
         self.instance = instance
         self.point = point
         self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
-        self.wakeup = asyncio.Event()
+        # Set while the mailbox task waits for mail; put() resolves it.
+        self.waiter: asyncio.Future[None] | None = None
+        # An eagerly started message that suspended, for the task to finish:
+        # (coroutine, what it yielded, an exception to throw into it first).
+        self.handoff: tuple[Any, Any, BaseException | None] | None = None
+        self.context: contextvars.Context | None = None  # the actor's, set by _run
         self.endpoints: dict[str, Endpoint[Any, Any]] = {}
         for klass in type(instance).__mro__:
             for attr, value in vars(klass).items():
                 if isinstance(value, Endpoint) and attr not in self.endpoints:
                     self.endpoints[attr] = value
+        self.counters = {n: _stats.EndpointCounters(n) for n in self.endpoints}
+        self.queue_peak = 0
         self.busy = False
         self.running: set[asyncio.Task[None]] = set()
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if self.waiter is not None and not self.busy and not self.queue:
+            ep = self.endpoints.get(call.method)
+            if ep is not None and ep.info.is_async and not ep.info.concurrent:
+                self._start(ident, call, frames)
+                return
         self.queue.append((ident, call, frames))
-        self.wakeup.set()
+        if len(self.queue) > self.queue_peak:
+            self.queue_peak = len(self.queue)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _start(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        """Run a message up to its first suspension, now, as the mailbox task."""
+        assert self.context is not None  # the task is waiting, so _run set it
+        loop = self.task.get_loop()
+        coro = self.server.handle(self, ident, call, frames)
+        _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
+        try:
+            yielded = self.context.run(coro.send, None)
+        except StopIteration:
+            return  # done, reply sent
+        except Exception:
+            log.exception("handling %s.%s failed", self.name, call.method)
+            return
+        finally:
+            _leave_task(loop, self.task)
+        # It awaits something: the mailbox task finishes it; later mail queues.
+        self.busy = True
+        self.handoff = (coro, yielded, None)
+        self._wake()
+
+    def statistics(self) -> _stats.ActorStatistics:
+        """This actor's mailbox and endpoint counters, as a frozen record."""
+        return _stats.actor_statistics(
+            self.name, type(self.instance).__qualname__, self.counters.values(),
+            (c.method for _, c, _ in self.queue), self.queue_peak,
+        )  # fmt: skip
 
     async def _run(self) -> None:
         _CURRENT.set(self.point)
         _CURRENT_ACTOR.set(self.instance)
+        self.context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
         while True:
+            if self.handoff is not None:
+                coro, yielded, exc = self.handoff
+                self.handoff = None
+                try:
+                    await _Resume(coro, self.context, yielded, exc)
+                finally:
+                    self.busy = False
+                continue
             if not self.queue:
-                self.wakeup.clear()
-                await self.wakeup.wait()
+                self.waiter = loop.create_future()
+                try:
+                    await self.waiter
+                except asyncio.CancelledError as cancel:
+                    if self.handoff is None:
+                        raise
+                    # Cancelled (the actor stops, or the endpoint cancelled
+                    # this task) before the handed-off message resumed: the
+                    # message gets the cancellation, as it would have here.
+                    self.handoff = (self.handoff[0], None, cancel)
+                finally:
+                    self.waiter = None
                 continue
             ident, call, frames = self.queue.popleft()
             ep = self.endpoints.get(call.method)
@@ -108,6 +187,21 @@ class ProcServer:
         self.late = 0
         self.spawning: set[asyncio.Task[None]] = set()
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
+        self.sampler = _stats.ProcSampler()
+
+    def statistics(self) -> _stats.ProcStatistics:
+        """This proc (pid, CPU %, RSS, uptime) and its actors, as a frozen record."""
+        cpu, rss, uptime = self.sampler.sample()
+        return _stats.ProcStatistics(
+            self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
+            self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
+        )  # fmt: skip
+
+    def _report_statistics(self) -> None:
+        try:
+            self.agent.send(self.codec.encode(w.ProcStats(self.statistics())))
+        except Exception:  # statistics must never stop the heartbeats
+            log.exception("cannot report statistics")
 
     async def serve(self) -> None:
         from zmesh import _runtime
@@ -116,12 +210,15 @@ class ProcServer:
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
         ctx: zmq.Context[Any] = zmq.Context.instance()
-        router = configure(ctx.socket(zmq.ROUTER))
+        keys = _security.active()
+        if keys is not None:  # every socket we bind admits only authorised keys
+            self._auth = _security.start_authenticator(ctx, keys)
+        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER)))
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(f"tcp://{self.spec['bind_host']}:*")
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True)
-        agent = configure(ctx.socket(zmq.DEALER))
+        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)))
         agent.connect(self.spec["agent"])
         self.agent = AsyncSocket(agent, loop, None)
         self.agent.send(
@@ -131,8 +228,12 @@ class ProcServer:
         )
         beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation))
         agent_pid = self.spec.get("agent_pid")
+        beats = 0
         while True:
             await asyncio.sleep(PROC_HEARTBEAT_INTERVAL)
+            beats += 1
+            if beats % STATS_EVERY == 1:
+                self._report_statistics()
             if agent_pid and os.getppid() != agent_pid:
                 log.error("agent %s is gone; exiting", agent_pid)
                 os._exit(70)
@@ -222,13 +323,16 @@ class ProcServer:
                 f"(endpoints: {names})",
             )  # fmt: skip
             return
+        counters = box.counters[call.method]
         try:
             args, kwargs = self.codec.unpack(call.payload, frames)
         except Exception as exc:
+            counters.end(counters.begin(), 1)
             self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
             return
         fn = ep.fn
         _REQUEST.set(call.request)  # zmesh.current_request(), for dedup by actors
+        t0 = counters.begin()
         try:
             if ep.info.is_async:
                 result = await _invoke(fn, box.instance, args, kwargs)
@@ -238,21 +342,28 @@ class ProcServer:
                     self.pool, ctx.run, _invoke, fn, box.instance, args, kwargs
                 )
         except _BadArguments as exc:
+            counters.end(t0, 1)
             cause = exc.__cause__
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
         except Exception as exc:
+            counters.end(t0, 1)
             if not call.oneway:
                 self._send_failure(ident, call.id, "actor", exc, call.method)
             else:
                 log.exception("oneway call %s raised", call.method)
             return
+        except BaseException:  # cancelled (the actor stopped): no longer in flight
+            counters.in_flight -= 1
+            raise
+        counters.end(t0, 0)
         if call.oneway:
             return
         try:
             payload, buffers = w.Codec.pack_value(result)
             frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
         except Exception as exc:
+            counters.errors += 1
             self.fail(
                 ident, call, "encode", type(exc).__name__,
                 f"return value of {call.method!r} cannot be sent: {exc}",
@@ -280,6 +391,47 @@ class ProcServer:
         name = qual if mod == "builtins" else f"{mod}.{qual}"
         f = w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
         self.router.send([ident, *self.codec.encode(f)])
+
+
+class _Resume:
+    """Finish ``coro``, which ``_Mailbox._start`` ran until it yielded ``yielded``.
+
+    This is ``yield from`` (PEP 380) written out, so that every step of
+    ``coro`` runs in the actor's ``context`` as its first step did; the
+    awaiting task's sends and throws (a cancellation) pass through to it.
+    ``throw``, when given, is thrown in first instead of waiting on ``yielded``.
+    """
+
+    __slots__ = ("context", "coro", "throw", "yielded")
+
+    def __init__(
+        self, coro: Any, context: contextvars.Context, yielded: Any, throw: BaseException | None
+    ) -> None:
+        self.coro = coro
+        self.context = context
+        self.yielded = yielded
+        self.throw = throw
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, context, yielded, exc = self.coro, self.context, self.yielded, self.throw
+        sent = None
+        while True:
+            if exc is None:
+                try:
+                    sent = yield yielded
+                except GeneratorExit:
+                    coro.close()
+                    raise
+                except BaseException as thrown:  # a cancellation: pass it on
+                    exc = thrown
+            try:
+                if exc is None:
+                    yielded = context.run(coro.send, sent)
+                else:
+                    yielded = context.run(coro.throw, exc)
+            except StopIteration:
+                return
+            exc = None
 
 
 def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -318,6 +470,7 @@ def main() -> None:
     from zmesh._spawnprep import prepare
 
     _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
+    _security.use(spec.get("keys") or None)  # the agent's keys are this host's keys
     if not os.environ.get("ZMESH_AGENTS"):
         # Meshes spawned by an actor go to this proc's own agent by default,
         # never to a private embedded agent of the proc.

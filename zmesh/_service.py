@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from zmesh import _local
 from zmesh import _wire as w
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._adverbs import submit
@@ -60,6 +61,7 @@ from zmesh._routing import (
     make_router,
 )
 from zmesh._runtime import Runtime
+from zmesh._stats import ServiceSummary
 
 log = logging.getLogger("zmesh.service")
 R = TypeVar("R")
@@ -94,7 +96,10 @@ class _Replica:
         p50 = p99 = None
         if with_latency:
             horizon = time.monotonic() - LATENCY_WINDOW
-            window = sorted(dt for t, dt in self.latencies if t >= horizon)
+            # A snapshot first: statistics() may run on another thread (sync
+            # code) while the loop appends, and iterating a deque that changes
+            # raises RuntimeError.
+            window = sorted(dt for t, dt in tuple(self.latencies) if t >= horizon)
             if window:
                 p50 = window[len(window) // 2]
                 p99 = window[min(len(window) - 1, int(len(window) * 0.99))]
@@ -216,6 +221,7 @@ class Service:
         self._ids = itertools.count(1)
         self._tag = f"{self.name}-{id(self):x}"
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._spawning: set[asyncio.Task[None]] = set()  # respawns in progress
         self.completed = 0
         self.failed = 0
         self.retried = 0
@@ -286,6 +292,7 @@ class Service:
                 raise SpawnError(f"service {self.name}: a replica failed to start: {err}") from err
             raise err
         self._spawn_task(self._health_loop())
+        self._spawn_task(self._report_loop())
 
     def _spawn_task(self, coro: Any) -> None:
         task = self.rt.loop.create_task(coro)
@@ -295,7 +302,7 @@ class Service:
     async def _spawn(self, rep: _Replica) -> None:
         mesh = await spawn_owned_mesh(
             self.rt, self.cls, self.opts.hosts, self.opts.procs,
-            f"{self.name}-r{rep.index}", self._args, self._kwargs,
+            f"{self.name}-r{rep.index}", self._args, self._kwargs, self._placement(rep),
         )  # fmt: skip
         if self.stopped:
             await _stop_procs(self.rt, mesh._refs)
@@ -316,6 +323,19 @@ class Service:
             self._replica_failed(rep, gen, "failed while starting")
             return
         self._pump_waiting()
+
+    def _placement(self, rep: _Replica) -> list[str] | None:
+        """Agents for a replica: spread replicas over the configured agents,
+        and keep a respawn off agents this client has lost (a partition)."""
+        pool = _local.configured_agents()
+        hosts = self.opts.hosts
+        if pool is None or len(pool) <= hosts:
+            return None  # the default placement (and its clear error if too few)
+        start = (rep.index * hosts) % len(pool)
+        rotated = pool[start:] + pool[:start]
+        lost = {a.addr for a in self.rt.controller.agents.values() if a.lost}
+        ordered = [a for a in rotated if a not in lost] + [a for a in rotated if a in lost]
+        return ordered[:hosts]
 
     def _replica_failed(self, rep: _Replica, generation: int, reason: str) -> None:
         """Take a replica out of routing and start replacing it (once per generation)."""
@@ -338,8 +358,9 @@ class Service:
                 if rep.listener in listeners:
                     listeners.remove(rep.listener)
             # Stopping the whole replica fails what is still in flight on its
-            # surviving ranks, and those requests are re-sent.
-            await _stop_procs(self.rt, old._refs)
+            # surviving ranks (at once, client-side), and those are re-sent.
+            # The agent may be unreachable (a partition): do not wait for it.
+            self._spawn_task(_stop_procs(self.rt, old._refs))
         loop = self.rt.loop
         while not self.stopped:
             now = loop.time()
@@ -357,8 +378,14 @@ class Service:
             await asyncio.sleep(delay)
             rep.restart_times.append(loop.time())
             rep.restarts += 1
+            # Shielded: stop() cancels this task, and a spawn cancelled midway
+            # would leave its procs running. stop() waits for it instead, and
+            # _spawn stops what it made once it sees the service stopped.
+            spawning = loop.create_task(self._spawn(rep))
+            self._spawning.add(spawning)
+            spawning.add_done_callback(self._spawning.discard)
             try:
-                await self._spawn(rep)
+                await asyncio.shield(spawning)
             except Exception as exc:
                 rep.backoff_step += 1
                 rep.last_failure = f"respawn failed: {exc}"
@@ -372,6 +399,8 @@ class Service:
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()
+        # Respawns under way finish, then stop what they made (see _recover).
+        await asyncio.gather(*self._spawning, return_exceptions=True)
         stopped = ActorStoppedError(f"service {self.name} was stopped", mesh=self.name)
         for req in list(self._waiting):
             self._finish(req, None, stopped)
@@ -392,6 +421,24 @@ class Service:
             for rep in self._replicas:
                 if rep.state == HEALTHY and rep.mesh is not None:
                     self._check_health(rep)
+
+    async def _report_loop(self) -> None:
+        """Tell the agents this service uses about its replica table (for ``zmesh top``)."""
+        while not self.stopped:
+            await asyncio.sleep(1.0)
+            st = self.statistics()
+            summary = ServiceSummary(
+                name=self.name,
+                healthy=sum(r.state == HEALTHY for r in st.replicas),
+                desired=len(st.replicas),
+                restarts=sum(r.restarts for r in st.replicas),
+                last_failure=next((r.last_failure for r in st.replicas if r.last_failure), ""),
+                state=st.state,
+            )
+            frames = w.Codec(w.AGENT_INBOX).encode(w.ServiceReport(summary))
+            agents = {ref.agent for r in self._replicas if r.mesh for ref in r.mesh._refs}
+            for addr in agents:
+                self.rt.controller.agent(addr).ctrl.send(frames)
 
     def _check_health(self, rep: _Replica) -> None:
         mesh, gen = rep.mesh, rep.generation
@@ -543,10 +590,11 @@ class Service:
             if isinstance(value, SupervisionError | ActorStoppedError):
                 # The replica broke (or is being replaced): not the request's fault.
                 self._replica_failed(rep, gen, str(value))
-                if req.retry and not self.stopped:
+                # A fan-out request is pinned to its replica: re-sending it
+                # elsewhere would give that replica's answer twice.
+                if req.retry and req.pinned is None and not self.stopped:
                     rep.retried += 1
                     self.retried += 1
-                    req.pinned = None
                     self._dispatch(req)
                 else:
                     rep.failed += 1

@@ -29,6 +29,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from zmesh._stats import HostStatistics, ProcStatistics, ServiceSummary
+
 # Values at or above this size travel as their own ZeroMQ frame.
 BIG_BUFFER = 64 * 1024
 
@@ -41,6 +43,7 @@ _BUF_EXTS: dict[Any, int] = {
     memoryview: _EXT_MEMORYVIEW,
 }
 _SCALARS = (type(None), bool, int, float, str)
+_INLINE = frozenset(_SCALARS)  # types that always stay in the envelope as they are
 
 
 class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=True):
@@ -246,6 +249,55 @@ class Heartbeat(_Msg, frozen=True):
     time: float
 
 
+# ------------------------------------------------------------ statistics
+
+
+class ProcStats(_Msg, frozen=True):
+    """A proc's statistics, sent to its agent about once a second."""
+
+    stats: ProcStatistics
+
+
+class ServiceReport(_Msg, frozen=True):
+    """A service's replica table, sent by its orchestrator to its agents
+    about once a second, so that ``zmesh top`` can show it."""
+
+    summary: ServiceSummary
+
+
+class GetStats(_Msg, frozen=True):
+    """Ask an agent for its latest ``Stats`` at once (a fresh observer)."""
+
+    id: int
+
+
+class Stats(_Msg, frozen=True):
+    """An agent's host and procs, published about once a second.
+
+    It goes on a stats stream of its own (its address is in ``StatsReply``),
+    next to the event stream, so supervision subscribers never receive it.
+    ``meshes`` is the agent's view (as ``GetState`` gives it), so one message
+    is enough to draw the agent's part of a dashboard.
+    """
+
+    agent: str
+    epoch: str
+    seq: int
+    time: float
+    interval: float
+    host: HostStatistics
+    control: str = ""
+    meshes: list[MeshState] = []
+    procs: list[ProcStatistics] = []
+    services: list[ServiceSummary] = []
+
+
+class StatsReply(_Msg, frozen=True):
+    id: int
+    stats: Stats
+    stream: str = ""  # where the agent publishes ``Stats`` about once a second
+
+
 PROC_INBOX: Any = Call | SpawnActor | StopActor
 CLIENT_INBOX: Any = Reply | Failure
 AGENT_INBOX: Any = (
@@ -258,9 +310,14 @@ AGENT_INBOX: Any = (
     | OwnerGone
     | ProcHello
     | ProcHeartbeat
+    | ProcStats
+    | ServiceReport
+    | GetStats
 )
-AGENT_REPLIES: Any = Ack | StateReply | AgentInfo
+AGENT_REPLIES: Any = Ack | StateReply | AgentInfo | StatsReply
 STREAM: Any = Event | Heartbeat
+# What an observer (``zmesh top``) decodes from an agent's two streams.
+OBSERVER_STREAM: Any = Event | Heartbeat | Stats
 
 
 # --------------------------------------------------------------- codec
@@ -301,6 +358,15 @@ class Codec:
             Exception: whatever pickle raises for a value it cannot carry; the
                 caller wraps it in ``EncodeError``.
         """
+        if not kwargs:
+            # The common call: a few scalars or small bytes, which msgpack
+            # carries exactly in the envelope, so the args tuple is the payload.
+            for v in args:
+                t = type(v)
+                if t not in _INLINE and not (t is bytes and len(v) < BIG_BUFFER):
+                    break
+            else:
+                return Payload(args=args), []
         buffers: list[Any] = []
         plain = True
         for v in args:
@@ -330,6 +396,11 @@ class Codec:
     @staticmethod
     def pack_value(value: Any) -> tuple[Payload, list[Any]]:
         """Like ``pack`` for a single return value."""
+        if value is None:
+            return NONE, []
+        t = type(value)
+        if t in _INLINE or (t is bytes and len(value) < BIG_BUFFER):
+            return Payload(args=(value,)), []
         return Codec.pack((value,), {})
 
     # -- decoding
@@ -341,6 +412,10 @@ class Codec:
             msgspec.DecodeError, msgspec.ValidationError, RecursionError: the
                 receiver counts and drops the message.
         """
+        if len(frames) == 1:
+            # No buffer frames, so nothing for ext_hook to find (an Ext here
+            # fails to decode, as a malformed message should).
+            return self._decoder.decode(_buf(frames[0]))
         self._frames = frames
         try:
             return self._decoder.decode(_buf(frames[0]))

@@ -1,0 +1,221 @@
+"""``zmesh top``'s view and rendering, on fixed snapshots, with a recorded console."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from zmesh import _stats
+from zmesh import _wire as w
+from zmesh.top._app import apply_key, parse_keys
+from zmesh.top._collect import AgentSample, EventRecord, Snapshot
+from zmesh.top._render import Screen, render
+from zmesh.top._view import Options, derive, sort_rows, unhealthy
+
+NOW = 1_700_000_000.0
+HOST = _stats.HostStatistics("box", 1, 100.0, 8, 25.0, 16 << 30, 4 << 30, [0.5, 0.4, 0.3])
+
+
+def hist(bucket: int, n: int) -> list[int]:
+    h = [0] * _stats.BUCKETS
+    h[bucket] = n
+    return h
+
+
+def proc(
+    mesh: str, rank: int, t: float, eps: dict[str, tuple[int, int, int]], actor: str = "counter"
+) -> _stats.ProcStatistics:
+    """``eps``: endpoint -> (calls, errors, latency bucket)."""
+    endpoints = [
+        _stats.EndpointStatistics(name, c, e, 0, 0, 0, hist(b, c))
+        for name, (c, e, b) in eps.items()
+    ]
+    actors = [_stats.ActorStatistics(actor, "Counter", 0, 0, endpoints)]
+    return _stats.ProcStatistics(mesh, rank, 1, 1000 + rank, t, 12.0, 30 << 20, 60.0, 0, 0, actors)
+
+
+def agent_stats(
+    label: str, t: float, procs: list[_stats.ProcStatistics], failed: tuple[int, ...] = ()
+) -> w.Stats:
+    meshes: dict[str, list[w.RankState]] = {}
+    for p in procs:
+        meshes.setdefault(p.mesh, []).append(w.RankState(p.rank, "Running", 1, pid=p.pid))
+    for r in failed:
+        meshes.setdefault("train", []).append(
+            w.RankState(r, "Failed", 1, "killed by SIGKILL", exit_code=-9)
+        )
+    states = [w.MeshState(name, "me", "Running", ranks) for name, ranks in meshes.items()]
+    return w.Stats(label, "e1", 3, t, 1.0, HOST, f"tcp://{label}:1", states, procs)
+
+
+def snapshot(age: float = 0.2, lost: bool = False) -> Snapshot:
+    """Two agents; 10 s between samples; ``train`` rank 3 failed on host b."""
+    base_a = agent_stats(
+        "a", NOW - 10, [proc("train", 0, NOW - 10, {"step": (100, 0, 10), "eval": (0, 0, 0)})]
+    )
+    new_a = agent_stats(
+        "a", NOW, [proc("train", 0, NOW, {"step": (600, 0, 10), "eval": (50, 0, 12)})]
+    )
+    base_b = agent_stats("b", NOW - 10, [proc("train", 1, NOW - 10, {"step": (0, 0, 10)})])
+    new_b = agent_stats(
+        "b",
+        NOW,
+        [proc("train", 1, NOW, {"step": (500, 20, 14)}), proc("serve", 0, NOW, {"get": (0, 0, 0)})],
+        failed=(3,),
+    )
+    gone = [proc("train", 3, NOW - 5, {"step": (5, 0, 10)})]
+    agents = [
+        AgentSample("tcp://a:1", "a", "ok", NOW - 0.1, NOW - 0.2, new_a, base_a),
+        AgentSample(
+            "tcp://b:1", "b", "lost" if lost else "ok", NOW - age, NOW - age, new_b, base_b, gone
+        ),
+    ]
+    events = [
+        EventRecord(NOW - 3, "b", "Failed", "train", 3, 1, "killed by SIGKILL", -9),
+        EventRecord(NOW - 30, "a", "Initializing", "train", 0, 1),
+    ]
+    return Snapshot(NOW, 10.0, agents, events)
+
+
+def draw(
+    snap: Snapshot,
+    screen: Screen | None = None,
+    width: int = 100,
+    height: int | None = None,
+    opts: Options | None = None,
+) -> str:
+    screen = screen or Screen()
+    console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
+    console.print(render(derive(snap, opts or screen.options()), screen, height))
+    return console.export_text()
+
+
+def line_with(text: str, word: str) -> str:
+    return next(ln for ln in text.splitlines() if word in ln)
+
+
+def test_rates_and_percentiles_come_from_the_window() -> None:
+    view = derive(snapshot())
+    total, *rows = view.endpoints
+    by = {r.key: r for r in rows}
+    step = by[("train", "counter", "step")]
+    assert step.calls == 100.0  # (600 - 100) / 10 s on a, plus (500 - 0) / 10 s on b
+    assert step.errors == 2.0
+    assert step.ranks == 2
+    assert total.actor == "Total" and total.calls == 105.0 and total.errors == 2.0
+    lo, _hi = _stats.bucket_bounds(10)
+    assert step.p50 is not None and lo <= step.p50 <= _stats.bucket_bounds(14)[1]
+    assert view.header.calls == 105.0
+    assert view.header.actors_alive == 3 and view.header.actors_failed == 1
+
+
+def test_columns_are_present_and_in_order() -> None:
+    out = draw(snapshot())
+    for pane_header, cols in [
+        ("address", ["host", "address", "procs", "cpu", "mem", "load", "seen", "state"]),
+        (
+            "pid",
+            ["host", "mesh", "rank", "pid", "state", "cpu", "rss", "rst", "up", "exit"],
+        ),
+        ("endpoint", ["actor", "endpoint", "calls/s", "p50", "p99", "err/s", "inflight", "queue"]),
+        ("replicas", ["service", "replicas", "restarts", "last failure", "state"]),
+    ]:
+        ln = line_with(out, pane_header)
+        positions = [ln.index(c) for c in cols]
+        assert positions == sorted(positions), (cols, ln)
+
+
+def test_total_row_is_first_and_sums_the_rows() -> None:
+    out = draw(snapshot())
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if "calls/s" in ln and "endpoint" in ln)
+    assert lines[head + 2].split()[:2] == ["Total", "105.0"]
+    assert "counter" in lines[head + 3]
+
+
+def test_header_counts_and_failed_rank() -> None:
+    out = draw(snapshot())
+    first = out.splitlines()[0]
+    assert "agents 2/2" in first and "procs 3/4" in first and "+1 failed" in first
+    assert "calls/s 105.0" in out and "err/s 2.00" in out and "over 10s" in out
+    assert "STALE" not in out
+    failed = line_with(draw(snapshot(), width=120), "killed by SIGKILL")
+    assert "Failed" in failed and "train" in failed
+    assert "exited code=-9 on b: killed by SIGKILL" in out
+
+
+def test_stale_marker_when_data_is_older_than_three_intervals() -> None:
+    out = draw(snapshot(age=3.5))
+    assert "STALE" in out.splitlines()[1]
+    assert "STALE" in line_with(out, "tcp://b:1")
+    assert "STALE" not in draw(snapshot(age=2.5)).splitlines()[1]
+    lost = draw(snapshot(lost=True))
+    assert "lost" in line_with(lost, "tcp://b:1") and "STALE" in lost
+
+
+def test_errors_only_keeps_what_is_wrong() -> None:
+    view = derive(snapshot(), Options(errors_only=True))
+    assert [r.key for r in view.endpoints[1:]] == [("train", "counter", "step")]
+    assert [(p.mesh, p.rank) for p in view.procs] == [("train", 3)]
+    assert [e.kind for e in view.events] == ["Failed"]
+    out = draw(snapshot(), Screen(errors_only=True))
+    assert "errors-only" in out and "eval" not in out
+
+
+def test_filter_matches_names() -> None:
+    view = derive(snapshot(), Options(filter="SERVE"))
+    assert [r.key for r in view.endpoints[1:]] == [("serve", "counter", "get")]
+    assert [p.mesh for p in view.procs] == ["serve"]
+
+
+def test_sort_is_stable_with_a_name_tie_break() -> None:
+    view = derive(snapshot())
+    rows = view.endpoints[1:]
+    # All have in_flight 0: sorting by it keeps name order, whatever came first.
+    col = 5
+    once = sort_rows(rows, "actors", col)
+    assert [r.key for r in once] == sorted(r.key for r in rows)
+    assert [r.key for r in sort_rows(list(reversed(rows)), "actors", col)] == [r.key for r in once]
+    by_calls = [r.key for r in sort_rows(rows, "actors", 1)]
+    assert by_calls[0] == ("train", "counter", "step")
+    assert by_calls[1:] == [("serve", "counter", "get"), ("train", "counter", "eval")][::-1] or (
+        by_calls[1:] == [("train", "counter", "eval"), ("serve", "counter", "get")]
+    )
+    out = draw(snapshot(), Screen(sort={"actors": 1}))
+    assert "calls/s▼" in out
+
+
+def test_interactive_frame_fits_80x24() -> None:
+    for focus in range(5):
+        out = draw(snapshot(), Screen(focus=focus), width=80, height=24)
+        lines = out.rstrip("\n").split("\n")
+        assert len(lines) == 24, (focus, len(lines), out)
+        assert all(len(ln) <= 80 for ln in lines)
+        assert "q quit" in lines[-1]
+
+
+def test_help_and_filter_prompt() -> None:
+    assert "widen / narrow" in draw(snapshot(), Screen(help=True), width=80, height=24)
+    out = draw(snapshot(), Screen(editing=True, filter="tra"), width=80, height=24)
+    assert "filter: tra" in out.splitlines()[-1]
+
+
+def test_keys_change_the_screen() -> None:
+    view = derive(snapshot())
+    screen = Screen()
+    keys = list(parse_keys(b"\x1b[Bj\tk/se\x7frv\re>< +-?x"))
+    assert keys[:4] == ["down", "j", "tab", "k"]
+    for k in keys:
+        assert apply_key(screen, k, view, 10)
+    assert screen.focus == 3 and screen.filter == "srv" and not screen.editing
+    assert screen.errors_only and screen.paused and not screen.help
+    assert screen.sort == {"services": 0} and screen.window == 10.0
+    assert not apply_key(screen, "q", view, 10)
+
+
+def test_status_is_unhealthy_with_a_failed_rank_or_a_lost_agent() -> None:
+    assert any("train[3]" in p and "Failed" in p for p in unhealthy(snapshot()))
+    healthy = Snapshot(NOW, 10.0, [snapshot().agents[0]])
+    assert unhealthy(healthy) == []
+    assert any("lost" in p for p in unhealthy(snapshot(lost=True)))

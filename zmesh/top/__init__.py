@@ -1,0 +1,17 @@
+"""``zmesh top``: a terminal dashboard of a live mesh, straight from its agents.
+
+Three parts that do not know of each other's insides:
+
+* ``_collect``: follows every agent's stream (async) and produces a ``Snapshot``;
+* ``_view``: pure functions from a snapshot to rows (rates, percentiles,
+  filters, sorting);
+* ``_render``: pure functions from rows to a ``rich`` frame (no clock reads).
+
+``_app`` runs them interactively; ``_cli`` holds the commands.
+"""
+
+from __future__ import annotations
+
+from zmesh.top._cli import top_main as main
+
+__all__ = ["main"]

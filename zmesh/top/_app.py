@@ -1,0 +1,185 @@
+"""The interactive dashboard: keys in, frames out, on one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import termios
+import tty
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.live import Live
+
+from zmesh.top._collect import Collector, Snapshot
+from zmesh.top._render import WINDOWS, Screen, pane_rows, render
+from zmesh.top._view import PANES, SORTS, View, derive
+
+REFRESH = 1.0  # seconds between frames when no key is pressed
+
+_KEYS = {
+    b"\x1b[A": "up",
+    b"\x1bOA": "up",
+    b"\x1b[B": "down",
+    b"\x1bOB": "down",
+    b"\x1b[5~": "pgup",
+    b"\x1b[6~": "pgdn",
+    b"\x1b[H": "home",
+    b"\x1b[F": "end",
+    b"\x1b[Z": "backtab",
+    b"\t": "tab",
+    b"\r": "enter",
+    b"\n": "enter",
+    b"\x7f": "backspace",
+    b"\x08": "backspace",
+    b"\x03": "ctrl-c",
+}
+
+
+def parse_keys(data: bytes) -> Iterator[str]:
+    """Split what the terminal sent into key names (plain keys are themselves)."""
+    i = 0
+    while i < len(data):
+        for seq, name in _KEYS.items():
+            if data.startswith(seq, i):
+                yield name
+                i += len(seq)
+                break
+        else:
+            if data[i] == 0x1B:
+                # An unknown escape sequence, or Esc itself.
+                end = i + 1
+                if end < len(data) and data[end : end + 1] in (b"[", b"O"):
+                    end += 2
+                    while end < len(data) and not 0x40 <= data[end - 1] <= 0x7E:
+                        end += 1
+                    yield "unknown"
+                else:
+                    yield "esc"
+                i = end
+                continue
+            ch = data[i : i + 1].decode("latin-1")
+            yield ch
+            i += 1
+
+
+def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
+    """Change ``screen`` for ``key``; return False to quit."""
+    if screen.editing:
+        if key == "enter":
+            screen.editing = False
+        elif key == "esc":
+            screen.editing = False
+            screen.filter = ""
+        elif key == "backspace":
+            screen.filter = screen.filter[:-1]
+        elif len(key) == 1 and key.isprintable():
+            screen.filter += key
+        screen.selected.clear()
+        return True
+    if screen.help:
+        screen.help = False
+        return key not in ("q", "ctrl-c")
+    pane = screen.pane
+    n = pane_rows(view, pane)
+    sel = screen.selected.get(pane, 0)
+    if key in ("q", "ctrl-c"):
+        return False
+    if key == "?":
+        screen.help = True
+    elif key == "tab":
+        screen.focus = (screen.focus + 1) % len(PANES)
+    elif key == "backtab":
+        screen.focus = (screen.focus - 1) % len(PANES)
+    elif key in "12345" and len(key) == 1:
+        screen.focus = int(key) - 1
+    elif key in ("down", "j"):
+        screen.selected[pane] = min(max(0, n - 1), sel + 1)
+    elif key in ("up", "k"):
+        screen.selected[pane] = max(0, sel - 1)
+    elif key == "pgdn":
+        screen.selected[pane] = min(max(0, n - 1), sel + page)
+    elif key == "pgup":
+        screen.selected[pane] = max(0, sel - page)
+    elif key in ("home", "g"):
+        screen.selected[pane] = 0
+    elif key in ("end", "G"):
+        screen.selected[pane] = max(0, n - 1)
+    elif key == "/":
+        screen.editing = True
+    elif key == "esc":
+        screen.filter = ""
+    elif key in ("<", ">"):
+        cols = len(SORTS[pane])
+        step = 1 if key == ">" else -1
+        screen.sort[pane] = (screen.sort.get(pane, 0) + step) % cols
+    elif key == " ":
+        screen.paused = not screen.paused
+    elif key == "e":
+        screen.errors_only = not screen.errors_only
+        screen.selected.clear()
+    elif key in ("+", "="):
+        screen.window = next((w for w in WINDOWS if w > screen.window), WINDOWS[-1])
+    elif key in ("-", "_"):
+        screen.window = next((w for w in reversed(WINDOWS) if w < screen.window), WINDOWS[0])
+    return True
+
+
+@contextlib.contextmanager
+def _cbreak(fd: int) -> Iterator[None]:
+    old = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, old)
+
+
+async def run(addresses: list[str], window: float) -> None:
+    """Run the dashboard in this terminal until ``q``."""
+    console = Console()
+    screen = Screen(window=window)
+    col = Collector(addresses, window)
+    loop = asyncio.get_running_loop()
+    keys: asyncio.Queue[str] = asyncio.Queue()
+    fd = sys.stdin.fileno()
+
+    def on_input() -> None:
+        try:
+            data = os.read(fd, 1024)
+        except OSError:
+            data = b""
+        if not data:
+            keys.put_nowait("q")  # the terminal is gone
+            return
+        for k in parse_keys(data):
+            keys.put_nowait(k)
+
+    snap: Snapshot | None = None
+    try:
+        with _cbreak(fd), Live(console=console, screen=True, auto_refresh=False) as live:
+            loop.add_reader(fd, on_input)
+            try:
+                await col.wait(1, 1.0)
+                while True:
+                    if snap is None or not screen.paused:
+                        snap = col.snapshot(screen.window)
+                    view = derive(snap, screen.options())
+                    height = console.size.height
+                    live.update(render(view, screen, height), refresh=True)
+                    try:
+                        key = await asyncio.wait_for(keys.get(), REFRESH)
+                    except asyncio.TimeoutError:
+                        continue
+                    pending = [key]
+                    while not keys.empty():
+                        pending.append(keys.get_nowait())
+                    for k in pending:
+                        if not apply_key(screen, k, view, max(1, height - 8)):
+                            return
+            finally:
+                loop.remove_reader(fd)
+    finally:
+        col.close()

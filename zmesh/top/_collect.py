@@ -1,0 +1,289 @@
+"""Collecting: follow every agent's streams and keep what the dashboard shows.
+
+The collector talks to agents directly (no broker): for each address it asks
+``Describe`` for the event stream and subscribes, then asks ``GetStats``,
+whose answer gives data at once and the address of the agent's stats stream.
+From then on each agent publishes a ``Stats`` message about once a second on
+the stats stream (host, meshes, procs' counters) and an ``Event`` for every
+rank transition on the event stream. ``snapshot()`` turns what was heard into
+a frozen ``Snapshot``: the latest sample of each agent, an older one a window
+ago (rates and percentiles are differences of the two), and the event log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import zmq
+
+from zmesh import _wire as w
+from zmesh._security import secure_client
+from zmesh._stats import ProcStatistics
+from zmesh._zsock import AsyncSocket, configure
+
+LOST_AFTER = 1.0  # seconds without a word from an agent (it heartbeats every 0.1 s)
+HISTORY = 180  # samples kept per agent (3 minutes at one a second)
+EVENTS = 500  # events kept
+
+
+class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One line of the event log.
+
+    ``kind`` is a rank status (``Initializing``, ``Running``, ``Failed``, ...)
+    for a rank transition, or ``lost`` / ``back`` for an agent's heartbeats.
+    """
+
+    time: float
+    agent: str
+    kind: str
+    mesh: str = ""
+    rank: int = -1
+    generation: int = 0
+    reason: str = ""
+    exit_code: int | None = None
+
+
+class AgentSample(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What is known of one agent.
+
+    Attributes:
+        address: its control address, as given.
+        state: ``connecting`` (never heard), ``ok`` or ``lost`` (silent).
+        heard: wall clock when anything last came from it (0: never).
+        received: wall clock when ``stats`` arrived (0: never).
+        stats: its latest ``Stats``; base: the one a window before it.
+        gone: the last statistics of procs that have ended since we watch.
+    """
+
+    address: str
+    label: str
+    state: str
+    heard: float = 0.0
+    received: float = 0.0
+    stats: w.Stats | None = None
+    base: w.Stats | None = None
+    gone: list[ProcStatistics] = []
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """Everything the dashboard draws, taken at ``time`` (the collector's wall clock)."""
+
+    time: float
+    window: float
+    agents: list[AgentSample]
+    events: list[EventRecord] = []
+
+
+class _Agent:
+    """One agent followed: a control DEALER and a SUB on its stream."""
+
+    def __init__(self, col: Collector, address: str) -> None:
+        self.col = col
+        self.address = address
+        self.label = address
+        self.epoch = ""
+        self.state = "connecting"
+        self.heard = 0.0
+        self.received = 0.0
+        self.history: deque[w.Stats] = deque(maxlen=HISTORY)
+        self.gone: dict[tuple[str, int, int], ProcStatistics] = {}
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.codec = w.Codec(w.AGENT_REPLIES, allow_pickle=False)
+        self.stream_codec = w.Codec(w.OBSERVER_STREAM, allow_pickle=False)
+        ctrl = secure_client(configure(col.ctx.socket(zmq.DEALER)))
+        ctrl.connect(address)
+        self.ctrl = AsyncSocket(ctrl, col.loop, self._on_reply)
+        self.sub: AsyncSocket | None = None
+        self.stats_sub: AsyncSocket | None = None
+        self.task = col.loop.create_task(self._start())
+
+    async def _start(self) -> None:
+        while True:
+            try:
+                info = await self.request(w.Describe, 1.0)
+                break
+            except asyncio.TimeoutError:
+                continue  # not up yet: keep asking
+        self.label = info.label
+        self.epoch = info.epoch
+        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)))
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(info.stream)
+        self.sub = AsyncSocket(sub, self.col.loop, self._on_stream)
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Ask for the agent's statistics now (at start, and when it is back)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            reply = await self.request(w.GetStats, 2.0)
+            if self.stats_sub is None and reply.stream:
+                sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)))
+                sub.setsockopt(zmq.SUBSCRIBE, b"")
+                sub.connect(reply.stream)
+                self.stats_sub = AsyncSocket(sub, self.col.loop, self._on_stream)
+            self._on_stats(reply.stats)
+
+    async def request(self, make: Any, timeout: float) -> Any:
+        req_id = next(self.col.ids)
+        fut: asyncio.Future[Any] = self.col.loop.create_future()
+        self.futures[req_id] = fut
+        self.ctrl.send(self.codec.encode(make(req_id)))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.futures.pop(req_id, None)
+
+    def _on_reply(self, frames: list[Any]) -> None:
+        try:
+            msg = self.codec.decode(frames)
+        except Exception:  # garbled: the request times out
+            return
+        fut = self.futures.get(msg.id)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _on_stream(self, frames: list[Any]) -> None:
+        try:
+            msg = self.stream_codec.decode(frames)
+        except Exception:  # a message of a newer agent: not for us
+            return
+        self._heard()
+        if isinstance(msg, w.Stats):
+            self._on_stats(msg)
+        elif isinstance(msg, w.Event):
+            s = msg.state
+            self.col.add_event(
+                EventRecord(
+                    msg.time,
+                    msg.agent,
+                    s.status,
+                    msg.mesh,
+                    s.rank,
+                    s.generation,
+                    s.reason,
+                    s.exit_code,
+                )
+            )
+
+    def _heard(self) -> None:
+        self.heard = time.time()
+        if self.state == "lost":
+            self.col.add_event(EventRecord(self.heard, self.label, "back"))
+            self.col.loop.create_task(self.refresh())
+        self.state = "ok"
+
+    def _on_stats(self, st: w.Stats) -> None:
+        if self.history and st.time <= self.history[-1].time:
+            return  # a reply that crossed a newer published sample
+        self._heard()
+        self.label = st.agent
+        if self.history:
+            now = {(p.mesh, p.rank, p.generation) for p in st.procs}
+            for p in self.history[-1].procs:
+                key = (p.mesh, p.rank, p.generation)
+                if key not in now:
+                    self.gone[key] = p
+            while len(self.gone) > 256:
+                del self.gone[next(iter(self.gone))]
+        self.history.append(st)
+        self.received = time.time()
+
+    def spans(self) -> bool:
+        """Whether the first and latest samples differ for every proc in the latest."""
+        if len(self.history) < 2:
+            return False
+        first = {(p.mesh, p.rank, p.generation): p.time for p in self.history[0].procs}
+        return all(
+            first.get((p.mesh, p.rank, p.generation)) != p.time for p in self.history[-1].procs
+        )
+
+    def check(self, now: float) -> None:
+        if self.state == "ok" and now - self.heard > LOST_AFTER:
+            self.state = "lost"
+            self.col.add_event(
+                EventRecord(now, self.label, "lost", reason=f"silent for {now - self.heard:.1f}s")
+            )
+
+    def sample(self, window: float) -> AgentSample:
+        latest = self.history[-1] if self.history else None
+        base = None
+        if latest is not None:
+            for st in self.history:  # oldest first: keep the newest old enough
+                if st.time <= latest.time - window:
+                    base = st
+            if base is None and len(self.history) > 1:
+                base = self.history[0]
+        return AgentSample(
+            self.address,
+            self.label,
+            self.state,
+            self.heard,
+            self.received,
+            latest,
+            base,
+            list(self.gone.values()),
+        )
+
+    def close(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        self.ctrl.close()
+        for sub in (self.sub, self.stats_sub):
+            if sub is not None:
+                sub.close()
+
+
+class Collector:
+    """Follow a set of agents from the running event loop.
+
+    Args:
+        addresses: the agents' control addresses (``tcp://host:port``).
+        window: the default sliding window for rates, in seconds.
+    """
+
+    def __init__(self, addresses: list[str], window: float = 10.0) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.ctx: zmq.Context[Any] = zmq.Context.instance()
+        self.ids = itertools.count(1)
+        self.window = window
+        self.events: deque[EventRecord] = deque(maxlen=EVENTS)
+        self.agents = [_Agent(self, a) for a in dict.fromkeys(addresses)]
+        self._watch = self.loop.create_task(self._watch_forever())
+
+    def add_event(self, ev: EventRecord) -> None:
+        self.events.append(ev)
+
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            now = time.time()
+            for a in self.agents:
+                a.check(now)
+
+    def snapshot(self, window: float | None = None) -> Snapshot:
+        """What is known now, with rates over ``window`` seconds (default: ``self.window``)."""
+        win = self.window if window is None else window
+        return Snapshot(time.time(), win, [a.sample(win) for a in self.agents], list(self.events))
+
+    async def wait(self, samples: int, timeout: float) -> bool:
+        """Wait until every agent has given ``samples`` statistics; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(len(a.history) >= samples for a in self.agents):
+                # With two samples or more, each proc must have reported in
+                # between, or its rates would be over no time at all.
+                if samples < 2 or all(a.spans() for a in self.agents):
+                    return True
+            await asyncio.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        self._watch.cancel()
+        for a in self.agents:
+            a.close()

@@ -1,0 +1,472 @@
+"""Deriving the view: pure functions from a ``Snapshot`` to the rows drawn.
+
+Nothing here reads a clock or a socket: the time is the snapshot's, so the
+same snapshot always gives the same view (that is what the tests rely on).
+Rates and percentiles are over the snapshot's window: the difference
+between each agent's latest sample and its sample a window before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zmesh._stats import ProcStatistics, percentile, subtract
+from zmesh.top._collect import AgentSample, EventRecord, Snapshot
+
+STALE_INTERVALS = 3  # data older than this many intervals is STALE
+FAILURES = ("Failed", "Timeout", "Unknown")
+PANES = ("hosts", "procs", "actors", "services", "events")
+
+
+@dataclass(frozen=True)
+class HostRow:
+    label: str
+    address: str
+    state: str  # ok, STALE, lost, connecting
+    procs: int = 0
+    cpu: float | None = None
+    mem_used: int = 0
+    mem_total: int = 0
+    load: float | None = None
+    age: float | None = None  # seconds since its latest statistics
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.label, self.address)
+
+
+@dataclass(frozen=True)
+class ProcRow:
+    host: str
+    mesh: str
+    rank: int
+    pid: int
+    state: str
+    generation: int = 1
+    cpu: float | None = None
+    rss: int | None = None
+    uptime: float | None = None
+    reason: str = ""
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.generation - 1)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.mesh, self.rank, self.host)
+
+
+@dataclass(frozen=True)
+class EndpointRow:
+    mesh: str
+    actor: str
+    endpoint: str
+    ranks: int = 0
+    calls: float = 0.0  # per second over the window
+    errors: float = 0.0  # per second over the window
+    p50: float | None = None  # seconds
+    p99: float | None = None
+    in_flight: int = 0
+    queue: int = 0
+    calls_total: int = 0
+    errors_total: int = 0
+    hist: tuple[int, ...] = field(default=(), repr=False, compare=False)  # over the window
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.mesh, self.actor, self.endpoint)
+
+
+@dataclass(frozen=True)
+class ServiceRow:
+    name: str
+    healthy: int
+    desired: int
+    restarts: int
+    last_failure: str
+    state: str
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Header:
+    agents_ok: int
+    agents_total: int
+    procs_running: int
+    procs_total: int
+    actors_alive: int
+    actors_failed: int
+    services_ok: int
+    services_degraded: int
+    calls: float
+    errors: float
+    age: float | None  # of the oldest agent's data
+    stale: bool
+    window: float
+    time: float
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user chose: filter, errors-only, sort column per pane."""
+
+    filter: str = ""
+    errors_only: bool = False
+    sort: dict[str, int] = field(default_factory=dict)  # pane -> column index
+
+
+@dataclass(frozen=True)
+class View:
+    header: Header
+    hosts: list[HostRow]
+    procs: list[ProcRow]
+    endpoints: list[EndpointRow]  # the Total row first
+    services: list[ServiceRow]
+    events: list[EventRecord]
+
+
+# Sortable columns per pane: (title, key, descending). Column 0 is the name.
+def _num(v: float | int | None) -> float:
+    return float("-inf") if v is None else float(v)
+
+
+SORTS: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {
+    "hosts": [
+        ("host", lambda r: r.label, False),
+        ("procs", lambda r: r.procs, True),
+        ("cpu", lambda r: _num(r.cpu), True),
+        ("mem", lambda r: r.mem_used, True),
+    ],
+    "procs": [
+        ("mesh", lambda r: (r.mesh, r.rank), False),
+        ("host", lambda r: r.host, False),
+        ("state", lambda r: r.state, False),
+        ("cpu", lambda r: _num(r.cpu), True),
+        ("rss", lambda r: _num(r.rss), True),
+        ("rst", lambda r: r.restarts, True),
+    ],
+    "actors": [
+        ("name", lambda r: r.key, False),
+        ("calls/s", lambda r: r.calls, True),
+        ("p50", lambda r: _num(r.p50), True),
+        ("p99", lambda r: _num(r.p99), True),
+        ("err/s", lambda r: r.errors, True),
+        ("inflight", lambda r: r.in_flight, True),
+        ("queue", lambda r: r.queue, True),
+    ],
+    "services": [
+        ("name", lambda r: r.name, False),
+        ("restarts", lambda r: r.restarts, True),
+    ],
+    "events": [("time", lambda r: r.time, False)],
+}
+
+
+def sort_rows(rows: Sequence[Any], pane: str, column: int) -> list[Any]:
+    """Sort by ``column`` of ``pane``; ties keep name order, so rows never jump."""
+    cols = SORTS[pane]
+    _, key, desc = cols[column % len(cols)]
+    by_name = sorted(rows, key=lambda r: r.key)
+    return sorted(by_name, key=key, reverse=desc) if column % len(cols) else by_name
+
+
+def _matches(text: str, *fields: Any) -> bool:
+    if not text:
+        return True
+    t = text.lower()
+    return any(t in str(f).lower() for f in fields)
+
+
+# ------------------------------------------------------------------ derive
+
+
+def derive(snap: Snapshot, opts: Options | None = None) -> View:
+    """The rows and header for ``snap``, filtered and sorted as ``opts`` says."""
+    opts = opts or Options()
+    hosts = [_host_row(a, snap.time) for a in snap.agents]
+    procs = [row for a in snap.agents for row in _proc_rows(a)]
+    endpoints = _endpoint_rows(snap.agents)
+    # A service reports to every agent it has replicas on: one row per name.
+    by_name = {
+        s.name: ServiceRow(s.name, s.healthy, s.desired, s.restarts, s.last_failure, s.state)
+        for a in snap.agents
+        if a.stats is not None
+        for s in a.stats.services
+    }
+    services = list(by_name.values())
+    header = _header(snap, hosts, procs, endpoints, services)
+    f = opts.filter
+    hosts = [h for h in hosts if _matches(f, h.label, h.address, h.state)]
+    procs = [p for p in procs if _matches(f, p.mesh, p.host, p.state, p.pid, p.reason)]
+    endpoints = [e for e in endpoints if _matches(f, e.mesh, e.actor, e.endpoint)]
+    services = [s for s in services if _matches(f, s.name, s.state)]
+    events = [e for e in snap.events if _matches(f, e.agent, e.kind, e.mesh, e.reason)]
+    if opts.errors_only:
+        hosts = [h for h in hosts if h.state != "ok"]
+        procs = [p for p in procs if p.state in FAILURES]
+        endpoints = [e for e in endpoints if e.errors > 0]
+        services = [s for s in services if s.healthy < s.desired]
+        events = [e for e in events if e.kind in FAILURES or e.kind == "lost"]
+    total = _total(endpoints)
+    return View(
+        header=header,
+        hosts=sort_rows(hosts, "hosts", opts.sort.get("hosts", 0)),
+        procs=sort_rows(procs, "procs", opts.sort.get("procs", 0)),
+        endpoints=[total, *sort_rows(endpoints, "actors", opts.sort.get("actors", 0))],
+        services=sort_rows(services, "services", opts.sort.get("services", 0)),
+        events=sorted(events, key=lambda e: e.time),
+    )
+
+
+def _age(a: AgentSample, now: float) -> float | None:
+    return max(0.0, now - a.received) if a.received else None
+
+
+def _is_stale(a: AgentSample, now: float) -> bool:
+    age = _age(a, now)
+    interval = a.stats.interval if a.stats is not None else 1.0
+    return a.state == "lost" or (age is not None and age > STALE_INTERVALS * interval)
+
+
+def _host_row(a: AgentSample, now: float) -> HostRow:
+    st = a.stats
+    if st is None:
+        return HostRow(a.label, a.address, a.state if a.state != "ok" else "connecting")
+    state = "lost" if a.state == "lost" else "STALE" if _is_stale(a, now) else "ok"
+    h = st.host
+    running = sum(1 for m in st.meshes for r in m.ranks if r.status in ("Running", "Initializing"))
+    return HostRow(
+        st.agent,
+        a.address,
+        state,
+        running,
+        h.cpu_percent,
+        h.mem_used,
+        h.mem_total,
+        h.load[0] if h.load else None,
+        _age(a, now),
+    )
+
+
+def _proc_rows(a: AgentSample) -> list[ProcRow]:
+    st = a.stats
+    if st is None:
+        return []
+    live = {(p.mesh, p.rank): p for p in st.procs}
+    rows = []
+    for m in st.meshes:
+        for r in m.ranks:
+            p = live.get((m.name, r.rank))
+            if p is not None and p.generation != r.generation:
+                p = None
+            status = "Unknown" if a.state == "lost" and r.status == "Running" else r.status
+            reason = r.reason
+            if r.exit_code is not None and "code" not in reason and "killed" not in reason:
+                reason = f"{reason} (code={r.exit_code})" if reason else f"code={r.exit_code}"
+            rows.append(
+                ProcRow(
+                    st.agent,
+                    m.name,
+                    r.rank,
+                    r.pid,
+                    status,
+                    r.generation,
+                    p.cpu_percent if p else None,
+                    p.rss if p else None,
+                    p.uptime if p else None,
+                    reason,
+                )
+            )
+    return rows
+
+
+def _endpoint_rows(agents: Sequence[AgentSample]) -> list[EndpointRow]:
+    acc: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in agents:
+        if a.stats is None:
+            continue
+        base = {(p.mesh, p.rank, p.generation): p for p in (a.base.procs if a.base else [])}
+        for p in a.stats.procs:
+            old = base.get((p.mesh, p.rank, p.generation))
+            if old is not None and old.time >= p.time:
+                old = None  # the same report twice: fall back to the proc's lifetime
+            span = _span(p, old)
+            old_eps = _endpoints_of(old)
+            for actor in p.actors:
+                for ep in actor.endpoints:
+                    k = (p.mesh, actor.name, ep.name)
+                    d = acc.setdefault(
+                        k,
+                        {
+                            "ranks": 0,
+                            "calls": 0.0,
+                            "errors": 0.0,
+                            "hist": [],
+                            "inflight": 0,
+                            "queue": 0,
+                            "calls_total": 0,
+                            "errors_total": 0,
+                        },
+                    )
+                    prev = old_eps.get((actor.name, ep.name))
+                    dcalls = ep.calls - (prev.calls if prev else 0)
+                    derr = ep.errors - (prev.errors if prev else 0)
+                    hist = subtract(ep.histogram, prev.histogram if prev else [])
+                    d["ranks"] += 1
+                    if span > 0:
+                        d["calls"] += max(0, dcalls) / span
+                        d["errors"] += max(0, derr) / span
+                    d["hist"] = _add(d["hist"], hist)
+                    d["inflight"] += ep.in_flight
+                    d["queue"] += ep.queued
+                    d["calls_total"] += ep.calls
+                    d["errors_total"] += ep.errors
+    return [
+        EndpointRow(
+            k[0],
+            k[1],
+            k[2],
+            d["ranks"],
+            d["calls"],
+            d["errors"],
+            percentile(d["hist"], 50),
+            percentile(d["hist"], 99),
+            d["inflight"],
+            d["queue"],
+            d["calls_total"],
+            d["errors_total"],
+            tuple(d["hist"]),
+        )
+        for k, d in acc.items()
+    ]
+
+
+def _span(p: ProcStatistics, old: ProcStatistics | None) -> float:
+    """Seconds between ``old`` and ``p`` (since the proc started if there is no ``old``)."""
+    if old is not None and p.time > old.time:
+        return p.time - old.time
+    return p.uptime
+
+
+def _endpoints_of(p: ProcStatistics | None) -> dict[tuple[str, str], Any]:
+    if p is None:
+        return {}
+    return {(a.name, e.name): e for a in p.actors for e in a.endpoints}
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    if len(a) < len(b):
+        a = a + [0] * (len(b) - len(a))
+    return [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+
+
+def _total(rows: Sequence[EndpointRow]) -> EndpointRow:
+    hist: list[int] = []
+    for r in rows:
+        hist = _add(hist, list(r.hist))
+    return EndpointRow(
+        "",
+        "Total",
+        "",
+        sum(r.ranks for r in rows),
+        sum(r.calls for r in rows),
+        sum(r.errors for r in rows),
+        percentile(hist, 50),
+        percentile(hist, 99),
+        sum(r.in_flight for r in rows),
+        sum(r.queue for r in rows),
+        sum(r.calls_total for r in rows),
+        sum(r.errors_total for r in rows),
+        tuple(hist),
+    )
+
+
+def _header(
+    snap: Snapshot,
+    hosts: Sequence[HostRow],
+    procs: Sequence[ProcRow],
+    endpoints: Sequence[EndpointRow],
+    services: Sequence[ServiceRow],
+) -> Header:
+    alive = failed = 0
+    for a in snap.agents:
+        if a.stats is None:
+            continue
+        status = {(m.name, r.rank, r.generation): r.status for m in a.stats.meshes for r in m.ranks}
+        for p in a.stats.procs:
+            if status.get((p.mesh, p.rank, p.generation)) == "Running":
+                alive += len(p.actors)
+        for p in a.gone:
+            if status.get((p.mesh, p.rank, p.generation)) in FAILURES:
+                failed += len(p.actors)
+    ages = [h.age for h in hosts if h.age is not None]
+    return Header(
+        agents_ok=sum(1 for h in hosts if h.state == "ok"),
+        agents_total=len(hosts),
+        procs_running=sum(1 for p in procs if p.state == "Running"),
+        procs_total=len(procs),
+        actors_alive=alive,
+        actors_failed=failed,
+        services_ok=sum(1 for s in services if s.healthy >= s.desired),
+        services_degraded=sum(1 for s in services if s.healthy < s.desired),
+        calls=sum(e.calls for e in endpoints),
+        errors=sum(e.errors for e in endpoints),
+        age=max(ages) if ages else None,
+        stale=any(_is_stale(a, snap.time) for a in snap.agents if a.stats is not None),
+        window=snap.window,
+        time=snap.time,
+    )
+
+
+def describe_event(e: EventRecord) -> str:
+    """The words of one event-log line."""
+    where = f"{e.mesh}[{e.rank}]" if e.mesh else ""
+    if e.kind == "lost":
+        return f"{e.agent}: heartbeat lost ({e.reason}); partition or host down"
+    if e.kind == "back":
+        return f"{e.agent}: reachable again"
+    if e.kind == "Initializing":
+        verb = "restarted" if e.generation > 1 else "spawned"
+        return f"{where} {verb} on {e.agent} (gen {e.generation})"
+    if e.kind == "Running":
+        return f"{where} running on {e.agent}"
+    code = f" code={e.exit_code}" if e.exit_code is not None else ""
+    if e.kind in ("Failed", "Stopped"):
+        verb = "exited" if e.kind == "Failed" else "stopped"
+        return f"{where} {verb}{code} on {e.agent}: {e.reason}".rstrip(": ")
+    return f"{where} {e.kind} on {e.agent}: {e.reason}".rstrip(": ")
+
+
+# ------------------------------------------------------------ status / ps
+
+
+def unhealthy(snap: Snapshot) -> list[str]:
+    """Why the mesh is not healthy (empty: every known rank is Running).
+
+    A rank counts when its agent is reachable and says Running. Ranks
+    stopped on purpose do not count, nor do meshes that ended.
+    """
+    why = []
+    for a in snap.agents:
+        if a.stats is None or a.state != "ok":
+            why.append(f"agent {a.label} ({a.address}) is {a.state if a.stats else 'unreachable'}")
+            continue
+        for m in a.stats.meshes:
+            statuses = [r.status for r in m.ranks]
+            if (
+                statuses
+                and all(s in ("Stopped", "Stopping", *FAILURES) for s in statuses)
+                and ("Stopped" in statuses or "Stopping" in statuses)
+            ):
+                continue  # stopped by its owner
+            for r in m.ranks:
+                if r.status not in ("Running", "Stopped", "Stopping"):
+                    detail = f": {r.reason}" if r.reason else ""
+                    why.append(f"{m.name}[{r.rank}] on {a.stats.agent} is {r.status}{detail}")
+    return why
