@@ -21,8 +21,6 @@ from zmesh.testing import AgentProcess, local_cluster
 
 SESSION_TAG = uuid.uuid4().hex
 os.environ["ZMESH_TEST_SESSION"] = SESSION_TAG
-# Tests kill things on purpose: keep the waits they measure short.
-os.environ.setdefault("ZMESH_OWNER_GRACE", "2.0")
 
 
 def tagged_pids() -> list[int]:

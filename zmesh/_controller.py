@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("zmesh")
 
 # A lost agent's ranks become Unknown after this much silence (bar: <= 2 s).
-AGENT_TIMEOUT = 1.0
+AGENT_TIMEOUT = float(os.environ.get("ZMESH_AGENT_TIMEOUT", "1.2"))
 WATCH_INTERVAL = 0.1
 # Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
@@ -340,8 +340,14 @@ class Controller:
             now = time.monotonic()
             for a in list(self.agents.values()):
                 if not a.lost and now - a.last_heard > AGENT_TIMEOUT and self._has_ranks(a):
-                    a.lost = True
-                    self._agent_lost(a, now - a.last_heard)
+                    # Our own loop may have been the slow one: read what the
+                    # agent sent meanwhile before calling it lost.
+                    if a.sub is not None:
+                        a.sub.drain()
+                    silent = time.monotonic() - a.last_heard
+                    if silent > AGENT_TIMEOUT and not a.lost:
+                        a.lost = True
+                        self._agent_lost(a, silent)
 
     def _has_ranks(self, agent: AgentConn) -> bool:
         return any(a is agent for a in self.hosts.values())

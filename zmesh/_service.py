@@ -25,6 +25,7 @@ import functools
 import itertools
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -217,7 +218,9 @@ class Service:
         self._kwargs = kwargs
         self._replicas = [_Replica(i) for i in range(opts.replicas)]
         self._waiting: deque[_Request] = deque()  # no healthy replica yet
-        self._sessions: dict[str, Session] = {}
+        # Anonymous sessions are weak: one nobody holds is forgotten.
+        self._sessions: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        self._named: dict[str, Session] = {}
         self._ids = itertools.count(1)
         self._tag = f"{self.name}-{id(self):x}"
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -250,12 +253,20 @@ class Service:
         return self._replicas[index].mesh
 
     def session(self, session_id: str | None = None) -> Session:
-        """A session: calls made inside ``with``/``async with`` it stay on one replica."""
-        sid = session_id or f"s{next(self._ids)}"
-        s = self._sessions.get(sid)
-        if s is None:
-            s = self._sessions[sid] = Session(self, sid)
-        return s
+        """A session: calls made inside ``with``/``async with`` it stay on one replica.
+
+        A session with an id you chose is kept (``svc.session("user-42")``
+        later is the same session); an anonymous one lives as long as you
+        hold it.
+        """
+        if session_id is None:
+            s = Session(self, f"s{next(self._ids)}")
+            self._sessions[s.id] = s
+            return s
+        named = self._named.get(session_id) or self._sessions.get(session_id)
+        if named is None:
+            named = self._named[session_id] = Session(self, session_id)
+        return named
 
     def statistics(self) -> ServiceStatistics:
         """Per-replica state and counters, and the service's state (OK/DEGRADED/DOWN)."""
@@ -369,6 +380,7 @@ class Service:
             if len(rep.restart_times) >= self.config.max_restarts:
                 rep.state = UNHEALTHY
                 rep.mesh = None
+                self._pump_waiting()  # if nothing can recover, waiting calls fail now
                 log.error(
                     "service %s replica %d stays down: %d restarts within %.0fs",
                     self.name, rep.index, len(rep.restart_times), self.config.restart_window,
@@ -508,6 +520,13 @@ class Service:
             return
         healthy = [r for r in self._replicas if r.state == HEALTHY]
         if not healthy:
+            if not any(r.state == RECOVERING for r in self._replicas):
+                # Every replica stays down (restart limit): no recovery to wait for.
+                self._finish(req, None, ServiceError(
+                    f"service {self.name} is DOWN: every replica reached its restart limit",
+                    mesh=self.name,
+                ))  # fmt: skip
+                return
             if len(self._waiting) >= cfg.max_queue * len(self._replicas):
                 self._finish(req, None, self._overloaded())
             else:
@@ -778,4 +797,3 @@ def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, A
         return svc
 
     return submit(go)
-

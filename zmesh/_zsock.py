@@ -140,6 +140,10 @@ class AsyncSocket:
             self._scheduled = True
             self.loop.call_soon(self._on_ready)
 
+    def drain(self) -> None:
+        """Handle whatever has arrived now, without waiting for the loop's turn."""
+        self._on_ready()
+
     def _on_ready(self) -> None:
         self._scheduled = False
         if self.closed:

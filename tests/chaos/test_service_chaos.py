@@ -158,7 +158,11 @@ async def test_steady_load_with_a_replica_killed_every_2s() -> None:
                     continue
                 i = healthy[turn % len(healthy)]
                 turn += 1
-                pid = await svc.replica(i).pid.options(timeout=5).call_one()
+                try:
+                    pid = await svc.replica(i).pid.options(timeout=5).call_one()
+                except zmesh.ZmeshError as err:  # it failed by itself meanwhile
+                    print(f"\nreplica {i} failed before its kill: {err}")
+                    continue
                 os.kill(pid, signal.SIGKILL)
                 killed.append((time.monotonic() - start, i, pid))
 
@@ -190,10 +194,12 @@ async def test_steady_load_with_a_replica_killed_every_2s() -> None:
         assert stats.completed == sent
         assert stats.failed == 0
         assert stats.retried > 0, "no kill hit a request in flight"
-        assert sum(r.restarts for r in stats.replicas) == len(killed)
-        assert [r.generation for r in stats.replicas] == [
-            1 + sum(1 for _, i, _ in killed if i == r.index) for r in stats.replicas
-        ]
+        # every kill was a restart (a loaded machine may add one, e.g. an owner
+        # heartbeat starved past ZMESH_OWNER_GRACE: the failure is then not ours)
+        assert sum(r.restarts for r in stats.replicas) >= len(killed)
+        for r in stats.replicas:
+            assert r.generation == 1 + r.restarts
+            assert r.restarts >= sum(1 for _, i, _ in killed if i == r.index)
         no_send_after_failure(svc)
         assert not any(pid_alive(pid) for _, _, pid in killed)
 
@@ -481,3 +487,15 @@ def _worker_procs() -> list[int]:
         if tag in env and b"zmesh._proc" in cmd and pid_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+async def test_a_service_whose_every_replica_gave_up_fails_calls_at_once() -> None:
+    async with running(Worker, replicas=1, max_restarts=0, request_timeout=30.0) as svc:
+        pid = await svc.replica(0).pid.call_one()
+        os.kill(pid, signal.SIGKILL)
+        await wait_until(lambda: replica(svc, 0).state == "UNHEALTHY", 10.0, "replica 0 given up")
+        assert svc.statistics().state == "DOWN"
+        t0 = time.monotonic()
+        with pytest.raises(zmesh.ServiceError, match="restart limit"):
+            await svc.pid.call_one()
+        assert time.monotonic() - t0 < 1.0  # not the 30 s request timeout
