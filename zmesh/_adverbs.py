@@ -234,46 +234,47 @@ def _least_loaded(rt: Runtime, refs: list[Any]) -> Any:
 
 
 class Stream(Generic[R]):
-    """Replies of a fan-out, as they arrive. Iterate once, sync or async."""
+    """Replies of a fan-out, as they arrive. Iterate once, sync or async.
+
+    The request goes out when the stream is made (like every adverb, so it
+    keeps its place in send order), not when iteration begins.
+    """
 
     def __init__(self, ref: EndpointRef[R], msg: Callable[[int], w.Call], buffers: list[Any]):
-        self._ref = ref
-        self._msg = msg
-        self._buffers = buffers
         self._n = len(ref._mesh._refs)
-
-    def _start(self, rt: Runtime, put: Callable[[tuple[int, bool, Any]], None]) -> None:
-        def deliver(i: int, ok: bool, value: Any) -> None:
-            put((i, ok, value))
-
-        rt.send(self._ref._mesh._refs, self._msg, self._buffers, deliver, self._ref._timeout)
+        refs, timeout = ref._mesh._refs, ref._timeout
+        rt, home = _runtime.current()
+        self._loop = rt.loop if home else None
+        self._aq: asyncio.Queue[tuple[int, bool, Any]] | None = None
+        self._sq: queue.SimpleQueue[tuple[int, bool, Any]] | None = None
+        if home:
+            aq = self._aq = asyncio.Queue()
+            rt.send(refs, msg, buffers, lambda i, ok, v: aq.put_nowait((i, ok, v)), timeout)
+        else:
+            sq = self._sq = queue.SimpleQueue()
+            rt.loop.call_soon_threadsafe(
+                rt.send, refs, msg, buffers, lambda i, ok, v: sq.put((i, ok, v)), timeout
+            )
 
     async def __aiter__(self) -> AsyncIterator[R]:
-        rt, home = _runtime.current()
-        q: asyncio.Queue[tuple[int, bool, Any]] = asyncio.Queue()
-        if home:
-            self._start(rt, q.put_nowait)
-        else:
-            loop = asyncio.get_running_loop()
-
-            def put(item: tuple[int, bool, Any]) -> None:
-                loop.call_soon_threadsafe(q.put_nowait, item)
-
-            rt.loop.call_soon_threadsafe(self._start, rt, put)
+        loop = asyncio.get_running_loop()
         for _ in range(self._n):
-            _, ok, value = await q.get()
+            if self._aq is not None:
+                if loop is not self._loop:
+                    raise RuntimeError("iterate a stream in the event loop that made it")
+                _, ok, value = await self._aq.get()
+            else:
+                assert self._sq is not None  # made in plain code, iterated in a loop
+                _, ok, value = await loop.run_in_executor(None, self._sq.get)
             if not ok:
                 raise value
             yield value
 
     def __iter__(self) -> Iterator[R]:
-        rt, home = _runtime.current()
-        if home:
-            raise RuntimeError("use 'async for' inside a running event loop")
-        q: queue.SimpleQueue[tuple[int, bool, Any]] = queue.SimpleQueue()
-        rt.loop.call_soon_threadsafe(self._start, rt, q.put)
+        if self._sq is None:
+            raise RuntimeError("a stream made inside an event loop is iterated with 'async for'")
         for _ in range(self._n):
-            _, ok, value = q.get()
+            _, ok, value = self._sq.get()
             if not ok:
                 raise value
             yield value

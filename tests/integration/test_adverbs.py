@@ -228,6 +228,23 @@ def test_stream_sync_for(mesh: zmesh.ActorMesh[Worker]) -> None:
     assert sorted(got) == expected(mesh)
 
 
+@pytest.mark.anyio
+async def test_stream_keeps_its_place_in_send_order(mesh: zmesh.ActorMesh[Worker]) -> None:
+    token = uuid.uuid4().hex
+    seen = mesh.seen.stream()  # sent now, before the broadcast below
+    mesh.note.broadcast(token)
+    async for notes in seen:
+        assert token not in notes
+    assert all(token in notes for notes in (await mesh.seen.call()).values())
+
+
+def test_stream_made_in_plain_code_keeps_its_place(mesh: zmesh.ActorMesh[Worker]) -> None:
+    token = uuid.uuid4().hex
+    seen = mesh.seen.stream()
+    mesh.note.broadcast(token)
+    assert all(token not in notes for notes in seen)
+
+
 def test_stream_sync_for_in_a_thread(mesh: zmesh.ActorMesh[Worker]) -> None:
     # Plain code in any thread (no loop there) can iterate a stream.
     out: list[Any] = []
