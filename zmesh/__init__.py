@@ -46,7 +46,8 @@ from zmesh._routing import (
     ServiceStatistics,
     Session,
 )
-from zmesh._service import Service, ServiceEndpoint
+from zmesh._service import Service
+from zmesh._service_endpoint import ServiceEndpoint
 from zmesh._shutdown import shutdown
 from zmesh._state import Rank, Status
 
