@@ -14,7 +14,7 @@ import math
 import os
 import pickle
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from zmesh import _local, _runtime, _security, _spawnprep
@@ -463,6 +463,34 @@ async def _spawn_procs(
     spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
         owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
     )
+    try:
+        await _create_and_wait(rt, name, conns, spec_of)
+    except asyncio.CancelledError:
+        # The caller gave up on the spawn: the procs it asked for must not stay.
+        await asyncio.shield(_stop_mesh_on(rt, name, conns))
+        raise
+    view = ctl.views[name]
+    refs = []
+    for agent, ranks in conns:
+        for r in ranks:
+            st = view.ranks[r]
+            refs.append(
+                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
+            )
+    ctl.owned.add(name)  # from now on, its unhandled failures are ours
+    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
+
+
+
+async def _create_and_wait(
+    rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
+) -> None:
+    """Ask each agent for its host slice, then wait until every rank is Running.
+
+    Raises:
+        SpawnError: a rank failed or did not start in time (the mesh is stopped).
+    """
+    ctl = rt.controller
     await asyncio.gather(
         *(
             a.request(functools.partial(w.CreateOrUpdate, name=name, spec=spec_of(h, r)))
@@ -490,15 +518,6 @@ async def _spawn_procs(
             await _stop_mesh_on(rt, name, conns)
             raise SpawnError(f"procs not ready after {SPAWN_TIMEOUT:.0f}s", mesh=name)
         await ctl.wait_changed(name, min(left, 1.0))
-    refs = []
-    for agent, ranks in conns:
-        for r in ranks:
-            st = view.ranks[r]
-            refs.append(
-                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
-            )
-    ctl.owned.add(name)  # from now on, its unhandled failures are ours
-    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
 
 def _supervise(actor: Any, ev: SupervisionEvent) -> bool:

@@ -6,6 +6,7 @@ embedded default agent, as a user would run them (``python script.py``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fabric import alive, read_line, session_pids, wait_for, wait_gone
@@ -240,3 +242,25 @@ def test_usable_again_after_shutdown() -> None:
     wait_gone([pid], 5, "procs after shutdown")
     again = Pid.options().as_actor().get(timeout=60)
     assert again.pid.call_one().get(timeout=10) != pid
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_spawn_leaves_no_proc() -> None:
+    before = session_pids("proc")
+    fut = asyncio.ensure_future(_await(zmesh.this_host().spawn_procs(per_host={"procs": 3})))
+    # Cancel while the procs are starting (they exist, but are not Running yet).
+    deadline = time.monotonic() + 30
+    while not (session_pids("proc") - before):
+        assert time.monotonic() < deadline, "no proc was ever started"
+        await asyncio.sleep(0.005)
+    fut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fut
+    deadline = time.monotonic() + 10
+    while session_pids("proc") - before:  # (poll without blocking the loop doing the stop)
+        assert time.monotonic() < deadline, "the cancelled spawn's procs did not go"
+        await asyncio.sleep(0.05)
+
+
+async def _await(fut: zmesh.Future[Any]) -> Any:
+    return await fut
