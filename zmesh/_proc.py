@@ -34,7 +34,7 @@ from zmesh import _security, _stats
 from zmesh import _wire as w
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._zsock import BATCH_MARK, AsyncSocket, configure
 
 log = logging.getLogger("zmesh.proc")
 
@@ -217,7 +217,7 @@ class ProcServer:
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(f"tcp://{self.spec['bind_host']}:*")
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.router = AsyncSocket(router, loop, self._on_message, router=True)
+        self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
         agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)))
         agent.connect(self.spec["agent"])
         self.agent = AsyncSocket(agent, loop, None)
@@ -241,22 +241,38 @@ class ProcServer:
 
     # ------------------------------------------------------------ inbound
 
-    def _on_message(self, frames: list[Any]) -> None:
+    def _on_message(self, frames: list[Any]) -> int | None:
         if len(frames) < 2:
-            return self._drop("short message")
+            self._drop("short message")
+            return None
         ident = frames[0]
+        env = frames[1]
+        if env and env[0] == BATCH_MARK:
+            try:
+                msgs = self.codec.decode_batch(env)
+            except Exception as exc:
+                self._drop(repr(exc))
+                return None
+            for msg in msgs:
+                self._dispatch(ident, msg, frames[1:])
+            return len(msgs)
         try:
             msg = self.codec.decode(frames[1:])
         except Exception as exc:  # never fatal: count, log once, drop
-            return self._drop(repr(exc))
+            self._drop(repr(exc))
+            return None
+        self._dispatch(ident, msg, frames[1:])
+        return None
+
+    def _dispatch(self, ident: bytes, msg: Any, frames: list[Any]) -> None:
         if isinstance(msg, w.Call):
             box = self.actors.get(msg.actor)
             if box is None:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
             else:
-                box.put(ident, msg, frames[1:])
+                box.put(ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
-            task = asyncio.ensure_future(self._spawn(ident, msg, frames[1:]))
+            task = asyncio.ensure_future(self._spawn(ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):

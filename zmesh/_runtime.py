@@ -36,7 +36,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._security import secure_client
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._zsock import BATCH_MARK, AsyncSocket, configure
 
 if TYPE_CHECKING:
     from zmesh._controller import Controller
@@ -143,7 +143,7 @@ class Runtime:
         if c is None:
             sock = secure_client(configure(self.ctx.socket(zmq.DEALER)))
             sock.connect(ref.addr)
-            c = ProcConn(ref, AsyncSocket(sock, self.loop, None))
+            c = ProcConn(ref, AsyncSocket(sock, self.loop, None, batch=True))
             c.sock.on_message = functools.partial(self._on_reply, c)
             self.conns[ref.addr] = c
             self.controller.watch(ref)
@@ -228,11 +228,24 @@ class Runtime:
                 c.pending[req_id] = req
         return req_id
 
-    def _on_reply(self, conn: ProcConn, frames: list[Any]) -> None:
+    def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None:
+        env = frames[0]
+        if env and env[0] == BATCH_MARK:
+            try:
+                msgs = self.codec.decode_batch(env)
+            except Exception:  # garbled: dropped; its calls time out or fail
+                return None
+            for msg in msgs:
+                self._on_reply_msg(conn, msg, frames)
+            return len(msgs)
         try:
             msg = self.codec.decode(frames)
         except Exception:  # a garbled reply is dropped; its call times out or fails
-            return
+            return None
+        self._on_reply_msg(conn, msg, frames)
+        return None
+
+    def _on_reply_msg(self, conn: ProcConn, msg: Any, frames: list[Any]) -> None:
         req = conn.pending.pop(msg.id, None)
         if req is None:
             return  # late answer to a request that already ended

@@ -338,6 +338,9 @@ class Codec:
     def __init__(self, inbox: Any, *, allow_pickle: bool = True) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(inbox, ext_hook=self._ext_hook)
+        # A batch carries no buffer frames, so an Ext in it fails to decode,
+        # as a malformed message should.
+        self._batch_decoder = msgspec.msgpack.Decoder(list[inbox], ext_hook=_no_ext)
         self._frames: list[Any] = []
         self.allow_pickle = allow_pickle
 
@@ -422,6 +425,15 @@ class Codec:
         finally:
             self._frames = []
 
+    def decode_batch(self, frame: bytes) -> list[Any]:
+        """Decode a batch frame (see ``zmesh._zsock``): its messages, in order.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError, RecursionError: the
+                receiver counts and drops the whole batch.
+        """
+        return self._batch_decoder.decode(memoryview(frame)[1:])
+
     def unpack(self, payload: Payload, frames: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Return ``(args, kwargs)`` of a decoded payload."""
         if payload.blob is None:
@@ -445,6 +457,10 @@ class Codec:
         if code == _EXT_MEMORYVIEW:
             return _buf(frame)
         raise ValueError(f"unknown msgpack extension {code}")
+
+
+def _no_ext(code: int, data: memoryview) -> Any:
+    raise ValueError("a batched message cannot reference buffer frames")
 
 
 def _lift(v: Any, buffers: list[Any]) -> Any:

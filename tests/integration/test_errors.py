@@ -335,6 +335,9 @@ def _garbage() -> list[list[bytes]]:
         [enc.encode(w.Reply(1, w.NONE))],  # a valid message of the wrong kind
         [enc.encode(dangling)],  # an Ext pointing at a frame that is not there
         [b"\x91" * 100_000],  # very deep nesting
+        [b"\xc1\x92\x01\x02"],  # a batch of things that are not messages
+        [b"\xc1\x91" + enc.encode(dangling)],  # a batch may carry no Ext
+        [b"\xc1" + b"\x91" * 100_000],  # a very deep batch
         [b"x" * 10, b"y" * 10, b"z" * 10],
         [os.urandom(4096) for _ in range(20)],
     ]
@@ -386,6 +389,28 @@ def test_malformed_frames_to_a_proc_are_dropped(faulty: zmesh.ActorMesh[Faulty])
     assert faulty.slice(procs=0).pid.call_one().get(timeout=10) == pid  # same process
     assert faulty.add.call(1, 1).get(timeout=10).values() == [2, 2]
     assert faulty.state().status == zmesh.Status.RUNNING
+
+
+def test_a_batch_from_a_raw_peer_is_answered_in_order(faulty: zmesh.ActorMesh[Faulty]) -> None:
+    """The batch format is plain: a mark byte, then a msgpack array of messages."""
+    ref = faulty._refs[0]
+    enc = msgspec.msgpack.Encoder()
+    calls = [w.Call(i, "faulty", "add", w.Payload(args=(i, 100)), 0.0, False) for i in range(3)]
+    sock = _raw_dealer(ref.addr)
+    try:
+        sock.send_multipart([b"\xc1" + enc.encode(calls)])
+        codec = w.Codec(w.CLIENT_INBOX)
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            if not sock.poll(1000):
+                continue
+            frame = sock.recv_multipart()[0]
+            msgs = codec.decode_batch(frame) if frame[0] == 0xC1 else [codec.decode([frame])]
+            got += [(m.id, m.payload.args[0]) for m in msgs]
+        assert got == [(0, 100), (1, 101), (2, 102)]
+    finally:
+        sock.close()
 
 
 # ------------------------------------------------------------ timeouts
