@@ -43,6 +43,7 @@ _MORE = int(zmq.SNDMORE) | _NOBLOCK
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
 _get = cast("Callable[[Any, int], int]", zmq.backend.Socket.get)  # EVENTS is an int
+_Frame = zmq.Frame
 # Below this a zero-copy send costs more (a Frame, pyzmq's GC thread) than a memcpy.
 _ZERO_COPY_MIN = 1 << 20
 
@@ -196,7 +197,16 @@ class AsyncSocket:
         sock = self.sock
         last = len(frames) - 1
         for i, f in enumerate(frames):
-            copy = type(f) is bytes and len(f) < _ZERO_COPY_MIN
+            t = type(f)
+            if t is bytes:
+                copy = len(f) < _ZERO_COPY_MIN
+            else:
+                copy = False
+                if t is memoryview and type(f.obj) is _Frame and f.nbytes == len(f.obj):
+                    # A whole received frame going out again (an echo, a relay):
+                    # send the message itself, which ZeroMQ shares by reference
+                    # count, instead of wrapping its memory for pyzmq's GC thread.
+                    f = f.obj
             _send(sock, f, _MORE if i < last else _NOBLOCK, copy)
 
     def _schedule(self) -> None:
