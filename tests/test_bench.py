@@ -21,9 +21,11 @@ PAIRED = [  # zmesh and raw, with a ratio
     "call_one_get_p99_us",
     "pipelined_per_s",
     "bulk_1mib_gbps",
+    "bulk_1mib_view_gbps",
+    *(f"call_fanout{n}_p50_us" for n in (4, 16, 64)),
+    *(f"call_fanout{n}_cpu_us" for n in (4, 16, 64)),
 ]
 ZMESH_ONLY = [
-    *(f"call_fanout{n}_p50_us" for n in (4, 16, 64)),
     *(f"broadcast_fanout{n}_p50_us" for n in (4, 16, 64)),
     "cold_import_s",
     "cold_main_to_first_reply_s",
@@ -58,7 +60,7 @@ def test_bench_quick_writes_json(tmp_path: Path) -> None:
     for key in ZMESH_ONLY:
         assert results[key]["zmesh"] > 0, key
     names = {t["name"] for t in report["targets"]}
-    assert {"call_one p50 vs raw", "pipelined vs raw", "1 MiB GB/s vs raw",
+    assert {"call_one p50 vs raw", "pipelined vs raw", "1 MiB GB/s vs raw (memoryview, zero-copy)",
             "fan-out call to 64 p50", "cold start (main -> first reply)",
             "idle proc RSS", "agent RSS"} <= names  # fmt: skip
     assert all(isinstance(t["met"], bool) for t in report["targets"])

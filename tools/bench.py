@@ -95,6 +95,19 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, every thread) used so far by ``pids``."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     """VmRSS of ``pid`` in MB (1e6 bytes)."""
     try:
@@ -498,6 +511,10 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
             raws.append(RawClient(rs.stdout.readline().strip(), loop))
         for rc in raws:
             await rc.request([PAYLOAD])
+        # Every process a fan-out keeps busy, for the CPU it costs per fan-out.
+        raw_pids = [os.getpid()] + [rs.pid for rs in raw_servers]
+        zm_pids = [os.getpid(), zmesh._local._embedded[0][0].pid]
+        zm_pids += list((await big_mesh.pid.call()).values())
         await big_mesh.ping.call()
         meshes = {n: big_mesh.slice(procs=slice(0, n)) for n in FANOUT}
         for m in meshes.values():
@@ -514,10 +531,14 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
                 order = ("raw", "zmesh") if r % 2 == 0 else ("zmesh", "raw")
                 for side in order:
                     if side == "raw":
+                        c0 = cpu_s(raw_pids)
                         s = await lat_async(raw_fan, cfg["fan_n"])
+                        keep(f"raw_call{n}_cpu_us", (cpu_s(raw_pids) - c0) / len(s) * 1e6)
                         keep(f"raw_call{n}_p50_us", pct(s, 50))
                     else:
+                        c0 = cpu_s(zm_pids)
                         s = await lat_async(lambda m=m: m.ping.call(), cfg["fan_n"])
+                        keep(f"call{n}_cpu_us", (cpu_s(zm_pids) - c0) / len(s) * 1e6)
                         keep(f"call{n}_p50_us", pct(s, 50))
                         keep(f"call{n}_p99_us", pct(s, 99))
 
@@ -564,6 +585,9 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
             "zmesh": m[f"call{n}_p50_us"], "raw": m[f"raw_call{n}_p50_us"],
         }  # fmt: skip
         results[f"call_fanout{n}_p99_us"] = {"zmesh": m[f"call{n}_p99_us"]}
+        results[f"call_fanout{n}_cpu_us"] = {
+            "zmesh": m[f"call{n}_cpu_us"], "raw": m[f"raw_call{n}_cpu_us"],
+        }  # fmt: skip
         results[f"broadcast_fanout{n}_p50_us"] = {"zmesh": m[f"bcast{n}_p50_us"]}
         results[f"broadcast_send{n}_p50_us"] = {"zmesh": m[f"bcast{n}_send_p50_us"]}
     for k, v in cold.items():
@@ -672,6 +696,8 @@ def render(report: dict[str, Any]) -> None:
     row("1 MiB bytes round trip (a copy on arrival)", "bulk_1mib_gbps", gbps)
     for n in FANOUT:
         row(f"call fan-out to {n} procs, p50", f"call_fanout{n}_p50_us", us)
+    for n in FANOUT:
+        row(f"  CPU per fan-out to {n}, all processes", f"call_fanout{n}_cpu_us", us)
     for n in FANOUT:
         row(f"broadcast to {n} + call barrier, p50", f"broadcast_fanout{n}_p50_us", us)
     for n in FANOUT:
