@@ -9,17 +9,28 @@ import dataclasses
 import inspect
 import types
 
+import pytest
+
 import zmesh
 
 
 def _public_names() -> list[str]:
     # Submodules (zmesh.testing, zmesh.cli) show up in vars(zmesh) once
-    # imported; they are not names __init__.py defines.
-    return [
+    # imported; they are not names __init__.py defines. Most names load on
+    # first use (PEP 562), so the lazy table counts as defined too.
+    loaded = {
         name
         for name, value in vars(zmesh).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
-    ]
+    }
+    loaded -= {"TYPE_CHECKING", "Any", "importlib"}
+    return sorted(loaded | set(zmesh._LAZY))
+
+
+def test_names_load_on_first_use_and_unknown_names_fail() -> None:
+    assert set(zmesh._LAZY) <= set(dir(zmesh))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        zmesh.no_such_name  # noqa: B018
 
 
 def test_all_is_sorted() -> None:

@@ -28,7 +28,6 @@ import zmq
 
 from zmesh import _security
 from zmesh import _wire as w
-from zmesh._agent import default_log_dir
 from zmesh._errors import AgentError
 from zmesh._security import secure_client
 
@@ -117,6 +116,8 @@ def agents(hosts: int) -> list[str]:
 
 def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
     label = f"local{index}" if index else "local"
+    from zmesh._agent import default_log_dir  # the agent's module is large; load it only here
+
     return launch_agent(label, default_log_dir(f"{label}-{os.getpid()}"), parent_pid=os.getpid())
 
 
