@@ -22,6 +22,7 @@ for up to ``BATCH_MAX`` messages. The receiver tells a batch by its first byte
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
@@ -55,6 +56,11 @@ _MARK = bytes((BATCH_MARK,))
 # A full batch goes out at once, so the peer starts on it while more are made:
 # both ends keep working instead of taking turns.
 BATCH_MAX = 64
+# Nor does a batch wait behind slow work: once its oldest message has waited
+# this long (handlers that run long, or a caller computing between sends),
+# the next send or handled message flushes it.
+BATCH_LINGER = 0.001  # seconds
+_now = time.monotonic
 
 # Bounded linger: a message queued to a dead peer must never hang close/term.
 LINGER_MS = 200
@@ -112,6 +118,7 @@ class AsyncSocket:
         # Envelopes waiting to go out as one batch, per peer identity (None
         # for a socket with one peer); flushed by _on_ready.
         self._outbox: dict[bytes | None, list[bytes]] = {}
+        self._since = 0.0  # when the oldest message in the outbox was queued
         self._scheduled = False
         self._reading = False  # inside _on_ready, whose loop re-reads EVENTS
         self.closed = False
@@ -137,10 +144,14 @@ class AsyncSocket:
                 box = self._outbox.get(key)
                 if box is None:
                     self._outbox[key] = [frames[-1]]
+                    if not self._since:
+                        self._since = _now()
                 else:
                     box.append(frames[-1])
                     if len(box) >= BATCH_MAX:
                         self._flush_box(key)
+                    elif _now() - self._since > BATCH_LINGER:
+                        self._flush_outbox()
                 return
             if self._outbox:  # keep this peer's order: its batch goes first
                 key = frames[0] if self._heads == 2 else None
@@ -157,6 +168,8 @@ class AsyncSocket:
 
     def _flush_box(self, key: bytes | None) -> None:
         envs = self._outbox.pop(key)
+        if not self._outbox:
+            self._since = 0.0
         n = len(envs)
         if n == 1:
             frame = envs[0]
@@ -255,6 +268,8 @@ class AsyncSocket:
                 self.received += 1
                 if self.on_message is not None:
                     handled += self.on_message(frames) or 1
+                    if self._outbox and _now() - self._since > BATCH_LINGER:
+                        self._flush_outbox()  # replies must not wait behind slow handlers
                 else:
                     handled += 1
                 if self.closed:

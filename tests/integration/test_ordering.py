@@ -195,3 +195,33 @@ async def test_blocking_sync_endpoint_does_not_stall_other_actors_async(tmp_path
     assert not blocked.done()
     assert await blocked >= 2.0
     await procs.stop()
+
+
+class Hog(zmesh.Actor):
+    """An async endpoint that holds the proc's loop (CPU work, no await)."""
+
+    @zmesh.endpoint
+    async def work(self, seconds: float) -> float:
+        started = time.time()
+        time.sleep(seconds)  # deliberately blocks the loop, as CPU work would
+        return started
+
+
+@pytest.mark.anyio
+async def test_replies_do_not_wait_behind_later_slow_calls() -> None:
+    """Replies are batched, but a reply is not held back while later calls run."""
+    hog = await Hog.options().as_actor()
+    try:
+        ref = hog.slice(procs=0)
+        # The first call of a loop turn goes out alone; the next eight share
+        # a batch, so the proc handles them in one pass.
+        lead = ref.work.call_one(0.0)
+        futs = [ref.work.call_one(0.03) for _ in range(8)]
+        await lead
+        await futs[0]
+        first_reply_at = time.time()
+        starts = [await f for f in futs]
+        assert starts == sorted(starts)
+        assert first_reply_at < starts[-1], "reply 1 waited for call 8 to start"
+    finally:
+        await hog.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import anyio
@@ -11,7 +12,7 @@ import pytest
 import zmq
 
 from zmesh import _wire as w
-from zmesh._zsock import BATCH_MARK, BATCH_MAX, AsyncSocket, configure
+from zmesh._zsock import BATCH_LINGER, BATCH_MARK, BATCH_MAX, AsyncSocket, configure
 
 pytestmark = pytest.mark.anyio
 
@@ -130,3 +131,32 @@ def test_a_malformed_batch_raises_a_catchable_error() -> None:
     for bad in (b"\xc1", b"\xc1\x92\x01\x02", b"\xc1" + b"\x91" * 100_000, b"\xc1\x91" + ext):
         with pytest.raises(_DECODE_ERRORS):
             codec.decode_batch(bad)
+
+
+async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
+    """A caller that computes between sends (not yielding) still gets them out."""
+    ctx = zmq.Context.instance()
+    server = configure(ctx.socket(zmq.ROUTER))  # read without the loop, which stays busy
+    server.bind("tcp://127.0.0.1:*")
+    dealer = configure(ctx.socket(zmq.DEALER))
+    dealer.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+    client = AsyncSocket(dealer, asyncio.get_running_loop(), None, batch=True)
+    codec = w.Codec(w.PROC_INBOX)
+    try:
+        await asyncio.sleep(0)  # the socket's first reader pass
+        for i in range(3):
+            client.send(codec.encode(_call(i)))
+            busy_until = time.monotonic() + 2 * BATCH_LINGER
+            while time.monotonic() < busy_until:  # work, without yielding to the loop
+                pass
+        # Still in the same loop turn: the first went at once, and the third
+        # send flushed the second (with itself): it had waited past BATCH_LINGER.
+        got: list[int] = []
+        while len(got) < 2 and server.poll(5000):
+            env = server.recv_multipart()[1]
+            msgs = codec.decode_batch(env) if env[0] == BATCH_MARK else [codec.decode([env])]
+            got += [m.id for m in msgs]
+        assert got[:2] == [0, 1]
+    finally:
+        client.close()
+        server.close(linger=0)
