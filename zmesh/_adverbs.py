@@ -40,7 +40,9 @@ def submit(work: Callable[[Runtime], Coroutine[Any, Any, R]]) -> Future[R]:
     return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))
 
 
-def _on_runtime(start: Callable[[Runtime, Sink], None]) -> Future[R]:
+def _on_runtime(
+    start: Callable[[Runtime, Sink], None], about: tuple[ProcRef | str, str] | None = None
+) -> Future[R]:
     """Run ``start(runtime, fut)`` on the caller's runtime; it settles ``fut``.
 
     On the runtime's own loop ``fut`` is an asyncio future. From another
@@ -51,7 +53,7 @@ def _on_runtime(start: Callable[[Runtime, Sink], None]) -> Future[R]:
     if home:
         afut: asyncio.Future[R] = rt.loop.create_future()
         start(rt, afut)
-        return Future(afut=afut)
+        return Future(afut=afut, about=about)
 
     # Send from a plain callback, not a task: callbacks run in the order they
     # were scheduled, so calls, broadcasts and streams from one thread go out
@@ -68,7 +70,7 @@ def _on_runtime(start: Callable[[Runtime, Sink], None]) -> Future[R]:
             resolve(cfut, False, exc)
 
     rt.loop.call_soon_threadsafe(run)
-    return Future(cfut=cfut)
+    return Future(cfut=cfut, about=about)
 
 
 class EndpointRef(Generic[R]):
@@ -136,7 +138,7 @@ class EndpointRef(Generic[R]):
             best = _least_loaded(rt, refs)
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout)
 
-        return _on_runtime(start)
+        return _on_runtime(start, (self._mesh.proc_mesh, name))
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
@@ -147,7 +149,7 @@ class EndpointRef(Generic[R]):
         if home:
             fut: asyncio.Future[R] = rt.loop.create_future()
             rt.call(ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout)
-            return Future(afut=fut)
+            return Future(afut=fut, about=(ref, self._name))
         # From another thread: one callback on the runtime's loop, scheduled
         # in call order like every other adverb (see _on_runtime).
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
@@ -155,7 +157,7 @@ class EndpointRef(Generic[R]):
             rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
             cfut, timeout,
         )  # fmt: skip
-        return Future(cfut=cfut)
+        return Future(cfut=cfut, about=(ref, self._name))
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; a future of their values as a ``ValueMesh``.
@@ -193,7 +195,7 @@ class EndpointRef(Generic[R]):
             else:
                 rt.send(refs, msg, buffers, deliver, self._timeout)
 
-        return _on_runtime(start)
+        return _on_runtime(start, (self._mesh.proc_mesh, self._name))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait; errors are logged by the actors."""

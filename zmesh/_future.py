@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._errors import CallTimeoutError
+
+if TYPE_CHECKING:
+    from zmesh._runtime import ProcRef
 
 T = TypeVar("T")
 
@@ -19,15 +22,19 @@ class Future(Generic[T]):
     synchronous code. The operation is already under way when you hold it.
     """
 
-    __slots__ = ("_afut", "_cfut")
+    __slots__ = ("_about", "_afut", "_cfut")
 
     def __init__(
         self,
         afut: asyncio.Future[T] | None = None,
         cfut: concurrent.futures.Future[T] | None = None,
+        about: tuple[ProcRef | str, str] | None = None,
     ) -> None:
         self._afut = afut
         self._cfut = cfut
+        # What the result comes from, for the context of a timeout: the
+        # proc (one target) or the mesh name (many), and the endpoint.
+        self._about = about
 
     def __await__(self) -> Generator[Any, None, T]:
         # Not a generator itself: handing out the inner future's iterator
@@ -58,7 +65,20 @@ class Future(Generic[T]):
         try:
             return self._concurrent().result(timeout)
         except concurrent.futures.TimeoutError:
-            raise CallTimeoutError(f"no result within {timeout}s") from None
+            raise self._timeout_error(timeout) from None
+
+    def _timeout_error(self, timeout: float | None) -> CallTimeoutError:
+        about = self._about
+        if about is None:
+            return CallTimeoutError(f"no result within {timeout}s")
+        target, endpoint = about
+        message = f"{endpoint!r}: no result within {timeout}s (the call goes on)"
+        if isinstance(target, str):
+            return CallTimeoutError(message, mesh=target)
+        return CallTimeoutError(
+            message, mesh=target.mesh, rank=target.rank, host=target.host,
+            log_path=target.log_path or None,
+        )  # fmt: skip
 
     def done(self) -> bool:
         """Whether the result (or error) is ready."""

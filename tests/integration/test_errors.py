@@ -445,8 +445,21 @@ def test_future_get_timeout(sleepy: zmesh.ActorMesh[Sleepy]) -> None:
         fut.get(timeout=0.1)
     assert time.monotonic() - t0 < 0.5
     assert isinstance(info.value, TimeoutError)
+    # It says what it waited for: the proc, its host and log, the endpoint.
+    ref = sleepy._refs[0]
+    err = info.value
+    assert (err.mesh, err.rank, err.host) == (ref.mesh, 0, ref.host)
+    assert err.log_path == ref.log_path and "'sleep'" in str(err)
     # Giving up waiting does not cancel the call: its result still comes.
     assert fut.get(timeout=10) == 0.5
+
+
+def test_future_get_timeout_of_a_fan_out_names_the_mesh(sleepy: zmesh.ActorMesh[Sleepy]) -> None:
+    fut = sleepy.sleep.call(0.5)
+    with pytest.raises(zmesh.CallTimeoutError) as info:
+        fut.get(timeout=0.1)
+    assert info.value.mesh == sleepy._refs[0].mesh and "'sleep'" in str(info.value)
+    assert fut.get(timeout=10).values() == [0.5] * len(sleepy._refs)
 
 
 def test_a_request_that_times_out_in_the_queue_never_runs(sleepy: zmesh.ActorMesh[Sleepy]) -> None:
