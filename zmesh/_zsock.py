@@ -153,10 +153,10 @@ class AsyncSocket:
                     elif _now() - self._since > BATCH_LINGER:
                         self._flush_outbox()
                 return
-            if self._outbox:  # keep this peer's order: its batch goes first
-                key = frames[0] if self._heads == 2 else None
-                if key in self._outbox:
-                    self._flush_box(key)
+        if self._outbox:  # keep this peer's order: its batch goes first
+            key = frames[0] if self._heads == 2 else None
+            if key in self._outbox:
+                self._flush_box(key)
         self._send_or_queue(frames)
         # The send may have consumed the edge of input that arrived meanwhile,
         # so EVENTS must be read again before the loop sleeps. Inside
@@ -276,6 +276,8 @@ class AsyncSocket:
                     return
         finally:
             self._reading = False
+            if self._outbox:  # a handler raised mid-pass: flush on the next turn
+                self._schedule()
 
     def _flush(self) -> None:
         pending = self._pending

@@ -160,3 +160,43 @@ async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
     finally:
         client.close()
         server.close(linger=0)
+
+
+async def test_replies_queued_before_a_handler_raises_still_go_out() -> None:
+    ctx = zmq.Context.instance()
+    loop = asyncio.get_running_loop()
+    codec = w.Codec(w.PROC_INBOX)
+    seen: list[int] = []
+
+    def handle(frames: list[Any]) -> None:
+        msg = codec.decode(frames[1:])
+        seen.append(msg.id)
+        server.send([frames[0], *codec.encode(_call(100 + msg.id))])
+        if msg.id == 1:
+            raise RuntimeError("a handler bug")  # the loop logs it
+
+    router = configure(ctx.socket(zmq.ROUTER))
+    router.bind("tcp://127.0.0.1:*")
+    server = AsyncSocket(router, loop, handle, router=True, batch=True)
+    client = configure(ctx.socket(zmq.DEALER))  # a plain peer, read without the loop
+    client.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    loop.set_exception_handler(lambda loop, context: None)  # the bug is expected
+    try:
+        client.send_multipart(codec.encode(_call(0)))
+        client.send_multipart(codec.encode(_call(1)))
+        got: list[int] = []
+        with anyio.fail_after(10):
+            while len(got) < 2:
+                if client.poll(0):
+                    env = client.recv_multipart()[0]
+                    batch = env[0] == BATCH_MARK
+                    got += [
+                        m.id for m in (codec.decode_batch(env) if batch else [codec.decode([env])])
+                    ]
+                else:
+                    await asyncio.sleep(0.01)
+        assert got == [100, 101]
+    finally:
+        loop.set_exception_handler(None)
+        server.close()
+        client.close(linger=0)
