@@ -9,6 +9,8 @@ sequence number, next to a heartbeat every ~100 ms.
 Liveness comes from three places:
 
 * a proc's death is seen by reaping it (a pidfd on the loop, so at once);
+  procs are forked by a warm forkserver (``_forkserver.py``) and adopted by
+  the agent, so it is their parent either way;
 * a hung proc is seen by its missing application heartbeats (ZMTP heartbeats
   are answered by libzmq's I/O thread, so they say nothing of Python's loop);
 * a lost owner is seen by its missing owner heartbeats: its procs are
@@ -33,7 +35,7 @@ from typing import Any
 
 import zmq
 
-from zmesh import _stats
+from zmesh import _forkserver, _stats
 from zmesh import _wire as w
 from zmesh._errors import SecurityError
 from zmesh._security import Keys, is_loopback, secure_server, start_authenticator
@@ -57,7 +59,7 @@ class _Proc:
     mesh: str
     rank: int
     generation: int
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | _forkserver.Child
     log_path: str
     started: float
     last_beat: float
@@ -134,6 +136,7 @@ class HostAgent:
         self._host_sampler = _stats.HostSampler()
         self._host_stats: _stats.HostStatistics | None = None
         self._ticks = 0
+        self._forkserver: _forkserver.ForkServer | None = None
 
     # ------------------------------------------------------------ serving
 
@@ -143,6 +146,8 @@ class HostAgent:
 
     async def serve(self, ready: Any = None) -> None:
         loop = asyncio.get_running_loop()
+        # First, so that its imports overlap with ours and the first spawn.
+        self._forkserver = _forkserver.ForkServer.start()
         os.makedirs(self.log_dir, exist_ok=True)
         ctx: zmq.Context[Any] = zmq.Context.instance()
         if self.keys is not None:
@@ -174,6 +179,8 @@ class HostAgent:
         finally:
             ticker.cancel()
             await self._shutdown()
+            if self._forkserver is not None:
+                self._forkserver.close()
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
@@ -312,16 +319,21 @@ class HostAgent:
         env = dict(os.environ)
         env.update(mesh.spec.env)
         env["ZMESH_PROC"] = json.dumps(spec)
-        with open(log_path, "ab") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "zmesh._proc"],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # Ctrl+C at the client's terminal is the client's
-                cwd=mesh.spec.main.get("dir") or None,
-            )
+        cwd = mesh.spec.main.get("dir") or None
+        popen: subprocess.Popen[bytes] | _forkserver.Child | None = None
+        if self._forkserver is not None:
+            popen = self._forkserver.spawn(log_path, env, cwd)
+        if popen is None:
+            with open(log_path, "ab") as out:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "zmesh._proc"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # Ctrl+C at the client's terminal is the client's
+                    cwd=cwd,
+                )
         now = time.monotonic()
         proc = _Proc(mesh.name, rank, gen, popen, log_path, now, now)
         mesh.procs[rank] = proc
@@ -501,6 +513,7 @@ class HostAgent:
             )
         )
         self._poll_children(now)
+        self._reap_strays()
         for mesh in self.meshes.values():
             for rank, proc in mesh.procs.items():
                 if proc.reaped:
@@ -542,6 +555,30 @@ class HostAgent:
                         self._on_pidfd(proc.pidfd)
                     else:
                         self._reaped(proc)
+
+    def _reap_strays(self) -> None:
+        """Reap orphans adopted as the forkserver's subreaper that are not procs.
+
+        A process a proc started, whose proc then died, is re-parented to the
+        agent: reaping it keeps zombies from piling up. Procs themselves (and
+        the forkserver) are left to their own reaping.
+        """
+        if self._forkserver is None:
+            return
+        self._forkserver.check()
+        ours = {p.popen.pid for m in self.meshes.values() for p in m.procs.values() if not p.reaped}
+        ours.add(self._forkserver.pid)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in ours:
+                return  # ours is reaped by its own path first; strays wait a tick
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                return
 
     def _prune(self, now: float) -> None:
         # Keep stopped meshes for a while so late GetState calls can explain them.

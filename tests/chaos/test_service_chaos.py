@@ -482,9 +482,12 @@ def _worker_procs() -> list[int]:
                 env = f.read().split(b"\0")
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read()
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                comm = f.read().strip()  # forked procs are named zmesh-proc
         except OSError:
             continue
-        if tag in env and b"zmesh._proc" in cmd and pid_alive(int(entry)):
+        is_proc = b"zmesh._proc" in cmd or comm == b"zmesh-proc"
+        if tag in env and is_proc and pid_alive(int(entry)):
             found.append(int(entry))
     return found
 

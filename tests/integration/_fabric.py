@@ -53,7 +53,8 @@ def session_pids(kind: str | None = None) -> set[int]:
     """Live processes started by this test session (tagged by tests/conftest.py).
 
     Args:
-        kind: ``"proc"`` for actor processes, ``"agent"`` for agents, ``None`` for all.
+        kind: ``"proc"`` for actor processes, ``"agent"`` for agents,
+            ``"forkserver"`` for agents' forkservers, ``None`` for all.
     """
     tag = os.environ["ZMESH_TEST_SESSION"]
     needle = f"ZMESH_TEST_SESSION={tag}".encode()
@@ -66,11 +67,18 @@ def session_pids(kind: str | None = None) -> set[int]:
                 env = f.read().split(b"\0")
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                comm = f.read().strip()
         except OSError:
             continue
         if needle not in env or not alive(int(entry)):
             continue
-        if kind == "proc" and b"zmesh._proc" not in cmd:
+        # A proc forked by its agent's forkserver keeps the forkserver's
+        # command line; its name says what it is.
+        is_proc = b"zmesh._proc" in cmd or comm == b"zmesh-proc"
+        if kind == "proc" and not is_proc:
+            continue
+        if kind == "forkserver" and comm != b"zmesh-fork":
             continue
         if kind == "agent" and not (b"zmesh" in cmd and b"agent" in cmd):
             continue

@@ -1,0 +1,150 @@
+"""The agent's forkserver: warm forks that are still the agent's own children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from _fabric import alive, session_pids, wait_for, wait_gone
+
+import zmesh
+from zmesh import _local, testing
+
+
+def _comm(pid: int) -> str:
+    """A process's name (a forked proc's command line is its forkserver's)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Probe(zmesh.Actor):
+    @zmesh.endpoint
+    def facts(self) -> dict[str, object]:
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "sid": os.getsid(0),
+            "cwd": os.getcwd(),
+            "mark": os.environ.get("ZMESH_TEST_MARK"),
+            "comm": _comm(os.getpid()),
+            "stdin": os.readlink("/proc/self/fd/0"),
+            "stdout": os.readlink("/proc/self/fd/1"),
+        }
+
+    @zmesh.endpoint
+    def start_sleeper(self) -> int:
+        """A child of the proc that outlives it (the agent must reap it then)."""
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return child.pid
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[testing.AgentProcess]:
+    a = testing.start_agent("forks")
+    monkeypatch.setenv("ZMESH_AGENTS", a.control)
+    _local.configure(None)
+    try:
+        yield a
+    finally:
+        zmesh.shutdown()
+        testing.stop_agent(a)
+
+
+def _children_of(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry))
+    return out
+
+
+def _forkserver_of(agent: testing.AgentProcess) -> int:
+    def find() -> int:
+        return next((p for p in _children_of(agent.pid) if _comm(p) == "zmesh-fork"), 0)
+
+    return wait_for(find, 10, "the agent's forkserver")
+
+
+def test_procs_are_forked_and_adopted_by_their_agent(
+    agent: testing.AgentProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    monkeypatch.setenv("ZMESH_TEST_MARK", "forwarded")  # ZMESH_* travels to procs
+    monkeypatch.chdir(tmp_path)
+    mesh = Probe.options(procs=2).as_actor().get(timeout=60)
+    facts = list(mesh.facts.call().get(timeout=30).values())
+    for f in facts:
+        assert f["ppid"] == agent.pid  # the agent reaps it, and it dies with the agent
+        assert f["comm"] == "zmesh-proc"  # forked, not a fresh interpreter
+        assert f["sid"] == f["pid"]  # its own session, as Popen(start_new_session) gave
+        assert f["mark"] == "forwarded"
+        assert f["cwd"] == os.fspath(tmp_path)
+        assert f["stdin"] == os.devnull and f["stdout"].endswith(".log")
+    assert {f["pid"] for f in facts} <= session_pids("proc")
+
+
+def test_a_forked_proc_killed_is_reported_with_its_signal(agent: testing.AgentProcess) -> None:
+    mesh = Probe.options(procs=1).as_actor().get(timeout=60)
+    pid = mesh.facts.call_one().get(timeout=30)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    state = wait_for(
+        lambda: (s := mesh.state().ranks[0]).status == zmesh.Status.FAILED and s,
+        10, "the rank to fail",
+    )  # fmt: skip
+    assert "SIGKILL" in state.reason and state.exit_code == -signal.SIGKILL
+
+
+def test_a_dead_forkserver_costs_no_proc_and_spawning_goes_on(agent: testing.AgentProcess) -> None:
+    first = Probe.options(procs=1).as_actor().get(timeout=60)
+    before = first.facts.call_one().get(timeout=30)
+    fork = _forkserver_of(agent)
+    os.kill(fork, signal.SIGKILL)
+    wait_gone([fork], 10, "the forkserver")
+    # The procs it forked belong to the agent: they keep serving...
+    assert first.facts.call_one().get(timeout=30)["pid"] == before["pid"]
+    # ...and new procs start as fresh interpreters instead.
+    second = Probe.options(procs=1).as_actor().get(timeout=60)
+    after = second.facts.call_one().get(timeout=30)
+    assert after["ppid"] == agent.pid and after["comm"] != "zmesh-proc"
+    assert first.state().status == zmesh.Status.RUNNING
+
+
+def test_an_orphan_a_proc_left_behind_is_reaped(agent: testing.AgentProcess) -> None:
+    """The agent adopts orphans (it is a subreaper); it must not leave zombies."""
+    mesh = Probe.options(procs=1).as_actor().get(timeout=60)
+    pid = mesh.facts.call_one().get(timeout=30)["pid"]
+    sleeper = mesh.start_sleeper.call_one().get(timeout=30)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: sleeper in _children_of(agent.pid), 10, "the agent to adopt the orphan")
+    os.kill(sleeper, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{sleeper}"), 10, "the orphan to be reaped")
+    assert not alive(pid)
+
+
+def test_without_a_forkserver_procs_are_fresh_interpreters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ZMESH_FORKSERVER", "0")  # read by the agent started next
+    a = testing.start_agent("no-forks")
+    monkeypatch.setenv("ZMESH_AGENTS", a.control)
+    _local.configure(None)
+    try:
+        mesh = Probe.options(procs=1).as_actor().get(timeout=60)
+        facts = mesh.facts.call_one().get(timeout=30)
+        assert facts["ppid"] == a.pid and facts["comm"] != "zmesh-proc"
+        assert "zmesh-fork" not in {_comm(p) for p in _children_of(a.pid)}
+    finally:
+        zmesh.shutdown()
+        testing.stop_agent(a)
