@@ -665,17 +665,25 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def render(report: dict[str, Any]) -> None:
+def render(report: dict[str, Any], markdown: bool = False) -> None:
+    """Print the report's tables (as Markdown pipe tables for the docs)."""
+    from rich import box
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Table as RichTable
 
     r = report["results"]
-    console = Console()
+    console = Console(width=200, no_color=True) if markdown else Console()
+
+    def new_table(title: str) -> Any:
+        if markdown:
+            console.print(f"\n{title}\n", markup=False)
+            return RichTable(box=box.MARKDOWN)
+        return RichTable(title=title)
 
     def us(v: float) -> str:
         return f"{v:,.0f} µs" if v < 10_000 else f"{v / 1000:,.1f} ms"
 
-    table = Table(title=f"zmesh vs raw pyzmq ({report['mode']}, medians of rounds)")
+    table = new_table(title=f"zmesh vs raw pyzmq ({report['mode']}, medians of rounds)")
     for col, just in (("metric", "left"), ("zmesh", "right"), ("raw pyzmq", "right"),
                       ("zmesh/raw", "right")):  # fmt: skip
         table.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -718,7 +726,7 @@ def render(report: dict[str, Any]) -> None:
     if "skipped" in report["ray"]:
         console.print(report["ray"]["skipped"].split(" [ray")[0], markup=False)
     else:
-        rt = Table(title=f"zmesh vs Ray {report['ray']['version']}")
+        rt = new_table(title=f"zmesh vs Ray {report['ray']['version']}")
         for col in ("metric", "zmesh", "Ray", "zmesh/Ray"):
             rt.add_column(col, justify="left" if col == "metric" else "right")
         for label, key, fmt in (
@@ -732,11 +740,15 @@ def render(report: dict[str, Any]) -> None:
         console.print(rt)
         console.print(f"ray.init: {report['ray']['init_s']:.2f} s")
 
-    tt = Table(title="targets")
+    tt = new_table(title="targets")
     for col in ("target", "measured", "limit", "status"):
         tt.add_column(col, justify="left" if col in ("target", "status") else "right")
     for t in report["targets"]:
-        status = "[green]met[/green]" if t["met"] else "[red]not met[/red]"
+        status = (
+            ("met" if markdown else "[green]met[/green]")
+            if t["met"]
+            else ("not met" if markdown else "[red]not met[/red]")
+        )
         limit = f"{t['op']} {t['limit']} {t['unit']}"
         tt.add_row(t["name"], f"{t['value']:.2f} {t['unit']}", limit, status)
     console.print(tt)
@@ -748,7 +760,13 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--rounds", type=int, help="override the number of interleaved rounds")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray even when installed")
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs)")
+    ap.add_argument("--from-json", metavar="PATH", help="print the tables of a saved run; no run")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            render(json.load(f), markdown=args.markdown)
+        return
 
     mode = "quick" if args.quick else "full"
     cfg = dict(CONFIGS[mode])
@@ -776,7 +794,7 @@ def main() -> None:
         "cold": res["cold"],
         "rss_mb": res["rss_mb"],
     }
-    render(report)
+    render(report, markdown=args.markdown)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2, default=float)
