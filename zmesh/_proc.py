@@ -49,8 +49,10 @@ class _BadArguments(Exception):
 class _Mailbox:
     """One actor: its instance, its queue, and the task that drains it.
 
-    An actor runs one message at a time, in arrival order (``concurrent``
-    endpoints start in order and may overlap). When the actor is idle and
+    An actor runs one message at a time, in arrival order. A message to a
+    ``concurrent`` endpoint starts as soon as nothing queued is ahead of it,
+    without waiting for the message in progress (it never overtakes one that
+    is still queued). When the actor is idle and
     nothing is queued, a message to an async endpoint starts at once, inside
     the socket's reader, as the mailbox task would run it (same current task,
     the actor's context): most such endpoints finish without suspending and
@@ -83,11 +85,17 @@ class _Mailbox:
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
-        if self.waiter is not None and not self.busy and not self.queue:
+        if not self.queue and self.context is not None:
             ep = self.endpoints.get(call.method)
-            if ep is not None and ep.info.is_async and not ep.info.concurrent:
-                self._start(ident, call, frames)
+            if ep is not None and ep.info.concurrent:
+                # Nothing is ahead of it in arrival order, so it starts now,
+                # even while a non-concurrent call is in progress.
+                self._start_concurrent(ident, call, frames)
                 return
+            if self.waiter is not None and not self.busy:
+                if ep is not None and ep.info.is_async:
+                    self._start(ident, call, frames)
+                    return
         self.queue.append((ident, call, frames))
         if len(self.queue) > self.queue_peak:
             self.queue_peak = len(self.queue)
@@ -116,6 +124,15 @@ class _Mailbox:
         self.busy = True
         self.handoff = (coro, yielded, None)
         self._wake()
+
+    def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        """Start a ``concurrent`` endpoint's message as a task of its own."""
+        assert self.context is not None
+        # The task copies the context current when it is made: the actor's.
+        coro = self.server.handle(self, ident, call, frames)
+        task = self.context.run(asyncio.ensure_future, coro)
+        self.running.add(task)  # keep a reference until it ends
+        task.add_done_callback(self.running.discard)
 
     def statistics(self) -> _stats.ActorStatistics:
         """This actor's mailbox and endpoint counters, as a frozen record."""
@@ -155,9 +172,7 @@ class _Mailbox:
             ident, call, frames = self.queue.popleft()
             ep = self.endpoints.get(call.method)
             if ep is not None and ep.info.concurrent:
-                task = asyncio.ensure_future(self.server.handle(self, ident, call, frames))
-                self.running.add(task)  # keep a reference until it ends
-                task.add_done_callback(self.running.discard)
+                self._start_concurrent(ident, call, frames)
             else:
                 self.busy = True
                 try:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fabric import wait_for
@@ -225,3 +226,58 @@ async def test_replies_do_not_wait_behind_later_slow_calls() -> None:
         assert first_reply_at < starts[-1], "reply 1 waited for call 8 to start"
     finally:
         await hog.stop()
+
+
+class Busy(zmesh.Actor):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    @zmesh.endpoint
+    async def work(self, tag: str, seconds: float) -> str:
+        self.log.append(f"start {tag}")
+        await asyncio.sleep(seconds)
+        self.log.append(f"end {tag}")
+        return tag
+
+    @zmesh.endpoint
+    def block(self, seconds: float) -> None:
+        time.sleep(seconds)  # a sync endpoint: runs in a worker thread
+
+    @zmesh.endpoint(concurrent=True)
+    async def status(self) -> list[str]:
+        self.log.append("status")
+        return list(self.log)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_progress", ["async", "sync"])
+async def test_a_concurrent_endpoint_does_not_wait_for_the_call_in_progress(
+    in_progress: str,
+) -> None:
+    busy = await Busy.options().as_actor()
+    ref = busy.slice(procs=0)
+    if in_progress == "async":
+        long: zmesh.Future[Any] = ref.work.call_one("long", 30.0)
+    else:
+        long = ref.block.call_one(30.0)  # blocks a worker thread
+    try:
+        seen = await ref.status.options(timeout=10).call_one()
+        assert seen[-1] == "status" and not long.done()
+    finally:
+        await busy.stop()
+        with pytest.raises(zmesh.ActorStoppedError):
+            await long  # stopped mid-call: it fails, it does not hang
+
+
+@pytest.mark.anyio
+async def test_a_concurrent_endpoint_never_overtakes_a_queued_message() -> None:
+    busy = await Busy.options().as_actor()
+    try:
+        ref = busy.slice(procs=0)
+        first = ref.work.call_one("first", 0.3)
+        second = ref.work.call_one("second", 0.0)  # queued behind first
+        seen = await ref.status.options(timeout=10).call_one()
+        assert seen == ["start first", "end first", "start second", "end second", "status"]
+        assert await first == "first" and await second == "second"
+    finally:
+        await busy.stop()
