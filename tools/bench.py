@@ -108,6 +108,23 @@ def cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def forkserver_of(agent_pid: int) -> int:
+    """The pid of the agent's forkserver (its child named ``zmesh-fork``), or 0."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if int(fields[1]) == agent_pid and comm == "zmesh-fork":
+            return int(entry)
+    return 0
+
+
 def rss_mb(pid: int) -> float:
     """VmRSS of ``pid`` in MB (1e6 bytes)."""
     try:
@@ -436,6 +453,7 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
         res["rss_mb"] = {
             "proc_idle": rss_mb(proc_pid),
             "agent_idle": rss_mb(agent_pid),
+            "forkserver_idle": rss_mb(forkserver_of(agent_pid)),
             "raw_server_idle": rss_mb(srv.pid),
         }
 
@@ -689,7 +707,9 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
 
     def row(label: str, key: str, fmt: Any) -> None:
-        v = r[key]
+        v = r.get(key)
+        if v is None:  # a run saved by an older bench
+            return
         raw = fmt(v["raw"]) if "raw" in v else "—"
         ratio = f"{v['ratio']:.2f}x" if "ratio" in v else "—"
         table.add_row(label, fmt(v["zmesh"]), raw, ratio)
@@ -715,11 +735,12 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
     row("cold start: main -> 4 procs spawned", "cold_main_to_spawned_s", sec)
     row("cold start: main -> first reply", "cold_main_to_first_reply_s", sec)
     row("cold start: total wall (start..exit)", "cold_total_wall_s", sec)
-    row("spawn 1 proc (agent warm)", "spawn1_s", sec)
+    row("spawn 1 proc (starts the embedded agent)", "spawn1_s", sec)
     row("spawn 64 procs (agent warm)", "spawn64_s", sec)
     mb = lambda v: f"{v:.1f} MB"  # noqa: E731
     row("RSS idle proc (raw: echo server)", "rss_proc_idle_mb", mb)
     row("RSS agent (raw: echo server)", "rss_agent_idle_mb", mb)
+    row("RSS agent's forkserver (raw: echo server)", "rss_forkserver_idle_mb", mb)
     row("RSS proc after the load", "rss_proc_after_load_mb", mb)
     console.print(table)
 
