@@ -52,13 +52,15 @@ class _Mailbox:
     An actor runs one message at a time, in arrival order. A message to a
     ``concurrent`` endpoint starts as soon as nothing queued is ahead of it,
     without waiting for the message in progress (it never overtakes one that
-    is still queued). When the actor is idle and
-    nothing is queued, a message to an async endpoint starts at once, inside
-    the socket's reader, as the mailbox task would run it (same current task,
-    the actor's context): most such endpoints finish without suspending and
-    reply right there, which saves a task wake-up per message. One that
-    suspends is handed to the mailbox task to finish, and the actor stays
-    busy until it has.
+    is still queued).
+
+    When the actor is idle and nothing is queued, a message starts at once,
+    inside the socket's reader, as the mailbox task would run it (same
+    current task, the actor's context). Most async endpoints finish without
+    suspending and reply right there, which saves a task wake-up per
+    message. One that suspends (and every sync endpoint, which goes to a
+    worker thread) is handed to the mailbox task to finish, and the actor
+    stays busy until it has.
     """
 
     def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
@@ -92,10 +94,11 @@ class _Mailbox:
                 # even while a non-concurrent call is in progress.
                 self._start_concurrent(ident, call, frames)
                 return
-            if self.waiter is not None and not self.busy:
-                if ep is not None and ep.info.is_async:
-                    self._start(ident, call, frames)
-                    return
+            if self.waiter is not None and not self.busy and ep is not None:
+                # A sync endpoint starts the same way: handle() hands it to a
+                # worker thread and suspends, and the actor is busy from now.
+                self._start(ident, call, frames)
+                return
         self.queue.append((ident, call, frames))
         if len(self.queue) > self.queue_peak:
             self.queue_peak = len(self.queue)

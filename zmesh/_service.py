@@ -118,6 +118,7 @@ class _Request:
         "endpoint",
         "fut",
         "id",
+        "on",
         "payload",
         "pinned",
         "retry",
@@ -140,6 +141,7 @@ class _Request:
         pinned: _Replica | None = None,
     ) -> None:
         self.id = req_id
+        self.on: _Replica | None = None  # the replica of the attempt in flight
         self.endpoint = endpoint
         self.payload = payload
         self.buffers = buffers
@@ -542,7 +544,12 @@ class Service:
             return
         attempt = object()
         req.attempt = attempt
+        req.on = rep
         req.sent_once = True
+        # The attempt holds one of the replica's in-flight slots until the
+        # replica answers (or breaks), even if the caller stops waiting first:
+        # the proc is still running it, so max_concurrent_requests must count it.
+        holding = True
         rep.in_flight += 1
         rep.sent += 1
         if rep.state != HEALTHY:
@@ -553,24 +560,36 @@ class Service:
         remaining = len(refs)
         want = min(self.config.return_rank, len(refs) - 1)
 
+        def free_slot() -> None:
+            nonlocal holding
+            if holding:
+                holding = False
+                rep.in_flight -= 1
+
         def deliver(i: int, ok: bool, value: Any) -> None:
             nonlocal remaining
             if req.attempt is not attempt:
-                return  # this attempt already ended
+                # The caller stopped waiting (its deadline passed): this is
+                # the late answer, and the replica's slot is free only now.
+                remaining -= 1
+                if not ok or remaining <= 0:
+                    free_slot()
+                    self._pump(rep)
+                return
             if ok:
                 results[i] = value
                 remaining -= 1
                 if remaining:
                     return
                 req.attempt = None
-                rep.in_flight -= 1
+                free_slot()
                 rep.completed += 1
                 rep.latencies.append((time.monotonic(), time.monotonic() - req.start))
                 self._finish(req, rep, None, results[want])
                 self._pump(rep)
                 return
             req.attempt = None
-            rep.in_flight -= 1
+            free_slot()
             if isinstance(value, SupervisionError | ActorStoppedError):
                 # The replica broke (or is being replaced): not the request's fault.
                 self._replica_failed(rep, gen, str(value))
@@ -591,12 +610,13 @@ class Service:
         req_id = req.id
         actor, method, payload = mesh.actor, req.endpoint, req.payload
         deadline = time.time() + remaining_time
+        # No client-side timeout on the send: _expire ends the request for
+        # the caller at its deadline, and the proc skips it if it arrives late.
         self.rt.send(
             refs,
             lambda i: w.Call(i, actor, method, payload, deadline, False, req_id),
             req.buffers,
             deliver,
-            remaining_time,
         )
 
     def _pump(self, rep: _Replica) -> None:
@@ -619,8 +639,16 @@ class Service:
         return CallTimeoutError(f"{req.endpoint!r} on {self.name} timed out", mesh=self.name)
 
     def _expire(self, req: _Request, limit: float) -> None:
-        if req.done or req.attempt is not None:
-            return  # in flight: its send carries the same deadline
+        if req.done:
+            return
+        if req.attempt is not None:
+            # In flight: the caller gets its timeout now; the replica keeps
+            # the slot until it answers (see _send).
+            req.attempt = None
+            if req.on is not None:
+                req.on.failed += 1
+            self._finish(req, req.on, self._timeout_error(req))
+            return
         for q in [self._waiting, *(r.queue for r in self._replicas)]:
             if req in q:
                 q.remove(req)

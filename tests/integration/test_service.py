@@ -484,3 +484,18 @@ def test_statistics_from_another_thread_under_load() -> None:
         print(f"\n{reads} statistics() reads while 2000 requests completed")
     finally:
         svc.stop().get(timeout=30)
+
+
+@pytest.mark.anyio
+async def test_a_request_whose_caller_timed_out_holds_its_slot_until_answered() -> None:
+    """max_concurrent_requests counts what the replica runs, not what callers await."""
+    async with running(Echo, replicas=1, max_concurrent_requests=1, max_queue=5) as svc:
+        with pytest.raises(zmesh.CallTimeoutError):
+            await svc.nap.options(timeout=0.3).call_one(1.5)
+        rep = svc.statistics().replicas[0]
+        assert rep.in_flight == 1  # the proc is still running it
+        second = asyncio.ensure_future(svc.nap.call_one(0.0))
+        await wait_until(lambda: svc.statistics().replicas[0].queued == 1, 2.0, "it to queue")
+        assert not second.done()
+        await asyncio.wait_for(second, 10.0)  # sent once the first answered
+        await wait_until(lambda: svc.statistics().replicas[0].in_flight == 0, 5.0, "no slot held")
