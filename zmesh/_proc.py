@@ -403,7 +403,13 @@ class ProcServer:
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
             return
-        self.router.send([ident, *frames_out])
+        try:
+            self.router.send([ident, *frames_out])
+        except Exception as exc:  # a buffer ZeroMQ cannot take: say so, never go silent
+            self.fail(
+                ident, call, "encode", type(exc).__name__,
+                f"return value of {call.method!r} cannot be sent: {exc}",
+            )  # fmt: skip
 
     def fail(
         self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str

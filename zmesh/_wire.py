@@ -473,6 +473,10 @@ def _lift(v: Any, buffers: list[Any]) -> Any:
     code = _BUF_EXTS.get(type(v))
     if code is None or (code == _EXT_BYTES and len(v) < BIG_BUFFER):
         return v
+    if code == _EXT_MEMORYVIEW and not v.c_contiguous:
+        # A strided view (reversed, every other byte) has no one block of
+        # memory to send: it travels as a copy of its bytes, in order.
+        v = v.tobytes()
     # Frame indices count from 1: frame 0 is the envelope.
     buffers.append(v)
     return msgspec.msgpack.Ext(code, len(buffers).to_bytes(4, "little"))

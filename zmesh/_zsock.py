@@ -82,6 +82,21 @@ def configure(sock: Any, *, tcp_heartbeats: bool = True) -> Any:
     return sock
 
 
+def _check_buffers(frames: list[Any]) -> None:
+    """Refuse, before any part goes out, a part ZeroMQ could not take.
+
+    A part failing after the first would leave the socket in the middle of
+    a message, and the next message would be glued onto it.
+
+    Raises:
+        BufferError: a part is not one contiguous block of memory.
+    """
+    for f in frames:
+        t = type(f)
+        if t is not bytes and t is not _Frame and not memoryview(f).c_contiguous:
+            raise BufferError("a buffer sent as a frame must be contiguous")
+
+
 class AsyncSocket:
     """A ZeroMQ socket driven by an asyncio loop, delivering to a callback.
 
@@ -133,7 +148,10 @@ class AsyncSocket:
         """Queue ``frames`` as one message; never blocks.
 
         A message that ZeroMQ cannot take now (high-water mark) waits in an
-        in-process queue, in order, until the socket is writable.
+        in-process queue, in order, until the socket is writable. On a
+        batching socket, a small message sent while the reader is due to run
+        waits in the outbox for that run (this loop turn), a full batch, or
+        ``BATCH_LINGER``, whichever comes first.
         """
         if self.closed:
             return
@@ -209,13 +227,20 @@ class AsyncSocket:
         # accepted, the rest are too, so EAGAIN can only come from part one.
         sock = self.sock
         last = len(frames) - 1
+        if last:
+            _check_buffers(frames)
         for i, f in enumerate(frames):
             t = type(f)
             if t is bytes:
                 copy = len(f) < _ZERO_COPY_MIN
             else:
                 copy = False
-                if t is memoryview and type(f.obj) is _Frame and f.nbytes == len(f.obj):
+                if (
+                    t is memoryview
+                    and type(f.obj) is _Frame
+                    and f.c_contiguous  # not, say, reversed: the bytes in order
+                    and f.nbytes == len(f.obj)
+                ):
                     # A whole received frame going out again (an echo, a relay):
                     # send the message itself, which ZeroMQ shares by reference
                     # count, instead of wrapping its memory for pyzmq's GC thread.

@@ -37,6 +37,17 @@ class Store(zmesh.Actor):
         return data
 
     @zmesh.endpoint
+    async def view(self, x: memoryview, how: str) -> memoryview:
+        """A view of the received buffer: whole, reversed, a slice, or cast."""
+        if how == "reversed":
+            return x[::-1]
+        if how == "slice":
+            return x[1:-1]
+        if how == "cast":
+            return x.cast("I")
+        return x
+
+    @zmesh.endpoint
     async def many(self, blobs: dict[str, bytes]) -> dict[str, str]:
         return {k: hashlib.sha256(v).hexdigest() for k, v in blobs.items()}
 
@@ -98,6 +109,17 @@ def test_memoryview_round_trip(store: zmesh.ActorMesh[Store], n: int) -> None:
     assert bytes(back) == raw
     made = one.make.call_one("memoryview", n).get(timeout=20)
     assert bytes(made) == _pattern(n)
+
+
+@pytest.mark.parametrize("how", ["whole", "reversed", "slice", "cast"])
+def test_a_view_of_a_received_buffer_goes_back_as_its_own_bytes(
+    store: zmesh.ActorMesh[Store], how: str
+) -> None:
+    """A whole received frame is sent back by reference; any other view by value."""
+    raw = os.urandom(MiB)
+    back = store.slice(procs=0).view.call_one(memoryview(raw), how).get(timeout=20)
+    want = {"whole": raw, "reversed": raw[::-1], "slice": raw[1:-1], "cast": raw}[how]
+    assert type(back) is memoryview and bytes(back) == want
 
 
 @pytest.mark.anyio
