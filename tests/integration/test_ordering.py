@@ -217,7 +217,7 @@ async def test_replies_do_not_wait_behind_later_slow_calls() -> None:
         # The first call of a loop turn goes out alone; the next eight share
         # a batch, so the proc handles them in one pass.
         lead = ref.work.call_one(0.0)
-        futs = [ref.work.call_one(0.03) for _ in range(8)]
+        futs = [ref.work.call_one(0.06) for _ in range(8)]  # call 8 starts ~0.4 s in
         await lead
         await futs[0]
         first_reply_at = time.time()

@@ -491,7 +491,7 @@ async def test_a_request_whose_caller_timed_out_holds_its_slot_until_answered() 
     """max_concurrent_requests counts what the replica runs, not what callers await."""
     async with running(Echo, replicas=1, max_concurrent_requests=1, max_queue=5) as svc:
         with pytest.raises(zmesh.CallTimeoutError):
-            await svc.nap.options(timeout=0.3).call_one(1.5)
+            await svc.nap.options(timeout=0.3).call_one(3.0)  # runs on well past it
         rep = svc.statistics().replicas[0]
         assert rep.in_flight == 1  # the proc is still running it
         second = asyncio.ensure_future(svc.nap.call_one(0.0))
