@@ -354,6 +354,13 @@ class HostAgent:
         proc = mesh.procs.get(msg.rank) if mesh else None
         if mesh is None or proc is None or proc.generation != msg.generation:
             return
+        if msg.pid != proc.popen.pid:
+            # Not the process we started for this rank: a fork the forkserver
+            # finished after we gave up on it and started a fresh one. It
+            # must not serve as a second copy of the rank.
+            log.warning("ignoring a hello from pid %d for %s[%d]", msg.pid, msg.mesh, msg.rank)
+            _stop_stray(msg.pid)
+            return
         proc.last_beat = time.monotonic()
         self._transition(
             mesh,
@@ -602,6 +609,20 @@ def _rank_state(rank: int, s: Rank) -> w.RankState:
         log_path=s.log_path,
         exit_code=s.exit_code,
     )
+
+
+def _stop_stray(pid: int) -> None:
+    """SIGKILL ``pid`` if it is this agent's own child (never anyone else's)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return
+    if ppid == os.getpid():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _signal(proc: _Proc, sig: int) -> None:

@@ -44,8 +44,10 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
 PROC_NAME = b"zmesh-proc"  # a forked proc's name (/proc/PID/comm), for ps and tests
-READY_TIMEOUT = 1.0  # how long a first spawn waits for the forkserver's imports
-REPLY_TIMEOUT = 2.0  # one fork; past it the forkserver counts as broken
+# These block the agent's loop, so they stay well under a client's 1.2 s
+# agent timeout: past them the spawn falls back to Popen.
+READY_TIMEOUT = 1.0  # from its start: how long spawns wait, in all, for its imports
+REPLY_TIMEOUT = 0.5  # one fork takes milliseconds; past this it counts as broken
 
 
 def enabled() -> bool:
@@ -121,6 +123,7 @@ class ForkServer:
         self.popen = popen
         self.ready = False
         self.broken = False
+        self._ready_by = time.monotonic() + READY_TIMEOUT
         self._buf = b""
         self._ids = 0
 
@@ -148,7 +151,9 @@ class ForkServer:
         if self.broken:
             return None
         if not self.ready:
-            line = self._read_line(READY_TIMEOUT)
+            # Bounded once, from its start: a burst of spawns never waits
+            # for each of them (past the bound, a look without waiting).
+            line = self._read_line(self._ready_by - time.monotonic())
             if line is None:
                 return None  # still importing (or gone): Popen this time
             self.ready = True
@@ -163,7 +168,11 @@ class ForkServer:
             self._break(f"cannot talk to it: {exc}")
             return None
         if line is None:
-            self._break("it did not answer")
+            # It may still fork this request later: kill it first, so the
+            # only late fork possible is the one in flight (the agent
+            # refuses its hello: see HostAgent._on_hello).
+            self._break("did not answer")
+            self.popen.kill()
             return None
         reply = json.loads(line)
         if reply.get("id") != self._ids or "pid" not in reply:
@@ -176,8 +185,8 @@ class ForkServer:
         fd = self.popen.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import zmq
 from _fabric import alive, session_pids, wait_for, wait_gone
 
 import zmesh
 from zmesh import _local, testing
+from zmesh import _wire as w
 
 
 def _comm(pid: int) -> str:
@@ -148,3 +151,47 @@ def test_without_a_forkserver_procs_are_fresh_interpreters(
     finally:
         zmesh.shutdown()
         testing.stop_agent(a)
+
+
+def test_a_forkserver_that_stops_answering_costs_no_spawn(agent: testing.AgentProcess) -> None:
+    """A hung forkserver: the spawn falls back at once, and the agent stays responsive."""
+    Probe.options(procs=1).as_actor().get(timeout=60)  # the forkserver is warm
+    fork = _forkserver_of(agent)
+    os.kill(fork, signal.SIGSTOP)
+    try:
+        mesh = Probe.options(procs=2).as_actor().get(timeout=60)
+        facts = list(mesh.facts.call().get(timeout=30).values())
+        assert all(f["ppid"] == agent.pid and f["comm"] != "zmesh-proc" for f in facts)
+        assert mesh.state().status == zmesh.Status.RUNNING
+        # The agent gave up on it, and killed it so it cannot fork late.
+        wait_gone([fork], 10, "the hung forkserver")
+    finally:
+        if alive(fork):
+            os.kill(fork, signal.SIGCONT)
+
+
+def test_a_hello_from_another_pid_does_not_take_over_a_rank(agent: testing.AgentProcess) -> None:
+    """Only the process the agent started speaks for a rank; strangers are not killed."""
+    mesh = Probe.options(procs=1).as_actor().get(timeout=60)
+    ref = mesh._refs[0]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(agent.control)
+    try:
+        hello = w.ProcHello(ref.mesh, ref.rank, ref.generation, "tcp://127.0.0.1:9", os.getpid())
+        sock.send_multipart(w.Codec(w.AGENT_INBOX).encode(hello))
+        # The agent still answers, and the rank is still the proc it started.
+        state = w.Codec(w.AGENT_REPLIES).decode(
+            _request(sock, w.Codec(w.AGENT_INBOX).encode(w.GetState(1, ref.mesh)))
+        )
+        [rank] = state.meshes[0].ranks
+        assert rank.addr == ref.addr and rank.status == zmesh.Status.RUNNING.value
+    finally:
+        sock.close()
+    assert mesh.facts.call_one().get(timeout=30)["pid"] == rank.pid
+
+
+def _request(sock: zmq.Socket[Any], frames: list[Any]) -> list[bytes]:
+    sock.send_multipart(frames)
+    assert sock.poll(5000), "no answer from the agent"
+    return sock.recv_multipart()
