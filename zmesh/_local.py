@@ -4,8 +4,11 @@
   *embedded default*: private agent processes this client starts on loopback
   (one per host asked for) and stops when it exits.
 * An owner heartbeat thread tells every agent we use that we are alive; an
-  agent that stops hearing it stops our procs after a grace period, so a
-  client killed with SIGKILL leaves nothing behind.
+  agent that stops hearing it stops our procs after a generous grace
+  (``ZMESH_OWNER_GRACE``, 60 s), so a client killed with SIGKILL leaves
+  nothing behind. An agent on our machine also watches this process itself
+  (a pidfd), so our death is seen there at once, while a long C call that
+  holds the GIL (and so stops the thread) is not taken for one.
 * At a normal exit (or Ctrl+C) everything we own is stopped at once.
 """
 
@@ -26,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from zmesh import _security
+from zmesh import _liveness, _security
 from zmesh import _wire as w
 from zmesh._errors import AgentError
 from zmesh._security import secure_client
@@ -41,6 +44,7 @@ _configured: list[str] | None = None
 _embedded: list[tuple[subprocess.Popen[bytes], str]] = []
 _used: set[str] = set()
 _heart: _OwnerHeart | None = None
+_heart_lock = threading.Lock()
 
 
 def owner_id() -> str:
@@ -183,8 +187,11 @@ def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
 def note_used(addr: str) -> None:
     """We own something on ``addr``: heartbeat to it from now on."""
     with _lock:
+        new = addr not in _used
         _used.add(addr)
-    _ensure_heart()
+    heart = _ensure_heart()
+    if new:
+        heart.wake.set()  # beat now: the agent learns at once whom to watch
 
 
 class _OwnerHeart(threading.Thread):
@@ -197,14 +204,20 @@ class _OwnerHeart(threading.Thread):
     def __init__(self) -> None:
         super().__init__(name="zmesh-owner-heartbeat", daemon=True)
         self.stopping = threading.Event()
+        self.wake = threading.Event()  # beat now, without waiting for the interval
 
     def run(self) -> None:
         ctx: zmq.Context[Any] = zmq.Context.instance()
         socks: dict[str, zmq.Socket] = {}
         codec = w.Codec(w.AGENT_INBOX)
         try:
-            while not self.stopping.wait(OWNER_HEARTBEAT_INTERVAL):
-                beat = codec.encode(w.OwnerHeartbeat(owner_id()))
+            while True:
+                self.wake.wait(OWNER_HEARTBEAT_INTERVAL)
+                self.wake.clear()
+                if self.stopping.is_set():
+                    return
+                machine, pid, start = _liveness.identity()
+                beat = codec.encode(w.OwnerHeartbeat(owner_id(), machine, pid, start))
                 with _lock:
                     addrs = list(_used)
                 for addr in addrs:
@@ -223,11 +236,13 @@ class _OwnerHeart(threading.Thread):
                 s.close(linger=0)
 
 
-def _ensure_heart() -> None:
+def _ensure_heart() -> _OwnerHeart:
     global _heart
-    if _heart is None or not _heart.is_alive():
-        _heart = _OwnerHeart()
-        _heart.start()
+    with _heart_lock:  # not _lock: agents() holds that one while it calls us
+        if _heart is None or not _heart.is_alive() or _heart.stopping.is_set():
+            _heart = _OwnerHeart()
+            _heart.start()
+        return _heart
 
 
 def release_all() -> None:
@@ -236,6 +251,7 @@ def release_all() -> None:
 
     if _heart is not None:
         _heart.stopping.set()
+        _heart.wake.set()
     with _lock:
         used = list(_used)
         _used.clear()

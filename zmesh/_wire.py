@@ -168,7 +168,13 @@ class AgentInfo(_Msg, frozen=True):
 
 
 class OwnerHeartbeat(_Msg, frozen=True):
+    """The owner is alive. ``machine``/``pid``/``start`` let an agent on the
+    same machine watch the owner process itself (see ``_liveness.watch_owner``)."""
+
     owner: str
+    machine: str = ""  # boot id and pid namespace; "" = not watchable
+    pid: int = 0
+    start: int = 0  # the process's start time, in clock ticks after boot
 
 
 class OwnerGone(_Msg, frozen=True):

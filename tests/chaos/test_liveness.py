@@ -1,0 +1,263 @@
+"""Liveness under stress: busy is not dead, and a restarted agent is rejoined.
+
+A process that holds the GIL in one long C call cannot run Python, so its
+application heartbeats stop; it is busy, not dead, and must not be killed.
+Real deaths (exit, signal, SIGSTOP, a lost agent) must still be seen fast.
+Every test uses real processes, real signals and real agents, and prints
+what it measured as ``LATENCY ...`` (``pytest -s`` shows them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zmesh
+from zmesh import _runtime
+from zmesh import _wire as w
+from zmesh._state import Status
+from zmesh.testing import local_cluster
+
+pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
+
+# Longer than the grace and heartbeat timeouts these holds used to be taken for
+# death by (3 s for owners, 2 s for procs), with a margin for timer slack.
+CLIENT_HOLD = 4.5
+PROC_HOLD = 3.5
+
+
+class Hog(zmesh.Actor):
+    @zmesh.endpoint
+    def hold_gil(self, n: int) -> float:
+        """One C call that never lets go of the GIL: no heartbeat can be sent."""
+        t0 = time.monotonic()
+        sum(range(n))
+        return time.monotonic() - t0
+
+    @zmesh.endpoint
+    async def hold_loop(self, n: int) -> float:
+        """The same on the event loop itself (an async endpoint that computes)."""
+        t0 = time.monotonic()
+        sum(range(n))
+        return time.monotonic() - t0
+
+    @zmesh.endpoint
+    async def block_loop(self, seconds: float) -> None:
+        """A hung loop: blocked, and using no CPU."""
+        time.sleep(seconds)
+
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @zmesh.endpoint
+    async def ping(self) -> int:
+        return zmesh.current_rank().rank
+
+
+# ------------------------------------------------------------ helpers
+
+
+def latency(what: str, seconds: float) -> None:
+    print(f"\nLATENCY {what}: {seconds * 1000:.0f} ms")
+
+
+async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
+    """Poll ``cond`` until it is true; return how long it took, or fail."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def status_of(mesh: zmesh.ActorMesh[Any], rank: int) -> Status:
+    return mesh.state().ranks[rank].status
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def gil_hold_size(seconds: float) -> int:
+    """An ``n`` for which ``sum(range(n))`` takes about ``seconds`` on this machine now."""
+    best = min(_time_sum(2_000_000) for _ in range(3))
+    return int(2_000_000 * seconds / best)
+
+
+def _time_sum(n: int) -> float:
+    t0 = time.perf_counter()
+    sum(range(n))
+    return time.perf_counter() - t0
+
+
+async def collect(mesh: zmesh.ActorMesh[Any], into: list[zmesh.SupervisionEvent]) -> None:
+    async for ev in mesh.supervision_events():
+        into.append(ev)
+
+
+async def agent_view(mesh: zmesh.ActorMesh[Any]) -> w.MeshState:
+    """The mesh as its agent sees it now (a GetState round trip, not the client's view)."""
+    rt, _ = _runtime.current()
+    (conn,) = rt.controller.agents.values()
+    reply = await conn.request(lambda i: w.GetState(i, mesh.proc_mesh))
+    (state,) = reply.meshes
+    return state
+
+
+# ------------------------------------------------------- busy, not dead
+
+
+async def test_client_holding_the_gil_keeps_its_meshes() -> None:
+    """An owner in one long C call sends no heartbeat; its agent must not stop its meshes."""
+    mesh = await Hog.options(procs=1).as_actor()
+    pid = await mesh.pid.call_one()
+    events: list[zmesh.SupervisionEvent] = []
+    watcher = asyncio.ensure_future(collect(mesh, events))
+    n = gil_hold_size(CLIENT_HOLD)
+    t0 = time.monotonic()
+    sum(range(n))  # this thread holds the GIL: the owner heartbeat thread cannot run
+    held = time.monotonic() - t0
+    latency("client GIL hold (meshes kept)", held)
+    assert held > 3.5, f"the hold was too short to mean anything ({held:.1f}s)"
+    assert await mesh.pid.options(timeout=10).call_one() == pid
+    state = await agent_view(mesh)
+    assert state.status == "Running", state
+    assert pid_alive(pid)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    assert events == []
+
+
+@pytest.mark.parametrize("endpoint", ["hold_gil", "hold_loop"])
+async def test_endpoint_holding_the_gil_is_busy_not_hung(endpoint: str) -> None:
+    """A proc computing in one C call (in a sync endpoint's thread, or on its loop)
+    misses its heartbeats while it burns CPU: it is busy, and its call returns."""
+    mesh = await Hog.options(procs=1).as_actor()
+    pid = await mesh.pid.call_one()
+    events: list[zmesh.SupervisionEvent] = []
+    watcher = asyncio.ensure_future(collect(mesh, events))
+    n = gil_hold_size(PROC_HOLD)
+    held = await getattr(mesh, endpoint).options(timeout=60).call_one(n)
+    latency(f"proc GIL hold in {endpoint} (not killed)", held)
+    assert held > 2.5, f"the hold was too short to mean anything ({held:.1f}s)"
+    assert await mesh.pid.options(timeout=10).call_one() == pid
+    assert (await agent_view(mesh)).status == "Running"
+    assert status_of(mesh, 0) is Status.RUNNING
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    assert events == []
+
+
+async def test_loop_blocked_without_cpu_is_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Silent past the hang timeout and using no CPU: that one is hung (Timeout, killed)."""
+    monkeypatch.setenv("ZMESH_PROC_HANG_TIMEOUT", "1.5")  # read by the agent started next
+    with local_cluster(1):
+        mesh = await Hog.options(procs=2).as_actor()
+        victim = mesh.slice(procs=0)
+        pid = await victim.pid.call_one()
+        t0 = time.monotonic()
+        with pytest.raises(zmesh.SupervisionError) as info:
+            await victim.block_loop.options(timeout=60).call_one(60.0)
+        took = time.monotonic() - t0
+        latency("loop blocked without CPU -> Timeout (hang timeout 1.5 s)", took)
+        assert 1.4 < took < 6.0, took
+        assert status_of(mesh, 0) is Status.TIMEOUT
+        assert "no heartbeat" in info.value.reason and "CPU" in info.value.reason
+        await wait_until(lambda: not pid_alive(pid), 5.0, "the hung proc is killed")
+        assert await mesh.slice(procs=1).ping.options(timeout=10).call_one() == 1
+
+
+async def test_sigstop_is_timeout_fast() -> None:
+    """A stopped proc is not busy: the agent sees state T and says Timeout at once."""
+    mesh = await Hog.options(procs=1).as_actor()
+    pid = await mesh.pid.call_one()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        took = await wait_until(
+            lambda: status_of(mesh, 0) is Status.TIMEOUT, 2.0, "SIGSTOPped rank is Timeout"
+        )
+        latency("proc SIGSTOP -> Timeout", took)
+        assert took < 1.0, f"SIGSTOP took {took:.2f}s to be noticed"
+        assert "stopped" in mesh.state().ranks[0].reason
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    await wait_until(lambda: not pid_alive(pid), 5.0, "the stopped proc is killed")
+
+
+# ----------------------------------------------------------- owners
+
+OWNER_SCRIPT = """
+import json, os, sys, time
+import zmesh
+
+class Pid(zmesh.Actor):
+    @zmesh.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+if __name__ == "__main__":
+    mesh = Pid.options(procs=2).as_actor().get(timeout=60)
+    print(json.dumps(mesh.pid.call().get(timeout=30).values()), flush=True)
+    time.sleep(120)
+"""
+
+
+def _read_line(popen: subprocess.Popen[str], timeout: float) -> str:
+    import select
+
+    assert popen.stdout is not None
+    ready, _, _ = select.select([popen.stdout], [], [], timeout)
+    if not ready:
+        popen.kill()
+        out, err = popen.communicate(timeout=10)
+        raise AssertionError(f"no line within {timeout}s; stdout={out!r} stderr={err!r}")
+    return popen.stdout.readline()
+
+
+def test_killed_local_owner_loses_its_procs_at_once(tmp_path: Path) -> None:
+    """An owner on the agent's machine is watched by pidfd: its death is seen at once,
+    not after the (generous) heartbeat grace."""
+    with local_cluster(1) as agents:
+        script = tmp_path / "owner.py"
+        script.write_text(OWNER_SCRIPT)
+        env = dict(os.environ, ZMESH_AGENTS=agents[0].control)
+        env.pop("ZMESH_OWNER_GRACE", None)
+        popen = subprocess.Popen(
+            [sys.executable, str(script)], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        try:
+            pids = json.loads(_read_line(popen, 60))
+            assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+            killed = time.monotonic()
+            os.kill(popen.pid, signal.SIGKILL)
+            popen.wait(10)
+            deadline = killed + 1.5
+            while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            took = time.monotonic() - killed
+            latency("local owner kill -9 -> its procs gone", took)
+            assert not any(pid_alive(p) for p in pids), f"procs alive {took:.1f}s after"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(popen.pid, signal.SIGKILL)
+            popen.communicate(timeout=10)
