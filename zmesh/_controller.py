@@ -10,7 +10,11 @@ twice.
 
 An agent whose heartbeats stop is *lost*: its ranks become Unknown and the
 calls in flight to them fail. When it is heard again, its state is re-read
-and ranks that are still running are usable again.
+and ranks that are still running are usable again. While it is lost, the
+client asks it to ``Describe`` itself again and again: an agent restarted
+on the same control address answers with a new epoch and a new stream
+address, so the client subscribes there, and the ranks of the old
+incarnation (whose processes died with it) become Failed.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ log = logging.getLogger("zmesh")
 # A lost agent's ranks become Unknown after this much silence (bar: <= 2 s).
 AGENT_TIMEOUT = float(os.environ.get("ZMESH_AGENT_TIMEOUT", "1.2"))
 WATCH_INTERVAL = 0.1
+# While an agent is lost, it is asked to Describe itself this often (to see a restart).
+REJOIN_INTERVAL = 0.5
 # Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
 ESCALATE_UNHANDLED = False
@@ -95,9 +101,12 @@ class AgentConn:
         self.addr = addr
         self.label = addr
         self.epoch = ""
+        self.stream = ""
         self.seq = 0
-        self.last_heard = time.monotonic()
+        self.last_heard = time.monotonic()  # its stream
+        self.last_reply = 0.0  # its control socket
         self.lost = False
+        self.judged_lost = False  # its ranks were made Unknown for this loss
         self.syncing = False
         self.buffered: list[w.Event] = []
         self.ready = asyncio.Event()  # described and subscribed
@@ -110,6 +119,10 @@ class AgentConn:
         self.stream_codec = w.Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
+        self._rejoin_task: asyncio.Task[None] | None = None
+        # Meshes we asked this agent to create and have not heard of since:
+        # a snapshot that does not know one means the request was lost.
+        self.creating: set[str] = set()
         self.task = loop.create_task(self._start())
 
     async def _start(self) -> None:
@@ -121,15 +134,46 @@ class AgentConn:
                 if self.ctl.closed:
                     return
                 continue  # not up yet, or lost: the watchdog reports it
-        self.label = info.label
         self.epoch = info.epoch
+        self._subscribe(info)
+        self.ready.set()
+
+    def _subscribe(self, info: w.AgentInfo) -> None:
+        """Follow the event stream the agent ``info`` describes (a new SUB)."""
+        self.label = info.label
+        self.stream = info.stream
         self.last_heard = time.monotonic()
+        if self.sub is not None:
+            self.sub.close()
         sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)))
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.syncing = True  # until the welcome, then the snapshot
         self.sub = AsyncSocket(sub, self.ctl.rt.loop, self._on_stream)
-        self.ready.set()
+
+    def rejoin(self) -> None:
+        """The agent is lost: look for it, and for a new incarnation of it."""
+        if self._rejoin_task is None or self._rejoin_task.done():
+            self._rejoin_task = self.ctl.rt.loop.create_task(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        while self.lost and not self.ctl.closed:
+            try:
+                info = await self.request(lambda i: w.Describe(i), timeout=REJOIN_INTERVAL * 2)
+            except AgentError:
+                continue  # still gone (the request waited for it)
+            if not self.lost:
+                return  # heard again meanwhile
+            if info.epoch != self.epoch or info.stream != self.stream:
+                # Restarted: its old stream is gone. Listen to the new one; its
+                # welcome starts the snapshot, which sees the new epoch.
+                log.warning("agent %s restarted (new epoch %s): rejoining", self.label, info.epoch)
+                self._subscribe(info)
+                return
+            # The same agent answers, but its stream is silent: we cannot see
+            # its events, so its ranks are Unknown until we can again.
+            self.ctl.agent_lost(self)
+            await asyncio.sleep(REJOIN_INTERVAL)
 
     async def request(self, make: Callable[[int], Any], timeout: float = 5.0) -> Any:
         """Send a control request and wait for its reply.
@@ -140,7 +184,10 @@ class AgentConn:
         req_id = next(self.ctl.rt._ids)
         fut: asyncio.Future[Any] = self.ctl.rt.loop.create_future()
         self._futures[req_id] = fut
-        self.ctrl.send(self.codec.encode(make(req_id)))
+        msg = make(req_id)
+        if isinstance(msg, w.CreateOrUpdate):
+            self.creating.add(msg.name)
+        self.ctrl.send(self.codec.encode(msg))
         try:
             reply = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -150,6 +197,8 @@ class AgentConn:
         finally:
             self._futures.pop(req_id, None)
         if isinstance(reply, w.Ack) and not reply.ok:
+            if isinstance(msg, w.CreateOrUpdate):
+                self.creating.discard(msg.name)
             raise AgentError(reply.error, host=self.label)
         return reply
 
@@ -158,6 +207,7 @@ class AgentConn:
             msg = self.codec.decode(frames)
         except Exception:
             return
+        self.last_reply = time.monotonic()
         fut = self._futures.get(msg.id)
         if fut is not None and not fut.done():
             fut.set_result(msg)
@@ -171,7 +221,7 @@ class AgentConn:
             return
         self.last_heard = time.monotonic()
         if self.lost:
-            self.lost = False
+            self.lost = self.judged_lost = False
             log.info("agent %s is reachable again", self.label)
             self._resync()
         if isinstance(msg, w.Heartbeat):
@@ -187,6 +237,7 @@ class AgentConn:
                 self._resync()
         else:
             self.seq = msg.seq
+            self.creating.discard(msg.mesh)
             self.ctl.apply(self, msg.mesh, msg.state)
 
     def _resync(self) -> None:
@@ -198,6 +249,9 @@ class AgentConn:
     async def _snapshot(self) -> None:
         try:
             while True:
+                # Asked before the GetState goes, on the same socket: the agent
+                # handles requests in order, so it must know each of these.
+                asked = set(self.creating)
                 try:
                     reply = await self.request(lambda i: w.GetState(i), timeout=2.0)
                     break
@@ -206,13 +260,16 @@ class AgentConn:
                         return
         finally:
             self._resyncing = False
+        if self.epoch and reply.epoch != self.epoch:
+            self.ctl.agent_restarted(self, reply.epoch)
         self.epoch = reply.epoch
         self.seq = reply.seq
         known = {m.name for m in reply.meshes}
+        self.creating -= known | asked
         for mesh in reply.meshes:
             for r in mesh.ranks:
                 self.ctl.apply(self, mesh.name, r)
-        self.ctl.forget_missing(self, known)
+        self.ctl.forget_missing(self, known, asked)
         events, self.buffered = self.buffered, []
         self.syncing = False
         for ev in events:
@@ -224,6 +281,8 @@ class AgentConn:
         _cancel(self.task)
         if self._snapshot_task is not None:
             _cancel(self._snapshot_task)
+        if self._rejoin_task is not None:
+            _cancel(self._rejoin_task)
         self.ctrl.close()
         if self.sub is not None:
             self.sub.close()
@@ -324,35 +383,68 @@ class Controller:
                 log.error("failing this proc so that its owner is told")
                 os._exit(1)
 
-    def forget_missing(self, agent: AgentConn, known: set[str]) -> None:
-        """Ranks the agent no longer knows of (it restarted) are gone."""
+    def forget_missing(self, agent: AgentConn, known: set[str], asked: set[str]) -> None:
+        """Ranks the agent does not know of (it restarted, or our request was lost)
+        are gone; ``asked`` are the meshes whose creation it was asked for first."""
         for (mesh, rank), a in list(self.hosts.items()):
             if a is not agent or mesh in known:
                 continue
             cur = self.views[mesh].ranks.get(rank)
-            # NotExist: being created; the snapshot may predate our CreateOrUpdate.
-            if cur is not None and cur.status is not Status.NOT_EXIST:
+            if cur is None:
+                continue
+            if cur.generation > 0:  # the agent told us of it once
                 self.judge(agent, mesh, rank, Status.FAILED, "agent no longer knows it")
+            elif mesh in asked:
+                # (Others not heard of are being created: the request may not be sent yet.)
+                self.judge(agent, mesh, rank, Status.FAILED, "agent lost the request to create it")
+
+    def agent_restarted(self, agent: AgentConn, epoch: str) -> None:
+        """``agent`` is a new incarnation: what we knew of the old one is gone.
+
+        Its procs died with it (they exit when their agent does), so every
+        rank we heard of from the old one is Failed, before the new one's
+        state is applied. (Ranks never heard of, generation 0, are left to
+        the snapshot: we may have asked the new incarnation to create them.)
+        """
+        reason = (
+            f"agent restarted: {agent.label} is a new incarnation "
+            f"(epoch {agent.epoch} -> {epoch}); the old one's procs died with it"
+        )
+        log.warning("%s", reason)
+        for (mesh, rank), a in list(self.hosts.items()):
+            cur = self.views[mesh].ranks.get(rank) if mesh in self.views else None
+            if a is agent and cur is not None and cur.generation > 0:
+                self.judge(agent, mesh, rank, Status.FAILED, reason)
 
     async def _watch_agents(self) -> None:
         while not self.closed:
             await asyncio.sleep(WATCH_INTERVAL)
             now = time.monotonic()
             for a in list(self.agents.values()):
-                if not a.lost and now - a.last_heard > AGENT_TIMEOUT and self._has_ranks(a):
+                if not a.lost and a.sub is not None and now - a.last_heard > AGENT_TIMEOUT:
                     # Our own loop may have been the slow one: read what the
                     # agent sent meanwhile before calling it lost.
-                    if a.sub is not None:
-                        a.sub.drain()
+                    a.sub.drain()
                     silent = time.monotonic() - a.last_heard
                     if silent > AGENT_TIMEOUT and not a.lost:
+                        # Even with no ranks there: it may come back as a new
+                        # incarnation, whose stream we must follow for later spawns.
                         a.lost = True
-                        self._agent_lost(a, silent)
+                        if a.last_reply <= a.last_heard:
+                            self.agent_lost(a)
+                        # else it answered on its control socket since its stream
+                        # went quiet: most likely restarted, which Describe tells.
+                        a.rejoin()
 
     def _has_ranks(self, agent: AgentConn) -> bool:
         return any(a is agent for a in self.hosts.values())
 
-    def _agent_lost(self, agent: AgentConn, silent: float) -> None:
+    def agent_lost(self, agent: AgentConn) -> None:
+        """Make ``agent``'s ranks Unknown (once per loss): we cannot hear it."""
+        if agent.judged_lost or not self._has_ranks(agent):
+            return
+        agent.judged_lost = True
+        silent = time.monotonic() - agent.last_heard
         reason = f"agent {agent.label} unreachable (no heartbeat for {silent:.1f}s)"
         log.warning("%s", reason)
         for (mesh, rank), a in list(self.hosts.items()):

@@ -14,20 +14,21 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import zmesh
-from zmesh import _runtime
+from zmesh import _local, _runtime
 from zmesh import _wire as w
 from zmesh._state import Status
-from zmesh.testing import local_cluster
+from zmesh.testing import AgentProcess, local_cluster, stop_agent
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -261,3 +262,94 @@ def test_killed_local_owner_loses_its_procs_at_once(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(popen.pid, signal.SIGKILL)
             popen.communicate(timeout=10)
+
+
+# ------------------------------------------------------ agent restart
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _agent_at(addr: str, label: str, log_dir: Path) -> AgentProcess:
+    """An agent bound to exactly ``addr`` (so that it can be restarted there)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = str(log_dir / "agent.log")
+    cmd = [sys.executable, "-m", "zmesh", "agent", "--bind", addr, "--label", label]
+    cmd += ["--log-dir", str(log_dir)]
+    with open(log_path, "ab") as err:
+        popen = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
+    info = _local.await_ready(popen, log_path)
+    return AgentProcess(label, info["control"], info["stream"], popen.pid, str(log_dir), popen)
+
+
+@contextlib.contextmanager
+def _agents() -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    try:
+        yield started
+    finally:
+        zmesh.shutdown()
+        _local.configure(None)
+        for a in started:
+            stop_agent(a)
+
+
+async def test_agent_restarted_on_the_same_port_is_rejoined(tmp_path: Path) -> None:
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    with _agents() as started:
+        started.append(_agent_at(addr, "phoenix", tmp_path / "first"))
+        zmesh.connect([addr])
+        mesh = await Hog.options(procs=2).as_actor()
+        pids = (await mesh.pid.call()).values()
+        rt, _ = _runtime.current()
+        conn = rt.controller.agents[addr]
+        first_epoch = conn.epoch
+
+        started[0].kill()  # kill -9: its procs die with it (PR_SET_PDEATHSIG)
+        started[0].popen.wait(10)
+        await wait_until(lambda: not any(pid_alive(p) for p in pids), 5.0, "procs gone")
+        started.append(_agent_at(addr, "phoenix", tmp_path / "second"))
+        restarted = time.monotonic()
+
+        took = await wait_until(
+            lambda: all(status_of(mesh, r) is Status.FAILED for r in (0, 1)),
+            5.0,
+            "old ranks Failed after the agent restarted",
+        )
+        latency("agent restart -> old ranks Failed", took)
+        assert conn.epoch != first_epoch
+        assert all("agent restarted" in mesh.state().ranks[r].reason for r in (0, 1)), (
+            mesh.state().ranks
+        )
+        with pytest.raises(zmesh.SupervisionError, match="agent restarted"):
+            await mesh.slice(procs=0).ping.options(timeout=5).call_one()
+
+        fresh = await asyncio.wait_for(Hog.options(procs=2).as_actor(), 10.0)
+        latency("agent restart -> a new mesh answers", time.monotonic() - restarted)
+        assert (await fresh.ping.options(timeout=5).call()).values() == [0, 1]
+        assert fresh.state().status is Status.RUNNING
+
+
+async def test_spawn_right_after_an_agent_restart_works(tmp_path: Path) -> None:
+    """A spawn sent before the client noticed the restart still lands on the new agent."""
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    with _agents() as started:
+        started.append(_agent_at(addr, "phoenix", tmp_path / "first"))
+        zmesh.connect([addr])
+        old = await Hog.options(procs=1).as_actor()
+        await old.ping.call_one()
+        started[0].kill()
+        started[0].popen.wait(10)
+        started.append(_agent_at(addr, "phoenix", tmp_path / "second"))
+        t0 = time.monotonic()
+        fresh = await asyncio.wait_for(Hog.options(procs=1).as_actor(), 10.0)
+        latency("spawn at once after an agent restart", time.monotonic() - t0)
+        assert await fresh.ping.options(timeout=5).call_one() == 0
+        await wait_until(lambda: status_of(old, 0) is Status.FAILED, 5.0, "old rank Failed")
+        assert "agent restarted" in old.state().ranks[0].reason
