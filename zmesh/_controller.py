@@ -45,6 +45,8 @@ AGENT_TIMEOUT = float(os.environ.get("ZMESH_AGENT_TIMEOUT", "1.2"))
 WATCH_INTERVAL = 0.1
 # While an agent is lost, it is asked to Describe itself this often (to see a restart).
 REJOIN_INTERVAL = 0.5
+# A control reply this long after the stream's last message: the agent is alive.
+ANSWERED_SINCE = 0.5
 # Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
 ESCALATE_UNHANDLED = False
@@ -161,7 +163,9 @@ class AgentConn:
             try:
                 info = await self.request(lambda i: w.Describe(i), timeout=REJOIN_INTERVAL * 2)
             except AgentError:
-                continue  # still gone (the request waited for it)
+                # Gone on its control socket too (the request waited for it).
+                self.ctl.agent_lost(self)
+                continue
             if not self.lost:
                 return  # heard again meanwhile
             if info.epoch != self.epoch or info.stream != self.stream:
@@ -236,9 +240,13 @@ class AgentConn:
                 self.buffered.append(msg)
                 self._resync()
         else:
-            self.seq = msg.seq
-            self.creating.discard(msg.mesh)
-            self.ctl.apply(self, msg.mesh, msg.state)
+            self._apply(msg)
+
+    def _apply(self, ev: w.Event) -> None:
+        """Apply the next event in sequence."""
+        self.seq = ev.seq
+        self.creating.discard(ev.mesh)
+        self.ctl.apply(self, ev.mesh, ev.state)
 
     def _resync(self) -> None:
         self.syncing = True
@@ -274,8 +282,7 @@ class AgentConn:
         self.syncing = False
         for ev in events:
             if ev.epoch == self.epoch and ev.seq > self.seq:
-                self.seq = ev.seq
-                self.ctl.apply(self, ev.mesh, ev.state)
+                self._apply(ev)
 
     def close(self) -> None:
         _cancel(self.task)
@@ -430,10 +437,11 @@ class Controller:
                         # Even with no ranks there: it may come back as a new
                         # incarnation, whose stream we must follow for later spawns.
                         a.lost = True
-                        if a.last_reply <= a.last_heard:
+                        # An answer on its control socket well after its stream went
+                        # quiet (a dying agent cannot give one): most likely it
+                        # restarted, which Describe tells before anything is judged.
+                        if a.last_reply < a.last_heard + ANSWERED_SINCE:
                             self.agent_lost(a)
-                        # else it answered on its control socket since its stream
-                        # went quiet: most likely restarted, which Describe tells.
                         a.rejoin()
 
     def _has_ranks(self, agent: AgentConn) -> bool:
