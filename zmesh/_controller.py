@@ -43,7 +43,9 @@ log = logging.getLogger("zmesh")
 # A lost agent's ranks become Unknown after this much silence (bar: <= 2 s).
 AGENT_TIMEOUT = float(os.environ.get("ZMESH_AGENT_TIMEOUT", "1.2"))
 WATCH_INTERVAL = 0.1
-# While an agent is lost, it is asked to Describe itself this often (to see a restart).
+# While an agent is lost, it is asked to Describe itself (to see a restart),
+# each time waiting this long for the answer, and this long between answers.
+DESCRIBE_TIMEOUT = 2.0
 REJOIN_INTERVAL = 0.5
 # A control reply this long after the stream's last message: the agent is alive.
 ANSWERED_SINCE = 0.5
@@ -108,7 +110,7 @@ class AgentConn:
         self.last_heard = time.monotonic()  # its stream
         self.last_reply = 0.0  # its control socket
         self.lost = False
-        self.judged_lost = False  # its ranks were made Unknown for this loss
+        self.judged: set[tuple[str, int]] = set()  # ranks made Unknown for this loss
         self.syncing = False
         self.buffered: list[w.Event] = []
         self.ready = asyncio.Event()  # described and subscribed
@@ -161,10 +163,11 @@ class AgentConn:
     async def _rejoin(self) -> None:
         while self.lost and not self.ctl.closed:
             try:
-                info = await self.request(lambda i: w.Describe(i), timeout=REJOIN_INTERVAL * 2)
+                info = await self.request(lambda i: w.Describe(i), timeout=DESCRIBE_TIMEOUT)
             except AgentError:
-                # Gone on its control socket too (the request waited for it).
-                self.ctl.agent_lost(self)
+                # Gone on its control socket too: the ranks being created there
+                # will not be (a spawn waiting for them fails now).
+                self.ctl.agent_lost(self, new_too=True)
                 continue
             if not self.lost:
                 return  # heard again meanwhile
@@ -176,7 +179,7 @@ class AgentConn:
                 return
             # The same agent answers, but its stream is silent: we cannot see
             # its events, so its ranks are Unknown until we can again.
-            self.ctl.agent_lost(self)
+            self.ctl.agent_lost(self, new_too=True)
             await asyncio.sleep(REJOIN_INTERVAL)
 
     async def request(self, make: Callable[[int], Any], timeout: float = 5.0) -> Any:
@@ -225,7 +228,8 @@ class AgentConn:
             return
         self.last_heard = time.monotonic()
         if self.lost:
-            self.lost = self.judged_lost = False
+            self.lost = False
+            self.judged.clear()
             log.info("agent %s is reachable again", self.label)
             self._resync()
         if isinstance(msg, w.Heartbeat):
@@ -444,20 +448,33 @@ class Controller:
                             self.agent_lost(a)
                         a.rejoin()
 
-    def _has_ranks(self, agent: AgentConn) -> bool:
-        return any(a is agent for a in self.hosts.values())
+    def agent_lost(self, agent: AgentConn, *, new_too: bool = False) -> None:
+        """Make ``agent``'s ranks Unknown (once per loss): we cannot hear it.
 
-    def agent_lost(self, agent: AgentConn) -> None:
-        """Make ``agent``'s ranks Unknown (once per loss): we cannot hear it."""
-        if agent.judged_lost or not self._has_ranks(agent):
+        Ranks it never told us of (generation 0: being created) only with
+        ``new_too``: a restarted agent may be creating them right now, and
+        ``Describe`` says so before they are given up.
+        """
+        todo = [
+            (mesh, rank)
+            for (mesh, rank), a in self.hosts.items()
+            if a is agent
+            and (mesh, rank) not in agent.judged
+            and (new_too or self._generation(mesh, rank) > 0)
+        ]
+        if not todo:
             return
-        agent.judged_lost = True
         silent = time.monotonic() - agent.last_heard
         reason = f"agent {agent.label} unreachable (no heartbeat for {silent:.1f}s)"
         log.warning("%s", reason)
-        for (mesh, rank), a in list(self.hosts.items()):
-            if a is agent:
-                self.judge(agent, mesh, rank, Status.UNKNOWN, reason)
+        for mesh, rank in todo:
+            agent.judged.add((mesh, rank))
+            self.judge(agent, mesh, rank, Status.UNKNOWN, reason)
+
+    def _generation(self, mesh: str, rank: int) -> int:
+        view = self.views.get(mesh)
+        cur = view.ranks.get(rank) if view is not None else None
+        return cur.generation if cur is not None else 0
 
     def judge(self, agent: AgentConn, mesh: str, rank: int, status: Status, reason: str) -> None:
         """Set a rank's status from what this client knows (a stop it asked
