@@ -391,12 +391,16 @@ class HostAgent:
         self.owners[msg.owner] = time.monotonic()
         if msg.owner in self._owner_fds or msg.owner in self._owners_dead:
             return
-        fd = _liveness.watch_owner(msg.machine, msg.pid, msg.start)
+        fd = None
+        # Only the pid its owner id names (hostname:pid:token): a heartbeat
+        # cannot tie someone else's meshes to a process it chose.
+        if _liveness.owner_pid(msg.owner) == msg.pid:
+            fd = _liveness.watch_owner(msg.machine, msg.pid, msg.start)
         self._owner_fds[msg.owner] = fd
         if fd is not None:
-            asyncio.get_running_loop().add_reader(fd, self._on_owner_exit, msg.owner, fd, msg.pid)
+            asyncio.get_running_loop().add_reader(fd, self._on_owner_exit, msg.owner, msg.pid)
 
-    def _on_owner_exit(self, owner: str, fd: int, pid: int) -> None:
+    def _on_owner_exit(self, owner: str, pid: int) -> None:
         # Stopped on the next tick, not now: an owner that exits normally
         # sends OwnerGone first, and that clean stop should win the race.
         self._unwatch_owner(owner)

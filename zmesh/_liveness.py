@@ -158,6 +158,15 @@ def machine() -> str:
         return ""  # no /proc: never take a pid here for one there
 
 
+def owner_pid(owner: str) -> int | None:
+    """The pid an owner id (``hostname:pid:token``) names, if it names one."""
+    parts = owner.rsplit(":", 2)
+    try:
+        return int(parts[1]) if len(parts) == 3 else None
+    except ValueError:
+        return None
+
+
 def watch_owner(owner_machine: str, pid: int, start: int) -> int | None:
     """A pidfd on the owner process ``pid``, or ``None`` if it cannot be watched from here.
 

@@ -12,7 +12,15 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmesh._liveness import ProcLiveness, ProcSample, identity, machine, sample, watch_owner
+from zmesh._liveness import (
+    ProcLiveness,
+    ProcSample,
+    identity,
+    machine,
+    owner_pid,
+    sample,
+    watch_owner,
+)
 
 TICK = 0.1  # the agent's tick
 
@@ -185,3 +193,13 @@ def test_identity_is_what_watch_owner_expects() -> None:
     fd = watch_owner(where, pid, start)
     assert fd is not None
     os.close(fd)
+
+
+def test_owner_pid_is_the_pid_the_owner_id_names() -> None:
+    from zmesh import _local
+
+    assert owner_pid(_local.owner_id()) == os.getpid()
+    assert owner_pid("node-7.example:4242:ab12cd34") == 4242
+    assert owner_pid("fe80::1:4242:ab12cd34") == 4242  # a hostname with colons
+    assert owner_pid("no-pid-here") is None
+    assert owner_pid("host:notanumber:ab12") is None
