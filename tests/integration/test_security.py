@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -17,6 +22,8 @@ import zmesh
 from zmesh import _local, _security
 from zmesh import _wire as w
 from zmesh._local import await_ready
+
+from _fabric import wait_for
 
 
 def test_keygen_writes_a_private_secret_and_authorises_the_public_key(tmp_path: Path) -> None:
@@ -132,3 +139,147 @@ def test_ps_reaches_a_keyed_agent_only_with_its_keys(keyed_agent: tuple[str, str
     assert pids <= {p["pid"] for p in json.loads(with_keys.stdout)}
     without = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert not any(str(pid) in without.stdout for pid in pids)
+
+
+# ------------------------------------------------------------ other local users
+
+ATTACKER = Path(__file__).with_name("zmtp_attacker.py")
+
+
+def _python_for(user: str) -> str | None:
+    """A Python interpreter ``user`` can run (the venv's may sit in root's home)."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        return None
+    for py in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        ok = subprocess.run(
+            ["runuser", "-u", user, "--", py, "-c", "pass"], capture_output=True, timeout=30
+        )
+        if ok.returncode == 0:
+            return py
+    return None
+
+
+class _Evil:
+    """Unpickling this runs a shell command: what a pickled SpawnActor can do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"id -u > {self.marker}",))
+
+
+def _plan(
+    attack_dir: str, control: str, stream: str, proc: str, mesh: str
+) -> list[dict[str, Any]]:
+    evil = os.path.join(attack_dir, "evil.py")
+    with open(evil, "w") as f:
+        f.write(f"import os\nopen({os.path.join(attack_dir, 'pwned-agent')!r}, 'w')"
+                ".write(str(os.getuid()))\n")  # fmt: skip
+    os.chmod(evil, 0o644)
+    create = w.Codec(w.AGENT_INBOX).encode(
+        w.CreateOrUpdate(
+            1, "pwn", w.ProcSpec(owner="mallory:1:0", ranks=[0], dims={"procs": 1},
+                                 main={"init_main_from_path": evil}),
+        )
+    )  # fmt: skip
+    spawn = w.Codec(w.PROC_INBOX).encode(
+        w.SpawnActor(
+            1, "pwn", pickle.dumps(_Evil(os.path.join(attack_dir, "pwned-proc"))),
+            w.Payload(), mesh, {"procs": 1}, 0,
+        )
+    )  # fmt: skip
+    return [
+        {"name": "control", "addr": control, "type": "DEALER", "frames": [f.hex() for f in create]},
+        {"name": "stream", "addr": stream, "type": "SUB", "frames": []},
+        {"name": "proc", "addr": proc, "type": "DEALER", "frames": [f.hex() for f in spawn]},
+    ]
+
+
+def _describe(control: str) -> w.AgentInfo:
+    ctx = zmq.Context.instance()
+    s = _security.secure_client(ctx.socket(zmq.DEALER))
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(control)
+    try:
+        codec = w.Codec(w.AGENT_REPLIES)
+        s.send_multipart(w.Codec(w.AGENT_INBOX).encode(w.Describe(1)))
+        assert s.poll(10_000), f"the agent at {control} did not answer its owner"
+        info = codec.decode(s.recv_multipart())
+        assert isinstance(info, w.AgentInfo)
+        return info
+    finally:
+        s.close(linger=0)
+
+
+def _run_attacker(py: str, attack_dir: str, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    script = os.path.join(attack_dir, "attacker.py")
+    shutil.copy(ATTACKER, script)
+    plan_path = os.path.join(attack_dir, "plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(plan, f)
+    for p in (script, plan_path):
+        os.chmod(p, 0o644)
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", py, script, plan_path],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _attack_succeeded(attack_dir: str, results: list[dict[str, Any]]) -> str:
+    """What the attack got done: empty if nothing (a failure message otherwise)."""
+    got_in = [r for r in results if r["result"] not in ("refused", "closed")]
+    markers = [os.path.join(attack_dir, n) for n in ("pwned-agent", "pwned-proc")]
+    if got_in:  # give code it may have started the time to show itself
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: all(os.path.exists(m) for m in markers), 10, "the attack")
+    ran = {os.path.basename(m): Path(m).read_text().strip() for m in markers if os.path.exists(m)}
+    if got_in or ran:
+        return f"another user got in: {got_in}; code ran as uid {ran}"
+    return ""
+
+
+@pytest.fixture
+def attack_dir() -> Iterator[str]:
+    """A directory ``nobody`` can read (pytest's tmp_path is private to us)."""
+    path = tempfile.mkdtemp(prefix="zmesh-attack-")
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_another_local_user_gets_nothing_from_the_embedded_agent(attack_dir: str) -> None:
+    py = _python_for("nobody")
+    if py is None:
+        pytest.skip("needs root, runuser and a Python the user nobody can run")
+    mesh = Echo.options().as_actor().get(timeout=60)
+    assert mesh.echo.call_one(1).get(timeout=10) == 1
+    control = _local.agents(1)[0]
+    info = _describe(control)
+    plan = _plan(attack_dir, control, info.stream, mesh._refs[0].addr, mesh._refs[0].mesh)
+    results = _run_attacker(py, attack_dir, plan)
+    assert [r["name"] for r in results] == ["control", "stream", "proc"]
+    assert not (failed := _attack_succeeded(attack_dir, results)), failed
+    # The agent knows nothing of the attacker's mesh, and ours still works.
+    assert all(r["result"] == "refused" for r in results), results
+    assert mesh.echo.call_one(2).get(timeout=10) == 2
+
+
+def test_another_local_user_gets_nothing_from_a_keyed_tcp_agent(
+    attack_dir: str, keyed_agent: tuple[str, str]
+) -> None:
+    py = _python_for("nobody")
+    if py is None:
+        pytest.skip("needs root, runuser and a Python the user nobody can run")
+    control, keys_dir = keyed_agent
+    zmesh.connect([control], keys=keys_dir)
+    mesh = Echo.options().as_actor().get(timeout=60)
+    info = _describe(control)
+    plan = _plan(attack_dir, control, info.stream, mesh._refs[0].addr, mesh._refs[0].mesh)
+    results = _run_attacker(py, attack_dir, plan)
+    assert not (failed := _attack_succeeded(attack_dir, results)), failed
+    assert mesh.echo.call_one(3).get(timeout=10) == 3
