@@ -493,7 +493,11 @@ async def _create_and_wait(
     ctl = rt.controller
     await asyncio.gather(
         *(
-            a.request(functools.partial(w.CreateOrUpdate, name=name, spec=spec_of(h, r)))
+            a.request(
+                functools.partial(
+                    w.CreateOrUpdate, name=name, spec=spec_of(h, r), secret=_local.owner_secret()
+                )
+            )
             for h, (a, r) in enumerate(conns)
         )
     )
@@ -598,6 +602,11 @@ async def _spawn_actors(
     return ActorMesh(name, cls.__qualname__, eps, _Shape(dims, procs._shape.ranks), procs._refs)
 
 
+def stop_request(name: str) -> Callable[[int], w.Stop]:
+    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
+    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
+
+
 async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
     by_agent: dict[str, list[ProcRef]] = {}
     for r in refs:
@@ -613,7 +622,7 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
         names = {r.mesh for r in rs}
         for n in names:
             try:
-                await agent.request(functools.partial(w.Stop, name=n), timeout=5.0)
+                await agent.request(stop_request(n), timeout=5.0)
             except AgentError:
                 pass  # the agent is gone: so are its procs
 
@@ -621,7 +630,7 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
 async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
     for agent, _ in conns:
         try:
-            await agent.request(lambda i: w.Stop(i, name), timeout=5.0)
+            await agent.request(stop_request(name), timeout=5.0)
         except AgentError:
             pass
 

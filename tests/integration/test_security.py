@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 import zmq
+from _fabric import wait_for
 
 import zmesh
 from zmesh import _local, _security
 from zmesh import _wire as w
 from zmesh._local import await_ready
-
-from _fabric import wait_for
 
 
 def test_keygen_writes_a_private_secret_and_authorises_the_public_key(tmp_path: Path) -> None:
@@ -169,9 +168,7 @@ class _Evil:
         return (os.system, (f"id -u > {self.marker}",))
 
 
-def _plan(
-    attack_dir: str, control: str, stream: str, proc: str, mesh: str
-) -> list[dict[str, Any]]:
+def _plan(attack_dir: str, control: str, stream: str, proc: str, mesh: str) -> list[dict[str, Any]]:
     evil = os.path.join(attack_dir, "evil.py")
     with open(evil, "w") as f:
         f.write(f"import os\nopen({os.path.join(attack_dir, 'pwned-agent')!r}, 'w')"
@@ -196,20 +193,24 @@ def _plan(
     ]
 
 
-def _describe(control: str) -> w.AgentInfo:
+def _ask(control: str, msg: Any) -> Any:
+    """One control request to an agent, as its owner (same user, same keys)."""
     ctx = zmq.Context.instance()
-    s = _security.secure_client(ctx.socket(zmq.DEALER))
+    s = _security.secure_client(ctx.socket(zmq.DEALER), addr=control)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(control)
     try:
-        codec = w.Codec(w.AGENT_REPLIES)
-        s.send_multipart(w.Codec(w.AGENT_INBOX).encode(w.Describe(1)))
+        s.send_multipart(w.Codec(w.AGENT_INBOX).encode(msg))
         assert s.poll(10_000), f"the agent at {control} did not answer its owner"
-        info = codec.decode(s.recv_multipart())
-        assert isinstance(info, w.AgentInfo)
-        return info
+        return w.Codec(w.AGENT_REPLIES).decode(s.recv_multipart())
     finally:
         s.close(linger=0)
+
+
+def _describe(control: str) -> w.AgentInfo:
+    info = _ask(control, w.Describe(1))
+    assert isinstance(info, w.AgentInfo)
+    return info
 
 
 def _run_attacker(py: str, attack_dir: str, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -265,7 +266,11 @@ def test_another_local_user_gets_nothing_from_the_embedded_agent(attack_dir: str
     assert [r["name"] for r in results] == ["control", "stream", "proc"]
     assert not (failed := _attack_succeeded(attack_dir, results)), failed
     # The agent knows nothing of the attacker's mesh, and ours still works.
-    assert all(r["result"] == "refused" for r in results), results
+    assert _ask(control, w.GetState(2, "pwn")).meshes == []
+    # Refused by the kernel: the sockets sit in a directory only we may enter.
+    assert all(r["result"] == "refused" and "PermissionError" in r["error"] for r in results), (
+        results
+    )
     assert mesh.echo.call_one(2).get(timeout=10) == 2
 
 
@@ -282,4 +287,7 @@ def test_another_local_user_gets_nothing_from_a_keyed_tcp_agent(
     plan = _plan(attack_dir, control, info.stream, mesh._refs[0].addr, mesh._refs[0].mesh)
     results = _run_attacker(py, attack_dir, plan)
     assert not (failed := _attack_succeeded(attack_dir, results)), failed
+    # A NULL-mechanism peer is dropped at the handshake by a CURVE server.
+    assert {r["result"] for r in results} <= {"closed", "refused"}, results
+    assert _ask(control, w.GetState(2, "pwn")).meshes == []
     assert mesh.echo.call_one(3).get(timeout=10) == 3

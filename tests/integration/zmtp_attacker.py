@@ -84,7 +84,7 @@ def attack(target: dict[str, object]) -> dict[str, object]:
         s.settimeout(3.0)
         try:
             _, body = _read_frame(s)
-        except socket.timeout:
+        except TimeoutError:
             return {"name": name, "result": "sent"}
         return {"name": name, "result": "answered", "reply": body[:200].hex()}
     except (OSError, ConnectionError) as exc:
