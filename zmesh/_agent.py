@@ -588,6 +588,8 @@ class HostAgent:
         )
         self._poll_children(now)
         self._reap_strays()
+        if self._gate is not None:
+            self._gate.refresh()  # keys added to or removed from authorized/
         for mesh in self.meshes.values():
             for rank, proc in mesh.procs.items():
                 if proc.reaped:
@@ -753,8 +755,8 @@ def main(argv: list[str] | None = None) -> None:
     if keys is None and args.bind.startswith("tcp://"):
         print(
             f"\n*** WARNING: zmesh agent on {args.bind} WITHOUT authentication (--insecure).\n"
-            "*** Anyone who can reach this address (on loopback: every local user)\n"
-            "*** can run any code as this user, and what it sends is unpickled.\n"
+            "*** Anyone who can reach this address can run any code as this user\n"
+            "*** (on loopback that is every local user): what it sends is unpickled.\n"
             "*** Use 'zmesh keygen DIR' and '--keys DIR' instead.\n",
             file=sys.stderr,
             flush=True,

@@ -22,7 +22,7 @@ from zmesh import _wire as w
 from zmesh._actor import Actor, Options, Point, endpoints_of
 from zmesh._adverbs import EndpointRef, submit
 from zmesh._controller import SupervisionEvent
-from zmesh._errors import AgentError, EndpointError, SpawnError, ZmeshError
+from zmesh._errors import AgentError, EndpointError, SecurityError, SpawnError, ZmeshError
 from zmesh._future import Future
 from zmesh._runtime import ProcRef, Runtime
 from zmesh._spawnprep import preparation
@@ -448,14 +448,7 @@ async def _spawn_procs(
     conns = []
     for h, addr in enumerate(addrs):
         agent = ctl.agent(addr)
-        try:
-            await asyncio.wait_for(agent.ready.wait(), 10.0)
-        except asyncio.TimeoutError:
-            hint = " and whether your keys match its --keys" if _security.active() else ""
-            raise AgentError(
-                f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                host=addr,
-            ) from None
+        await _agent_ready(rt, agent.ready, addr)
         _local.note_used(addr)
         ranks = list(range(h * per, (h + 1) * per))
         ctl.track(name, agent, ranks)
@@ -480,6 +473,43 @@ async def _spawn_procs(
     ctl.owned.add(name)  # from now on, its unhandled failures are ours
     return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
+
+
+async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
+    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
+
+    Raises:
+        SecurityError: the CURVE handshake failed (the reason says which key).
+        AgentError: no answer within 10 s.
+    """
+    if ready.is_set():
+        return
+    heard = asyncio.ensure_future(ready.wait())
+    waits: set[asyncio.Future[Any]] = {heard}
+    probe = None
+    if _security.active() is not None and addr.startswith("tcp://"):
+        # A refused key is silence to the socket, but a monitor hears it.
+        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
+        waits.add(probe)
+    deadline = rt.loop.time() + 10.0
+    try:
+        while not heard.done():
+            done, _ = await asyncio.wait(
+                waits, timeout=max(0.0, deadline - rt.loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not done:
+                hint = " and whether your keys match its --keys" if probe is not None else ""
+                raise AgentError(
+                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                    host=addr,
+                )
+            if probe is not None and probe in done:
+                waits.discard(probe)
+                if why := probe.result():
+                    raise SecurityError(why, host=addr)
+    finally:
+        heard.cancel()
 
 
 async def _create_and_wait(

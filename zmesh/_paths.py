@@ -150,13 +150,15 @@ def log_root() -> str:
     explicit = os.environ.get("ZMESH_LOG_DIR")
     if explicit:
         return private_dir(explicit)
-    home = os.path.expanduser("~")
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    # A home we cannot write (a service account's, a read-only one) is no
-    # place for logs; one that we can write is, and a bad directory there is
-    # refused rather than silently replaced.
-    if os.path.isabs(cache) and _writable_dir(home if cache.startswith(home) else cache):
-        return private_dir(os.path.join(cache, "zmesh", "logs"))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(cache, "zmesh", "logs")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:
+        pass  # no writable home (a service account): logs go with the sockets
+    else:
+        # Ours, or refused: a bad directory in our home is not silently replaced.
+        return private_dir(path)
     return private_dir(os.path.join(runtime_dir(), "logs"))
 
 
@@ -219,14 +221,6 @@ def open_private(path: str, *, append: bool = True) -> int:
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)  # a file that existed keeps its mode otherwise
     return fd
-
-
-def _writable_dir(path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and os.access(path, os.W_OK)
 
 
 def _alive(pid: int) -> bool:

@@ -176,13 +176,15 @@ def authorize(agents_dir: str, public: bytes, name: str) -> str:
     """Admit ``public`` to the agents of ``agents_dir``: write ``authorized/<name>.key``.
 
     Raises:
-        SecurityError: ``agents_dir`` is not an agents' key directory, or the
-            name is not a plain file name.
+        SecurityError: ``agents_dir`` is not an agents' key directory, the
+            name is not a plain file name, or a key of that name exists.
     """
     Keys.load(agents_dir).check_server()
     if not name or "/" in name or name.startswith("."):
         raise SecurityError(f"{name!r} cannot name a key file")
     target = os.path.join(agents_dir, "authorized", f"{name}.key")
+    if os.path.exists(target):  # replacing it would lock out whoever holds that key
+        raise SecurityError(f"{target} exists already: choose another name (--name)")
     _write(target, _cert(public), 0o644)
     return target
 
@@ -320,3 +322,50 @@ def throwaway_keys(name: str) -> Keys:
     from zmesh._paths import private_dir, runtime_dir
 
     return keygen(private_dir(os.path.join(runtime_dir(), name)))
+
+
+def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
+    """Connect to ``addr`` with our keys and watch the CURVE handshake (blocking).
+
+    A server that refuses our key says nothing to the socket itself (calls
+    would just wait), but libzmq reports the refusal to a socket monitor.
+
+    Returns:
+        ``""`` if the handshake succeeded or nothing was heard within
+        ``timeout``; else what went wrong, in a sentence with the fix.
+    """
+    import zmq.utils.monitor
+
+    keys = keys or active()
+    if keys is None or not _curve(addr):
+        return ""
+    events = (
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+    sock = secure_client(zmq.Context.instance().socket(zmq.DEALER), keys, addr)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(events)
+    try:
+        sock.connect(addr)
+        if not monitor.poll(int(timeout * 1000)):
+            return ""
+        event = zmq.utils.monitor.recv_monitor_message(monitor)
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+    if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+        return ""
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (
+            f"the agent at {addr} refused our CURVE key (ZAP status {event['value']}): "
+            f"authorise {os.path.join(keys.dir, PUBLIC_FILE)} in the agents' authorized/ "
+            "(zmesh keygen --client DIR --authorize-in AGENTS_DIR)"
+        )
+    return (
+        f"the CURVE handshake with {addr} failed: check that the agent runs with --keys "
+        f"and that {os.path.join(keys.dir, AGENTS_FILE)} holds the agents' public key"
+    )
