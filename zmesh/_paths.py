@@ -136,6 +136,22 @@ def agent_socket_dir() -> str:
     return private_dir(os.path.join(base, f"a{os.getpid()}"))
 
 
+def local_agents() -> list[str]:
+    """Control addresses of this user's running ipc:// agents on this machine."""
+    try:
+        base = runtime_dir()
+        entries = sorted(os.listdir(base))
+    except (SecurityError, OSError):
+        return []
+    found = []
+    for entry in entries:
+        m = re.fullmatch(r"a(\d+)", entry)
+        control = os.path.join(base, entry, "c")
+        if m and _alive(int(m.group(1))) and os.path.exists(control):
+            found.append(f"ipc://{control}")
+    return found
+
+
 def ipc_path(addr: str) -> str:
     """``ipc:///run/x/c`` -> ``/run/x/c``; ``""`` for any other transport."""
     return addr[len("ipc://") :] if addr.startswith("ipc://") else ""

@@ -305,15 +305,6 @@ class Gate:
         self.auth.stop()
 
 
-def start_authenticator(ctx: Any, keys: Keys) -> Gate:
-    """Run the ZAP handler that admits only the keys in ``authorized/``."""
-    return Gate(ctx, keys)
-
-
-def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1", "[::1]") or host.startswith("127.")
-
-
 def throwaway_keys(name: str) -> Keys:
     """Fresh agents' keys in ``runtime_dir()/name``, for one run (``zmesh cluster --tcp``).
 
