@@ -5,7 +5,8 @@ Start agents first, one per host (see docs/multihost.md), or on one machine:
     zmesh cluster --agents 2          # prints ZMESH_AGENTS=...
     ZMESH_AGENTS=... python examples/multihost.py
 
-With keys: add ZMESH_KEYS=DIR (the directory made by 'zmesh keygen DIR').
+With agents on TCP ('zmesh cluster --agents 2 --tcp', or real nodes started with
+--keys): add the ZMESH_KEYS=DIR it prints (or your 'zmesh keygen --client' DIR).
 """
 
 from __future__ import annotations

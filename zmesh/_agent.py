@@ -25,26 +25,28 @@ Liveness comes from three places (docs/supervision.md has every number):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import hmac
 import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
 
-from zmesh import _forkserver, _liveness, _stats
+from zmesh import _forkserver, _liveness, _paths, _stats
 from zmesh import _wire as w
 from zmesh._errors import SecurityError
-from zmesh._security import Keys, is_loopback, secure_server, start_authenticator
+from zmesh._security import Gate, Keys, secure_server
 from zmesh._state import MeshView, Rank, Status
 from zmesh._zsock import AsyncSocket, configure
 
@@ -74,6 +76,7 @@ class _Proc:
     fail_reason: str = ""  # stopped because something broke (its owner went silent)
     reaped: bool = False
     liveness: _liveness.ProcLiveness = field(default_factory=_liveness.ProcLiveness)
+    ipc: str = ""  # the path of its socket, if it binds ipc://
 
 
 @dataclass
@@ -86,18 +89,22 @@ class _Mesh:
 
 
 def default_log_dir(label: str) -> str:
-    base = os.environ.get("ZMESH_LOG_DIR") or os.path.join(
-        tempfile.gettempdir(), f"zmesh-logs-{os.getuid()}"
-    )
-    return os.path.join(base, label)
+    """Where an agent labelled ``label`` logs by default: ``log_root()/label``.
+
+    Raises:
+        SecurityError: the log root is not private to this user.
+    """
+    return os.path.join(_paths.log_root(), label)
 
 
 class HostAgent:
     """The agent of one host. Run it with ``zmesh agent`` or ``HostAgent(...).run()``.
 
     Args:
-        bind: the control address, e.g. ``tcp://127.0.0.1:0`` (port 0: any).
-            The event stream binds on the same interface.
+        bind: the control address: ``ipc://`` (the default) for sockets in a
+            directory private to this user, or ``tcp://ADDR:PORT`` (port 0:
+            any), which needs ``keys`` or ``insecure``. The event and stats
+            streams and the procs' sockets bind on the same transport.
         label: the host's name in meshes and dashboards.
         log_dir: where procs' stdout/stderr files go.
         parent_pid: for an embedded agent: exit when this process is gone.
@@ -105,7 +112,7 @@ class HostAgent:
 
     def __init__(
         self,
-        bind: str = "tcp://127.0.0.1:0",
+        bind: str = "ipc://",
         *,
         label: str | None = None,
         log_dir: str | None = None,
@@ -113,17 +120,22 @@ class HostAgent:
         keys: Keys | None = None,
         insecure: bool = False,
     ) -> None:
-        host = _bind_host(bind)
-        if keys is None and not insecure and not is_loopback(host):
+        if not bind.startswith(("ipc://", "tcp://")):
+            raise SecurityError(f"cannot bind {bind!r}: use ipc:// or tcp://ADDR:PORT", host=label)
+        if bind.startswith("tcp://") and keys is None and not insecure:
+            # Loopback too: every local user can connect to 127.0.0.1.
             raise SecurityError(
                 f"refusing to bind {bind}: an agent runs code for whoever reaches it, so a "
-                "non-loopback address needs CURVE keys (zmesh keygen DIR; --keys DIR), "
+                "TCP address needs CURVE keys (zmesh keygen DIR; --keys DIR), "
                 "or --insecure said out loud",
                 host=label,
             )
+        if keys is not None:
+            keys.check_server()
         self.keys = keys
         self.bind = bind
         self.label = label or socket.gethostname()
+        self._default_log_dir = not log_dir
         self.log_dir = log_dir or default_log_dir(self.label)
         self.parent_pid = parent_pid
         self.epoch = secrets.token_hex(6)
@@ -134,6 +146,8 @@ class HostAgent:
         # and those whose process exited, to be stopped on the next tick.
         self._owner_fds: dict[str, int | None] = {}
         self._owners_dead: dict[str, str] = {}
+        # Each owner's secret, bound by its first CreateOrUpdate (never published).
+        self._proofs: dict[str, str] = {}
         self.dropped = 0
         self.control_addr = ""
         self.stream_addr = ""
@@ -148,6 +162,10 @@ class HostAgent:
         self._host_stats: _stats.HostStatistics | None = None
         self._ticks = 0
         self._forkserver: _forkserver.ForkServer | None = None
+        self._gate: Gate | None = None  # the ZAP handler of a keyed TCP agent
+        self._socket_dir = ""  # an ipc agent's private directory of sockets
+        self._proc_bind = ""  # where procs bind: tcp://host:* or an ipc prefix
+        self._procs_started = 0
 
     # ------------------------------------------------------------ serving
 
@@ -159,25 +177,26 @@ class HostAgent:
         loop = asyncio.get_running_loop()
         # First, so that its imports overlap with ours and the first spawn.
         self._forkserver = _forkserver.ForkServer.start()
-        os.makedirs(self.log_dir, exist_ok=True)
+        # Its own default must be private; a directory the user named must be theirs.
+        _paths.private_dir(self.log_dir, strict=self._default_log_dir)
         ctx: zmq.Context[Any] = zmq.Context.instance()
-        if self.keys is not None:
-            self._auth = start_authenticator(ctx, self.keys)
-        ctrl = secure_server(configure(ctx.socket(zmq.ROUTER)), self.keys)
+        control, stream, stats = self._addresses()
+        if self.keys is not None and control.startswith("tcp://"):
+            self._gate = Gate(ctx, self.keys)
+        ctrl = secure_server(configure(ctx.socket(zmq.ROUTER)), self.keys, control)
         ctrl.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        host = _bind_host(self.bind)
-        self.control_addr = _bind(ctrl, self.bind)
-        pub = secure_server(configure(ctx.socket(zmq.XPUB)), self.keys)
+        self.control_addr = _bind(ctrl, control)
+        pub = secure_server(configure(ctx.socket(zmq.XPUB)), self.keys, stream)
         # The welcome tells a new subscriber that its subscription is live,
         # so it can take a snapshot without missing the events after it.
         welcome = w.Heartbeat(seq=-1, epoch=self.epoch, agent=self.label, time=0.0)
         pub.setsockopt(zmq.XPUB_WELCOME_MSG, w.Codec(w.STREAM).encode(welcome)[0])
-        self.stream_addr = _bind(pub, f"tcp://{host}:0")
+        self.stream_addr = _bind(pub, stream)
         self._codec = w.Codec(w.AGENT_INBOX)
         self._ctrl = AsyncSocket(ctrl, loop, self._on_control, router=True)
         self._pub = AsyncSocket(pub, loop, None)  # subscriptions are read and ignored
-        stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys)
-        self.stats_addr = _bind(stats_pub, f"tcp://{host}:0")
+        stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys, stats)
+        self.stats_addr = _bind(stats_pub, stats)
         self._stats_pub = AsyncSocket(stats_pub, loop, None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -195,8 +214,28 @@ class HostAgent:
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
-            if self.keys is not None:
-                self._auth.stop()
+            if self._gate is not None:
+                self._gate.stop()
+            if self._socket_dir:  # every socket file of ours and of our procs
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def _addresses(self) -> tuple[str, str, str]:
+        """Where the control socket and the two streams bind; set where procs bind.
+
+        On ipc:// everything goes in a fresh directory private to this user
+        (``_paths.agent_socket_dir``), with short names: a Unix socket path
+        must fit in 108 bytes.
+        """
+        if self.bind.startswith("tcp://"):
+            host = _bind_host(self.bind)
+            self._proc_bind = f"tcp://{host}:*"
+            return self.bind, f"tcp://{host}:0", f"tcp://{host}:0"
+        self._socket_dir = _paths.agent_socket_dir()
+        control = self.bind if self.bind != "ipc://" else f"ipc://{self._socket_dir}/c"
+        # A socket is as private as the directory it is in.
+        _paths.check_private(os.path.dirname(_paths.ipc_path(control)))
+        self._proc_bind = f"ipc://{self._socket_dir}/p"  # + a number per proc
+        return control, f"ipc://{self._socket_dir}/e", f"ipc://{self._socket_dir}/s"
 
     def info_dict(self) -> dict[str, Any]:
         return {
@@ -227,7 +266,9 @@ class HostAgent:
         if isinstance(msg, w.ProcHeartbeat):
             self._on_proc_heartbeat(msg)
         elif isinstance(msg, w.OwnerHeartbeat):
-            self._on_owner_heartbeat(msg)
+            # Before its first CreateOrUpdate an owner has no proof to check.
+            if msg.owner not in self._proofs or self._is_owner(msg.owner, msg.secret):
+                self._on_owner_heartbeat(msg)
         elif isinstance(msg, w.ProcHello):
             self._on_hello(msg)
         elif isinstance(msg, w.CreateOrUpdate):
@@ -236,7 +277,7 @@ class HostAgent:
             name = getattr(msg, "name", "")
             self._reply(ident, self._state_reply(msg.id, name))
         elif isinstance(msg, w.Stop):
-            self._reply(ident, self._stop_mesh(msg.id, msg.name))
+            self._reply(ident, self._stop_mesh(msg.id, msg.name, msg.secret))
         elif isinstance(msg, w.Describe):
             info = self.info_dict()
             self._reply(
@@ -252,7 +293,11 @@ class HostAgent:
                 ),
             )
         elif isinstance(msg, w.OwnerGone):
-            self._stop_owner(msg.owner, "owner exited")
+            if self._is_owner(msg.owner, msg.secret):
+                self._stop_owner(msg.owner, "owner exited")
+            elif msg.owner in self._proofs:
+                log.warning("refused an OwnerGone for %s from another client", msg.owner)
+                self._reply(ident, w.Ack(0, ok=False, denied=True, error=_not_owner(msg.owner)))
         elif isinstance(msg, w.ProcStats):
             st = msg.stats
             mesh = self.meshes.get(st.mesh)
@@ -293,7 +338,19 @@ class HostAgent:
     def _reply(self, ident: bytes, msg: Any) -> None:
         self._ctrl.send([ident, *self._codec.encode(msg)])
 
+    def _is_owner(self, owner: str, secret: str) -> bool:
+        """Whether ``secret`` is the one ``owner`` created its first mesh here with."""
+        known = self._proofs.get(owner)
+        return known is not None and hmac.compare_digest(known, secret)
+
     def _create(self, msg: w.CreateOrUpdate) -> w.Ack:
+        # The first CreateOrUpdate of an owner binds its id to its secret;
+        # from then on only that secret may stop, or speak for, the owner.
+        if not msg.secret:
+            return w.Ack(msg.id, ok=False, denied=True, error="CreateOrUpdate needs a secret")
+        known = self._proofs.setdefault(msg.spec.owner, msg.secret)
+        if not hmac.compare_digest(known, msg.secret):
+            return w.Ack(msg.id, ok=False, denied=True, error=_not_owner(msg.spec.owner))
         existing = self.meshes.get(msg.name)
         if existing is not None and not existing.stopped:
             if existing.spec == msg.spec:
@@ -314,6 +371,10 @@ class HostAgent:
     def _spawn(self, mesh: _Mesh, rank: int) -> None:
         gen = mesh.view.ranks[rank].generation + 1
         log_path = os.path.join(self.log_dir, f"{mesh.name}.{rank}.g{gen}.log")
+        self._procs_started += 1
+        bind = self._proc_bind
+        if bind.startswith("ipc://"):
+            bind += str(self._procs_started)
         spec = {
             "mesh": mesh.name,
             "rank": rank,
@@ -322,7 +383,7 @@ class HostAgent:
             "agent": self.control_addr,
             "agent_pid": os.getpid(),
             "host": self.label,
-            "bind_host": _bind_host(self.control_addr),
+            "bind": bind,
             "log_path": log_path,
             "main": mesh.spec.main,
             "keys": self.keys.dir if self.keys is not None else "",
@@ -335,7 +396,7 @@ class HostAgent:
         if self._forkserver is not None:
             popen = self._forkserver.spawn(log_path, env, cwd)
         if popen is None:
-            with open(log_path, "ab") as out:
+            with os.fdopen(_paths.open_private(log_path), "ab") as out:
                 popen = subprocess.Popen(
                     [sys.executable, "-m", "zmesh._proc"],
                     stdin=subprocess.DEVNULL,
@@ -346,7 +407,7 @@ class HostAgent:
                     cwd=cwd,
                 )
         now = time.monotonic()
-        proc = _Proc(mesh.name, rank, gen, popen, log_path, now, now)
+        proc = _Proc(mesh.name, rank, gen, popen, log_path, now, now, ipc=_paths.ipc_path(bind))
         mesh.procs[rank] = proc
         try:
             proc.pidfd = os.pidfd_open(popen.pid)
@@ -466,6 +527,9 @@ class HostAgent:
         if proc.reaped:
             return
         proc.reaped = True
+        if proc.ipc:  # a proc that was killed leaves its socket file behind
+            with contextlib.suppress(OSError):
+                os.unlink(proc.ipc)
         code = proc.popen.returncode
         if code is not None and code < 0:
             try:
@@ -488,10 +552,14 @@ class HostAgent:
 
     # ------------------------------------------------------------ stopping
 
-    def _stop_mesh(self, req_id: int, name: str) -> w.Ack:
+    def _stop_mesh(self, req_id: int, name: str, secret: str = "") -> w.Ack:
         mesh = self.meshes.get(name)
         if mesh is None:
             return w.Ack(req_id, ok=False, error=f"no mesh named {name!r} on {self.label}")
+        if not self._is_owner(mesh.spec.owner, secret):
+            log.warning("refused a Stop of mesh %s from a client that does not own it", name)
+            error = f"mesh {name!r} on {self.label}: {_not_owner(mesh.spec.owner)}"
+            return w.Ack(req_id, ok=False, denied=True, error=error)
         self._stop(mesh)
         return w.Ack(req_id)
 
@@ -559,6 +627,8 @@ class HostAgent:
         )
         self._poll_children(now)
         self._reap_strays()
+        if self._gate is not None:
+            self._gate.refresh()  # keys added to or removed from authorized/
         for mesh in self.meshes.values():
             for rank, proc in mesh.procs.items():
                 if proc.reaped:
@@ -654,6 +724,10 @@ def _rank_state(rank: int, s: Rank) -> w.RankState:
     )
 
 
+def _not_owner(owner: str) -> str:
+    return f"not the owner: only {owner}, which created it, may stop it"
+
+
 def _stop_stray(pid: int) -> None:
     """SIGKILL ``pid`` if it is this agent's own child (never anyone else's)."""
     try:
@@ -681,9 +755,12 @@ def _bind_host(addr: str) -> str:
 
 
 def _bind(sock: zmq.Socket, addr: str) -> str:
-    if addr.endswith(":0"):
+    if addr.startswith("tcp://") and addr.endswith(":0"):
         addr = addr[:-2] + ":*"
     sock.bind(addr)
+    path = _paths.ipc_path(addr)
+    if path:  # the directory keeps others out; the file's mode says so too
+        os.chmod(path, 0o600)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
@@ -692,7 +769,12 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="zmesh agent", description=main.__doc__)
-    parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="control address")
+    parser.add_argument(
+        "--bind",
+        default="ipc://",
+        help="control address: ipc:// (default: a socket only this user can reach) "
+        "or tcp://ADDR:PORT (needs --keys)",
+    )
     parser.add_argument("--label", default=None, help="this host's name")
     parser.add_argument("--log-dir", default=None, help="where proc logs go")
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -700,7 +782,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--insecure",
         action="store_true",
-        help="allow a non-loopback bind without keys (anyone who reaches it runs code)",
+        help="allow a TCP bind without keys (anyone who reaches it runs code as you)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -714,10 +796,11 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
     except SecurityError as exc:
         parser.error(str(exc))
-    if args.insecure and keys is None and not is_loopback(_bind_host(args.bind)):
+    if keys is None and args.bind.startswith("tcp://"):
         print(
             f"\n*** WARNING: zmesh agent on {args.bind} WITHOUT authentication (--insecure).\n"
-            "*** Anyone who can reach this address can run any code as this user.\n"
+            "*** Anyone who can reach this address can run any code as this user\n"
+            "*** (on loopback that is every local user): what it sends is unpickled.\n"
             "*** Use 'zmesh keygen DIR' and '--keys DIR' instead.\n",
             file=sys.stderr,
             flush=True,
@@ -727,4 +810,8 @@ def main(argv: list[str] | None = None) -> None:
         # One machine-readable line, for whoever started us and waits for it.
         print("ZMESH-AGENT-READY " + json.dumps(info), flush=True)
 
-    agent.run(ready)
+    try:
+        agent.run(ready)
+    except SecurityError as exc:  # a socket or log directory that is not ours alone
+        print(f"zmesh agent: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

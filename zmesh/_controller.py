@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from zmesh import _wire as w
-from zmesh._errors import ActorStoppedError, AgentError, SupervisionError, ZmeshError
+from zmesh._errors import (
+    ActorStoppedError,
+    AgentError,
+    SecurityError,
+    SupervisionError,
+    ZmeshError,
+)
 from zmesh._security import secure_client
 from zmesh._state import FailureDedup, MeshView, Rank, Status
 from zmesh._zsock import AsyncSocket, configure
@@ -116,7 +122,7 @@ class AgentConn:
         self.ready = asyncio.Event()  # described and subscribed
         self._futures: dict[int, asyncio.Future[Any]] = {}
         loop = ctl.rt.loop
-        ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)))
+        ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)), addr=addr)
         ctrl.connect(addr)
         self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
         self.codec = w.Codec(w.AGENT_REPLIES)
@@ -149,7 +155,7 @@ class AgentConn:
         self.last_heard = time.monotonic()
         if self.sub is not None:
             self.sub.close()
-        sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)))
+        sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)), addr=info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.syncing = True  # until the welcome, then the snapshot
@@ -206,6 +212,8 @@ class AgentConn:
         if isinstance(reply, w.Ack) and not reply.ok:
             if isinstance(msg, w.CreateOrUpdate):
                 self.creating.discard(msg.name)
+            if reply.denied:  # e.g. a Stop of a mesh we do not own
+                raise SecurityError(reply.error, host=self.label)
             raise AgentError(reply.error, host=self.label)
         return reply
 

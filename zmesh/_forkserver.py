@@ -279,7 +279,7 @@ def _become_proc(req: dict[str, Any]) -> NoReturn:
     try:
         os.setsid()  # Ctrl+C at the client's terminal is the client's
         _set_name(PROC_NAME)
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

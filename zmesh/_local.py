@@ -55,6 +55,22 @@ def owner_id() -> str:
     return OWNER_ID
 
 
+_secret = (os.getpid(), secrets.token_hex(16))
+
+
+def owner_secret() -> str:
+    """What this process proves it owns its meshes with (fork-safe).
+
+    The owner id is public (events and states carry it); this is not: it
+    goes only to our agents, with ``CreateOrUpdate``, ``Stop``, ``OwnerGone``
+    and our heartbeats, so that no other client can stop what we own.
+    """
+    global _secret
+    if _secret[0] != os.getpid():
+        _secret = (os.getpid(), secrets.token_hex(16))
+    return _secret[1]
+
+
 def configure(addresses: list[str] | None) -> None:
     """Use these agents (``None``: back to ``ZMESH_AGENTS`` or the embedded default)."""
     global _configured
@@ -119,28 +135,76 @@ def agents(hosts: int) -> list[str]:
 
 
 def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
-    label = f"local{index}" if index else "local"
-    from zmesh._agent import default_log_dir  # the agent's module is large; load it only here
+    from zmesh import _paths
 
-    return launch_agent(label, default_log_dir(f"{label}-{os.getpid()}"), parent_pid=os.getpid())
+    label = f"local{index}" if index else "local"
+    log_dir = _paths.new_run_dir(f"{label}-{os.getpid()}")
+    transport = os.environ.get("ZMESH_TRANSPORT", "ipc")
+    if transport == "ipc":  # sockets in a directory only this user can enter
+        return launch_agent(label, log_dir, parent_pid=os.getpid())
+    if transport == "tcp":  # loopback TCP: CURVE, with our keys or throwaway ones
+        keys = _embedded_keys()
+        return launch_agent(
+            label, log_dir, parent_pid=os.getpid(), bind="tcp://127.0.0.1:0", keys=keys
+        )
+    raise AgentError(f"ZMESH_TRANSPORT must be 'ipc' or 'tcp', not {transport!r}")
+
+
+_throwaway: str | None = None
+
+
+def _embedded_keys() -> str:
+    """Agents' keys for embedded TCP agents: ours if we hold them, else made for this run."""
+    global _throwaway
+    keys = _security.active()
+    if keys is not None and keys.can_serve:
+        return keys.dir
+    if _throwaway is None:
+        import shutil
+
+        made = _security.throwaway_keys(f"k{os.getpid()}")
+        _security.use(made.dir)
+        _throwaway = made.dir
+        atexit.register(shutil.rmtree, made.dir, True)
+    return _throwaway
 
 
 def launch_agent(
-    label: str, log_dir: str, *, parent_pid: int | None = None
+    label: str,
+    log_dir: str,
+    *,
+    parent_pid: int | None = None,
+    bind: str | None = None,
+    keys: str | None = None,
+    insecure: bool = False,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``zmesh agent`` on loopback; return it and its log path (see ``await_ready``)."""
-    os.makedirs(log_dir, exist_ok=True)
+    """Start ``zmesh agent``; return it and its log path (see ``await_ready``).
+
+    Args:
+        label: the agent's host name in meshes and dashboards.
+        log_dir: its log directory (created 0700 if missing; it must be ours).
+        parent_pid: the agent exits when this process is gone.
+        bind: its control address (default: ipc://, private to this user).
+        keys: an agents' key directory (needed for a tcp:// ``bind``).
+        insecure: allow a tcp:// ``bind`` without keys (loudly).
+
+    Raises:
+        SecurityError: ``log_dir`` belongs to another user.
+    """
+    from zmesh import _paths
+
+    _paths.private_dir(log_dir, strict=False)
     log_path = os.path.join(log_dir, "agent.log")
-    cmd = [
-        sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
-        "--label", label, "--log-dir", log_dir,
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "zmesh", "agent", "--label", label, "--log-dir", log_dir]
+    if bind is not None:
+        cmd += ["--bind", bind]
     if parent_pid is not None:
         cmd += ["--parent-pid", str(parent_pid)]
-    keys = _security.active()
-    if keys is not None:  # a client with keys talks CURVE: so must its own agents
-        cmd += ["--keys", keys.dir]
-    with open(log_path, "ab") as err:
+    if keys is not None:
+        cmd += ["--keys", keys]
+    if insecure:
+        cmd += ["--insecure"]
+    with os.fdopen(_paths.open_private(log_path), "ab") as err:
         popen = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -217,13 +281,15 @@ class _OwnerHeart(threading.Thread):
                 if self.stopping.is_set():
                     return
                 machine, pid, start = _liveness.identity()
-                beat = codec.encode(w.OwnerHeartbeat(owner_id(), machine, pid, start))
+                beat = codec.encode(
+                    w.OwnerHeartbeat(owner_id(), machine, pid, start, owner_secret())
+                )
                 with _lock:
                     addrs = list(_used)
                 for addr in addrs:
                     s = socks.get(addr)
                     if s is None:
-                        s = socks[addr] = secure_client(ctx.socket(zmq.DEALER))
+                        s = socks[addr] = secure_client(ctx.socket(zmq.DEALER), addr=addr)
                         s.setsockopt(zmq.LINGER, 0)
                         s.setsockopt(zmq.SNDHWM, 4)  # a backlog of beats means nothing
                         s.connect(addr)
@@ -263,10 +329,10 @@ def release_all() -> None:
     for addr in used:
         if addr in embedded_addrs:
             continue  # stopping the agent stops its procs
-        s = secure_client(ctx.socket(zmq.DEALER))
+        s = secure_client(ctx.socket(zmq.DEALER), addr=addr)
         s.connect(addr)
         try:
-            s.send_multipart(codec.encode(w.OwnerGone(owner_id())), zmq.NOBLOCK)
+            s.send_multipart(codec.encode(w.OwnerGone(owner_id(), owner_secret())), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         s.close(linger=500)  # bounded: a dead agent must not hang our exit

@@ -22,7 +22,7 @@ from zmesh import _wire as w
 from zmesh._actor import Actor, Options, Point, endpoints_of
 from zmesh._adverbs import EndpointRef, submit
 from zmesh._controller import SupervisionEvent
-from zmesh._errors import AgentError, EndpointError, SpawnError, ZmeshError
+from zmesh._errors import AgentError, EndpointError, SecurityError, SpawnError, ZmeshError
 from zmesh._future import Future
 from zmesh._runtime import ProcRef, Runtime
 from zmesh._spawnprep import preparation
@@ -448,14 +448,7 @@ async def _spawn_procs(
     conns = []
     for h, addr in enumerate(addrs):
         agent = ctl.agent(addr)
-        try:
-            await asyncio.wait_for(agent.ready.wait(), 10.0)
-        except asyncio.TimeoutError:
-            hint = " and whether your keys match its --keys" if _security.active() else ""
-            raise AgentError(
-                f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                host=addr,
-            ) from None
+        await _agent_ready(rt, agent.ready, addr)
         _local.note_used(addr)
         ranks = list(range(h * per, (h + 1) * per))
         ctl.track(name, agent, ranks)
@@ -482,6 +475,43 @@ async def _spawn_procs(
 
 
 
+async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
+    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
+
+    Raises:
+        SecurityError: the CURVE handshake failed (the reason says which key).
+        AgentError: no answer within 10 s.
+    """
+    if ready.is_set():
+        return
+    heard = asyncio.ensure_future(ready.wait())
+    waits: set[asyncio.Future[Any]] = {heard}
+    probe = None
+    if _security.active() is not None and addr.startswith("tcp://"):
+        # A refused key is silence to the socket, but a monitor hears it.
+        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
+        waits.add(probe)
+    deadline = rt.loop.time() + 10.0
+    try:
+        while not heard.done():
+            done, _ = await asyncio.wait(
+                waits, timeout=max(0.0, deadline - rt.loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not done:
+                hint = " and whether your keys match its --keys" if probe is not None else ""
+                raise AgentError(
+                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                    host=addr,
+                )
+            if probe is not None and probe in done:
+                waits.discard(probe)
+                if why := probe.result():
+                    raise SecurityError(why, host=addr)
+    finally:
+        heard.cancel()
+
+
 async def _create_and_wait(
     rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
 ) -> None:
@@ -493,7 +523,11 @@ async def _create_and_wait(
     ctl = rt.controller
     await asyncio.gather(
         *(
-            a.request(functools.partial(w.CreateOrUpdate, name=name, spec=spec_of(h, r)))
+            a.request(
+                functools.partial(
+                    w.CreateOrUpdate, name=name, spec=spec_of(h, r), secret=_local.owner_secret()
+                )
+            )
             for h, (a, r) in enumerate(conns)
         )
     )
@@ -598,6 +632,11 @@ async def _spawn_actors(
     return ActorMesh(name, cls.__qualname__, eps, _Shape(dims, procs._shape.ranks), procs._refs)
 
 
+def stop_request(name: str) -> Callable[[int], w.Stop]:
+    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
+    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
+
+
 async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
     by_agent: dict[str, list[ProcRef]] = {}
     for r in refs:
@@ -613,7 +652,7 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
         names = {r.mesh for r in rs}
         for n in names:
             try:
-                await agent.request(functools.partial(w.Stop, name=n), timeout=5.0)
+                await agent.request(stop_request(n), timeout=5.0)
             except AgentError:
                 pass  # the agent is gone: so are its procs
 
@@ -621,7 +660,7 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
 async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
     for agent, _ in conns:
         try:
-            await agent.request(lambda i: w.Stop(i, name), timeout=5.0)
+            await agent.request(stop_request(name), timeout=5.0)
         except AgentError:
             pass
 

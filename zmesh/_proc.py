@@ -228,15 +228,21 @@ class ProcServer:
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
         ctx: zmq.Context[Any] = zmq.Context.instance()
+        # Where our agent tells us: an ipc:// path in its private directory,
+        # or tcp://ADDR:* (CURVE and an allow-list when it has keys).
+        bind = self.spec["bind"]
         keys = _security.active()
-        if keys is not None:  # every socket we bind admits only authorised keys
-            self._auth = _security.start_authenticator(ctx, keys)
-        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER)))
+        gate = None
+        if keys is not None and bind.startswith("tcp://"):
+            gate = _security.Gate(ctx, keys)
+        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER)), keys, bind)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.bind(f"tcp://{self.spec['bind_host']}:*")
+        router.bind(bind)
+        if bind.startswith("ipc://"):
+            os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
-        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)))
+        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec["agent"])
         agent.connect(self.spec["agent"])
         self.agent = AsyncSocket(agent, loop, None)
         self.agent.send(
@@ -252,6 +258,8 @@ class ProcServer:
             beats += 1
             if beats % STATS_EVERY == 1:
                 self._report_statistics()
+                if gate is not None:
+                    gate.refresh()  # keys added to or removed from authorized/
             if agent_pid and os.getppid() != agent_pid:
                 log.error("agent %s is gone; exiting", agent_pid)
                 os._exit(70)
@@ -510,7 +518,10 @@ def main() -> None:
     from zmesh._spawnprep import prepare
 
     _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
-    _security.use(spec.get("keys") or None)  # the agent's keys are this host's keys
+    # The agent's keys are this host's keys. The procs of an ipc agent bind
+    # no TCP, so they keep the keys their owner passed on, for its TCP peers.
+    inherited = os.environ.get("ZMESH_KEYS") if spec["bind"].startswith("ipc://") else None
+    _security.use(spec.get("keys") or inherited or None)
     if not os.environ.get("ZMESH_AGENTS"):
         # Meshes spawned by an actor go to this proc's own agent by default,
         # never to a private embedded agent of the proc.

@@ -141,7 +141,7 @@ class Runtime:
         """The connection to ``ref``'s proc, made on first use."""
         c = self.conns.get(ref.addr)
         if c is None:
-            sock = secure_client(configure(self.ctx.socket(zmq.DEALER)))
+            sock = secure_client(configure(self.ctx.socket(zmq.DEALER)), addr=ref.addr)
             sock.connect(ref.addr)
             c = ProcConn(ref, AsyncSocket(sock, self.loop, None, batch=True))
             c.sock.on_message = functools.partial(self._on_reply, c)

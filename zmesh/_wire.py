@@ -135,6 +135,7 @@ class CreateOrUpdate(_Msg, frozen=True):
     id: int
     name: str
     spec: ProcSpec
+    secret: str = ""  # the owner's proof (see _local.owner_secret); never published
 
 
 class GetState(_Msg, frozen=True):
@@ -145,6 +146,7 @@ class GetState(_Msg, frozen=True):
 class Stop(_Msg, frozen=True):
     id: int
     name: str
+    secret: str = ""  # only the mesh's owner may stop it
 
 
 class ListMeshes(_Msg, frozen=True):
@@ -175,12 +177,14 @@ class OwnerHeartbeat(_Msg, frozen=True):
     machine: str = ""  # boot id and pid namespace; "" = not watchable
     pid: int = 0
     start: int = 0  # the process's start time, in clock ticks after boot
+    secret: str = ""  # the owner's proof (see HostAgent._is_owner)
 
 
 class OwnerGone(_Msg, frozen=True):
     """The owner is exiting: stop everything it owns now."""
 
     owner: str
+    secret: str = ""
 
 
 class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -206,6 +210,7 @@ class Ack(_Msg, frozen=True):
     id: int
     ok: bool = True
     error: str = ""
+    denied: bool = False  # refused because the sender may not do it (not the owner)
 
 
 class StateReply(_Msg, frozen=True):

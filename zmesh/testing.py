@@ -1,6 +1,6 @@
 """Helpers for testing code that uses zmesh (and for zmesh's own tests).
 
-``local_cluster(n)`` starts ``n`` real agents on loopback, each its own
+``local_cluster(n)`` starts ``n`` real agents on this machine, each its own
 "host", points zmesh at them, and stops them (and every proc they run) when
 the block ends::
 
@@ -17,23 +17,29 @@ As a pytest fixture::
     def cluster():
         with local_cluster(2) as agents:
             yield agents
+
+The agents listen on ipc:// sockets private to this user, as the embedded
+default does; ``local_cluster(n, tcp=True)`` puts them on loopback TCP with
+CURVE keys made for the block instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from zmesh import _local
+from zmesh import _local, _paths, _security
 
 
 @dataclass
 class AgentProcess:
-    """One agent started by ``local_cluster``."""
+    """One agent started by ``local_cluster`` or ``start_agent``."""
 
     label: str
     control: str
@@ -48,14 +54,32 @@ class AgentProcess:
             self.popen.send_signal(sig)
 
 
-def start_agent(label: str, log_dir: str | None = None, timeout: float = 30.0) -> AgentProcess:
-    """Start one agent process on loopback and wait until it is ready.
+def start_agent(
+    label: str,
+    log_dir: str | None = None,
+    timeout: float = 30.0,
+    *,
+    bind: str | None = None,
+    keys: str | None = None,
+    insecure: bool = False,
+) -> AgentProcess:
+    """Start one agent process and wait until it is ready.
+
+    Args:
+        label: its host name.
+        log_dir: its log directory (default: a new private run directory).
+        timeout: how long it may take to start.
+        bind: its control address (default ``ipc://``: private to this user;
+            ``tcp://127.0.0.1:0`` needs ``keys``).
+        keys: an agents' key directory (``zmesh keygen``), for TCP.
+        insecure: allow TCP without keys (any local user could connect).
 
     Raises:
         AgentError: it did not become ready within ``timeout``.
+        SecurityError: the log directory is not private to this user.
     """
-    log_dir = log_dir or tempfile.mkdtemp(prefix=f"zmesh-{label}-")
-    popen, log_path = _local.launch_agent(label, log_dir)
+    log_dir = log_dir or _paths.new_run_dir(f"{label}-{os.getpid()}", unique=True)
+    popen, log_path = _local.launch_agent(label, log_dir, bind=bind, keys=keys, insecure=insecure)
     info = _local.await_ready(popen, log_path, timeout)
     return AgentProcess(label, info["control"], info["stream"], popen.pid, log_dir, popen)
 
@@ -72,12 +96,25 @@ def stop_agent(agent: AgentProcess, timeout: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(n: int = 1) -> Iterator[list[AgentProcess]]:
-    """Start ``n`` loopback agents as ``n`` hosts and make zmesh use them."""
+def local_cluster(n: int = 1, *, tcp: bool = False) -> Iterator[list[AgentProcess]]:
+    """Start ``n`` agents as ``n`` hosts and make zmesh use them.
+
+    Args:
+        n: how many agents.
+        tcp: put them on loopback TCP with CURVE keys made for this block
+            (which this process uses meanwhile), instead of ipc://.
+    """
     agents: list[AgentProcess] = []
+    before = _security.active()
+    keys = _security.throwaway_keys(f"k{os.getpid()}-{secrets.token_hex(3)}") if tcp else None
     try:
+        if keys is not None:
+            _security.use(keys.dir)
         for i in range(n):
-            agents.append(start_agent(f"host{i}"))
+            if keys is not None:
+                agents.append(start_agent(f"host{i}", bind="tcp://127.0.0.1:0", keys=keys.dir))
+            else:
+                agents.append(start_agent(f"host{i}"))
         _local.configure([a.control for a in agents])
         yield agents
     finally:
@@ -85,3 +122,6 @@ def local_cluster(n: int = 1) -> Iterator[list[AgentProcess]]:
         _local.release_all()
         for a in agents:
             stop_agent(a)
+        if keys is not None:
+            _security.use(before.dir if before is not None else None)
+            shutil.rmtree(keys.dir, ignore_errors=True)

@@ -277,11 +277,15 @@ def _free_port() -> int:
 
 
 def _agent_at(addr: str, label: str, log_dir: Path) -> AgentProcess:
-    """An agent bound to exactly ``addr`` (so that it can be restarted there)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """An agent bound to exactly ``addr`` (so that it can be restarted there).
+
+    Keyless loopback TCP (``--insecure``): what is tested is the restart on
+    one port; the security tests cover keys.
+    """
+    log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = str(log_dir / "agent.log")
     cmd = [sys.executable, "-m", "zmesh", "agent", "--bind", addr, "--label", label]
-    cmd += ["--log-dir", str(log_dir)]
+    cmd += ["--log-dir", str(log_dir), "--insecure"]
     with open(log_path, "ab") as err:
         popen = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,

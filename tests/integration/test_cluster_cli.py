@@ -1,15 +1,18 @@
-"""``zmesh cluster --agents N``: N loopback agents as N hosts, stopped on Ctrl+C."""
+"""``zmesh cluster --agents N``: N local agents as N hosts, stopped on Ctrl+C."""
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import subprocess
 import sys
 
+import pytest
 from _fabric import read_line, session_pids, wait_for
 
 import zmesh
-from zmesh import _local
+from zmesh import _local, _security
 
 
 class Host(zmesh.Actor):
@@ -18,17 +21,30 @@ class Host(zmesh.Actor):
         return zmesh.current_rank().rank
 
 
-def test_cluster_command_serves_hosts_until_ctrl_c() -> None:
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_cluster_command_serves_hosts_until_ctrl_c(transport: str) -> None:
+    cmd = [sys.executable, "-m", "zmesh", "cluster", "--agents", "2"]
     cluster = subprocess.Popen(
-        [sys.executable, "-m", "zmesh", "cluster", "--agents", "2"],
+        cmd + (["--tcp"] if transport == "tcp" else []),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True,
     )  # fmt: skip
+    keys = None
     try:
         line = read_line(cluster, 30)
         assert line.startswith("ZMESH_AGENTS="), line
         agents = line.strip().split("=", 1)[1].split(",")
-        assert len(agents) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in agents)
-        zmesh.connect(agents)
+        if transport == "ipc":  # private sockets: no keys needed, none printed
+            assert len(agents) == 2 and all(a.startswith("ipc://") for a in agents)
+        else:  # loopback TCP is CURVE, with keys made for the run
+            assert len(agents) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in agents)
+            assert cluster.stdout is not None
+            # Printed with the line above, so it is in the pipe's buffer already
+            # (where select() would not see it).
+            keys_line = cluster.stdout.readline()
+            assert keys_line.startswith("ZMESH_KEYS="), keys_line
+            keys = keys_line.strip().split("=", 1)[1]
+            assert stat.S_IMODE(os.stat(keys).st_mode) == 0o700
+        zmesh.connect(agents, keys=keys)
         mesh = Host.options(hosts=2, procs=2).as_actor().get(timeout=60)
         assert mesh.rank.call().get(timeout=10).values() == [0, 1, 2, 3]
         assert {r.agent for r in mesh._refs} == set(agents)  # one host slice per agent
@@ -37,9 +53,12 @@ def test_cluster_command_serves_hosts_until_ctrl_c() -> None:
         cluster.send_signal(signal.SIGINT)
         assert cluster.wait(timeout=15) == 0
         wait_for(lambda: not (session_pids("proc") & procs), 10, "the cluster's procs to go")
+        if keys is not None:
+            assert not os.path.exists(keys)  # throwaway keys go with the cluster
     finally:
         zmesh.shutdown()
         _local.configure(None)
+        _security.use(None)
         if cluster.poll() is None:
             cluster.kill()
             cluster.wait()

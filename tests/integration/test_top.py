@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ import pytest
 from _fabric import alive, wait_for, wait_gone
 
 import zmesh
+from zmesh import testing
 from zmesh.testing import AgentProcess
 
 pytestmark = pytest.mark.slow
@@ -119,6 +121,7 @@ def test_status_exits_1_after_a_proc_is_killed(
 
 def test_no_agents_is_a_usage_error() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ZMESH_AGENTS"}
+    env["ZMESH_RUNTIME_DIR"] = tempfile.mkdtemp()  # none of our agents runs there
     done = subprocess.run(
         [sys.executable, "-m", "zmesh", "top", "--once"],
         capture_output=True,
@@ -127,6 +130,24 @@ def test_no_agents_is_a_usage_error() -> None:
         env=env,
     )
     assert done.returncode == 2 and "no agents" in done.stderr
+
+
+def test_ps_finds_this_users_own_agents(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tempfile.mkdtemp()
+    monkeypatch.setenv("ZMESH_RUNTIME_DIR", runtime)  # for the agent and for ps
+    monkeypatch.delenv("ZMESH_AGENTS", raising=False)
+    agent = testing.start_agent("mine")
+    try:
+        assert agent.control == f"ipc://{runtime}/a{agent.pid}/c"
+        done = subprocess.run(
+            [sys.executable, "-m", "zmesh", "status", "--timeout", "10"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "agents 1/1 ok" in done.stdout
+    finally:
+        testing.stop_agent(agent)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- a real terminal

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from netns_cluster import NetnsCluster, available
 
-from zmesh._security import keygen
+from zmesh._security import Keys, authorize, keygen, keygen_client
 
 REASON = available()
 
@@ -27,13 +27,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def keys_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The agents' keys (every node holds them)."""
     path = tmp_path_factory.mktemp("keys") / "cluster"
     keygen(str(path))
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def client_keys(keys_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The client's own keypair, authorised by the agents (it never holds their secret)."""
+    path = str(tmp_path_factory.mktemp("keys") / "client")
+    keys = keygen_client(path, Keys.load(keys_dir).public)
+    authorize(keys_dir, keys.public, "client")
+    return path
+
+
 @pytest.fixture
-def netns3(keys_dir: str) -> Iterator[NetnsCluster]:
+def netns3(keys_dir: str, client_keys: str) -> Iterator[NetnsCluster]:
     """Three hosts, each a namespace with its own IP and a CURVE-keyed agent."""
     import zmesh
     from zmesh import _local, _security
@@ -41,7 +51,7 @@ def netns3(keys_dir: str) -> Iterator[NetnsCluster]:
     # Owner heartbeats cannot cross a cut link: give owners a grace longer than
     # the partitions these tests make, so the cut procs survive to be healed.
     with NetnsCluster(3, keys=keys_dir, env={"ZMESH_OWNER_GRACE": "15"}) as cluster:
-        zmesh.connect(cluster.controls, keys=keys_dir)
+        zmesh.connect(cluster.controls, keys=client_keys)
         try:
             yield cluster
         finally:

@@ -1,22 +1,78 @@
-"""``zmesh keygen DIR``: a CURVE keypair for agents, procs and clients."""
+"""``zmesh keygen``: CURVE keys for agents, and for each client that may use them::
+
+    zmesh keygen DIR                                  the agents' keys (a cluster's)
+    zmesh keygen --client DIR2 --authorize-in DIR     a client's keys, admitted by DIR
+    zmesh keygen --client DIR2 --agents-key FILE      a client's keys, for agents elsewhere
+
+An agents' directory holds the agents' keypair and ``authorized/``, the
+public keys allowed to connect. A client's directory holds the client's own
+keypair and ``agents.key``, the agents' public key: like a Jupyter connection
+file, it says whom to trust and proves who we are, and it never holds the
+agents' secret.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
+import socket
 
-from zmesh._security import keygen
+from zmesh._errors import SecurityError
+from zmesh._security import PUBLIC_FILE, authorize, keygen, keygen_client, read_public
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write a CURVE keypair into DIR (secret key mode 0600) and authorise it."""
-    parser = argparse.ArgumentParser(prog="zmesh keygen", description=main.__doc__)
+    """Write CURVE keys (secret keys mode 0600, directories 0700)."""
+    parser = argparse.ArgumentParser(
+        prog="zmesh keygen",
+        description=(__doc__ or "").replace("``", "").replace("::\n", ":\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dir", help="the directory to write (created if missing)")
+    parser.add_argument("--client", action="store_true", help="a client's keypair")
+    parser.add_argument(
+        "--authorize-in",
+        metavar="AGENTS_DIR",
+        help="with --client: the agents' directory on this machine; the new key is "
+        "added to its authorized/ and its public key becomes our agents.key",
+    )
+    parser.add_argument(
+        "--agents-key",
+        metavar="FILE",
+        help="with --client: the agents' public key (their zmesh.key or agents.key)",
+    )
+    parser.add_argument(
+        "--name",
+        default=f"{getpass.getuser()}@{socket.gethostname()}",
+        help="with --authorize-in: the key's file name in authorized/ (default: user@host)",
+    )
     args = parser.parse_args(argv)
     if os.path.exists(os.path.join(args.dir, "zmesh.key_secret")):
         parser.error(f"{args.dir} already holds keys; remove them first to make new ones")
-    keys = keygen(args.dir)
-    print(f"wrote {keys.dir}/zmesh.key (public) and zmesh.key_secret (0600)")
-    print(f"authorised clients: the public keys in {keys.authorized}/")
-    print(f"agents: zmesh agent --bind tcp://ADDR:PORT --keys {keys.dir}")
-    print(f"clients: ZMESH_KEYS={keys.dir} (or zmesh.connect([...], keys='{keys.dir}'))")
+    if not args.client:
+        if args.authorize_in or args.agents_key:
+            parser.error("--authorize-in and --agents-key go with --client")
+        keys = keygen(args.dir)
+        print(f"wrote the agents' keys to {keys.dir}: zmesh.key (public), zmesh.key_secret (0600)")
+        print(f"clients that may connect: the public keys in {keys.authorized}/")
+        print(f"agents: zmesh agent --bind tcp://ADDR:PORT --keys {keys.dir}")
+        print(f"a client: zmesh keygen --client DIR2 --authorize-in {keys.dir}")
+        return
+    if bool(args.authorize_in) == bool(args.agents_key):
+        parser.error("--client needs one of --authorize-in AGENTS_DIR or --agents-key FILE")
+    try:
+        agents = read_public(args.authorize_in or args.agents_key)
+        keys = keygen_client(args.dir, agents)
+        if args.authorize_in:
+            where = authorize(args.authorize_in, keys.public, args.name)
+            print(f"wrote a client's keys to {keys.dir}; authorised as {where}")
+        else:
+            print(f"wrote a client's keys to {keys.dir}")
+            print(
+                f"authorise it: copy {os.path.join(keys.dir, PUBLIC_FILE)} into the agents' "
+                "authorized/ directory (any name ending in .key)"
+            )
+    except SecurityError as exc:
+        parser.error(str(exc))
+    print(f"use it: ZMESH_KEYS={keys.dir} (or zmesh.connect([...], keys='{keys.dir}'))")

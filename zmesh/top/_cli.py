@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from zmesh import _local, _security
+from zmesh import _local, _paths, _security
 from zmesh._errors import ZmeshError
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render
@@ -30,8 +30,9 @@ def _agent_args(parser: argparse.ArgumentParser) -> None:
 
 
 def agent_addresses(args: argparse.Namespace) -> list[str]:
-    """Agents from ``--agents``, else ``--hostfile``, else ``ZMESH_AGENTS``/``ZMESH_HOSTFILE``;
-    and the keys to reach them from ``--keys`` or ``ZMESH_KEYS``.
+    """Agents from ``--agents``, else ``--hostfile``, else ``ZMESH_AGENTS``/``ZMESH_HOSTFILE``,
+    else this user's ipc:// agents on this machine; and the keys to reach them
+    from ``--keys`` or ``ZMESH_KEYS``.
 
     Raises:
         SystemExit: no agents given, or unreadable keys (exit code 2, with a hint).
@@ -44,7 +45,8 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
         elif args.hostfile:
             found = _local.read_hostfile(args.hostfile)
         else:
-            found = _local.configured_agents()
+            # Else this user's own agents here (they are in the runtime directory).
+            found = _local.configured_agents() or _paths.local_agents()
     except ZmeshError as exc:
         print(f"zmesh: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -96,7 +96,7 @@ class _Agent:
         self.futures: dict[int, asyncio.Future[Any]] = {}
         self.codec = w.Codec(w.AGENT_REPLIES, allow_pickle=False)
         self.stream_codec = w.Codec(w.OBSERVER_STREAM, allow_pickle=False)
-        ctrl = secure_client(configure(col.ctx.socket(zmq.DEALER)))
+        ctrl = secure_client(configure(col.ctx.socket(zmq.DEALER)), addr=address)
         ctrl.connect(address)
         self.ctrl = AsyncSocket(ctrl, col.loop, self._on_reply)
         self.sub: AsyncSocket | None = None
@@ -112,7 +112,7 @@ class _Agent:
                 continue  # not up yet: keep asking
         self.label = info.label
         self.epoch = info.epoch
-        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)))
+        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.sub = AsyncSocket(sub, self.col.loop, self._on_stream)
@@ -123,7 +123,7 @@ class _Agent:
         with contextlib.suppress(asyncio.TimeoutError):
             reply = await self.request(w.GetStats, 2.0)
             if self.stats_sub is None and reply.stream:
-                sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)))
+                sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=reply.stream)
                 sub.setsockopt(zmq.SUBSCRIBE, b"")
                 sub.connect(reply.stream)
                 self.stats_sub = AsyncSocket(sub, self.col.loop, self._on_stream)
