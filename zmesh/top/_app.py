@@ -15,7 +15,7 @@ from rich.live import Live
 
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._render import WINDOWS, Screen, pane_rows, render
-from zmesh.top._view import PANES, SORTS, View, derive
+from zmesh.top._view import KEEP, PANES, SORTS, View, derive
 
 REFRESH = 1.0  # seconds between frames when no key is pressed
 
@@ -120,6 +120,9 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
     elif key == "e":
         screen.errors_only = not screen.errors_only
         screen.selected.clear()
+    elif key == "H":
+        screen.show_history = not screen.show_history
+        screen.selected.clear()
     elif key in ("+", "="):
         screen.window = next((w for w in WINDOWS if w > screen.window), WINDOWS[-1])
     elif key in ("-", "_"):
@@ -137,10 +140,10 @@ def _cbreak(fd: int) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
 
 
-async def run(addresses: list[str], window: float) -> None:
+async def run(addresses: list[str], window: float, keep: float = KEEP) -> None:
     """Run the dashboard in this terminal until ``q``."""
     console = Console()
-    screen = Screen(window=window)
+    screen = Screen(window=window, keep=keep)
     col = Collector(addresses, window)
     loop = asyncio.get_running_loop()
     keys: asyncio.Queue[str] = asyncio.Queue()
