@@ -23,8 +23,8 @@ def rank(r: int, status: str, gen: int = 1, reason: str = "") -> w.RankState:
     return w.RankState(r, status, gen, reason, pid=100 + r)
 
 
-def mesh(name: str, *ranks: w.RankState) -> w.MeshState:
-    return w.MeshState(name, "owner", "Running", list(ranks))
+def mesh(name: str, *ranks: w.RankState, owner: str = "owner") -> w.MeshState:
+    return w.MeshState(name, owner, "Running", list(ranks))
 
 
 def agent(
@@ -93,6 +93,9 @@ def test_a_dead_generation_superseded_by_a_running_one_is_history() -> None:
     new = mesh("counter-99887766", rank(0, "Running"))
     h = judge(snap(agent(old, label="b"), agent(new)))
     assert h.exit_code == 0 and h.history == {("b", "counter-0a1b2c3d")}
+    # Another owner's mesh of the same name replaces nothing.
+    theirs = mesh("counter-99887766", rank(0, "Running"), owner="someone else")
+    assert judge(snap(agent(old, theirs))).exit_code == 1
     # Within one mesh, only a rank's newest generation is judged.
     h = judge(snap(agent(mesh("counter-0a1b2c3d", rank(0, "Running", gen=3)))))
     assert h.exit_code == 0

@@ -12,8 +12,8 @@ Each mesh an agent knows is one of:
   own row says whether it is whole.)
 * **history**: nothing in it runs and nothing is owed: it was stopped on
   request (by its owner, or for its owner, who exited or went silent); its
-  service has replaced it and is whole again; or a newer mesh of the same
-  name runs (a dead generation superseded by a running one).
+  service has replaced it and is whole again; or its owner runs a newer
+  mesh of the same name (a dead generation superseded by a running one).
 * **problem**: nothing in it runs, yet nobody stopped or replaced it: a
   failure its owner has not dealt with, or a replica its service is still
   replacing.
@@ -99,10 +99,10 @@ def judge(snap: Snapshot) -> Health:
         if a not in reachable:
             state = a.state if a.stats is not None else "unreachable"
             unreachable.append(f"agent {a.label} ({a.address}) is {state}")
-    # A family is every mesh spawned under one user name; one live member
-    # supersedes its dead ones.
+    # A family is every mesh one owner spawned under one name; one live
+    # member supersedes its dead ones.
     live_families = {
-        base_name(m.name)
+        (m.owner, base_name(m.name))
         for a in reachable
         for m in _meshes(a.stats)
         if any(r.status in LIVE for r in m.ranks)
@@ -124,7 +124,7 @@ def judge(snap: Snapshot) -> Health:
             elif service is not None:
                 s = services[service]
                 verdicts[key] = "history" if s.healthy >= s.desired else "problem"
-            elif base_name(m.name) in live_families:
+            elif (m.owner, base_name(m.name)) in live_families:
                 verdicts[key] = "history"  # a newer mesh of the same name runs
             else:
                 verdicts[key] = "problem"
