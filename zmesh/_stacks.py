@@ -32,6 +32,7 @@ WAIT = 1.0  # seconds the agent waits for a dump
 POLL = 0.02
 
 _tasks: set[asyncio.Task[Any]] = set()
+_locks: dict[str, asyncio.Lock] = {}  # one dump at a time per stack file
 
 
 class StackUnavailable(Exception):
@@ -73,6 +74,15 @@ async def dump(
         StackUnavailable: no stack file (the proc has not registered), or no
             dump within ``wait`` seconds.
     """
+    # Two requests at once for one proc would empty the file under each other.
+    # (A lock per proc that was ever asked: a few bytes each.)
+    async with _locks.setdefault(path, asyncio.Lock()):
+        return await _dump(path, send_signal, not_before, wait)
+
+
+async def _dump(
+    path: str, send_signal: Callable[[], None], not_before: float, wait: float
+) -> tuple[str, bool]:
     try:
         if os.stat(path).st_ctime < not_before - 1.0:  # 1 s: clocks of two kinds
             raise FileNotFoundError(path)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from _fabric import alive, wait_for
+from _fabric import alive, wait_for, wait_gone
 
 import zmesh
 from zmesh import _local
@@ -92,3 +93,32 @@ def test_stack_of_an_unknown_mesh_or_rank_says_so() -> None:
     done = zmesh_cmd("stack", "present", "3", "--agents", agent)
     assert done.returncode == 2 and "rank 3" in done.stderr
     mesh.stop().get(timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_s_in_top_shows_the_stack_of_the_selected_proc() -> None:
+    from test_top import Tmux
+
+    mesh = Stuck.options(name="hung").as_actor().get(timeout=60)
+    mesh.parked_in_a_distinctive_sleep.broadcast()
+    agent = embedded_agent()
+    tmux = Tmux()
+    try:
+        pane = tmux.start([sys.executable, "-m", "zmesh", "top", "--agents", agent], 100, 30)
+        wait_for(lambda: "procs 1/1" in tmux.screen(), 30, "the first frame")
+        tmux.keys("2")  # once top reads keys: cbreak mode drops earlier ones
+        wait_for(lambda: "hung-" in tmux.screen(), 30, "the proc in the procs pane")
+        tmux.keys("S")
+        wait_for(
+            lambda: "in parked_in_a_distinctive_sleep" in tmux.screen(),
+            15,
+            "the stack view naming the blocked endpoint",
+        )
+        assert "stack of hung-" in tmux.screen() and 'File "test_stack.py"' in tmux.screen()
+        tmux.keys("x")
+        wait_for(lambda: "stack of" not in tmux.screen(), 10, "any key to close the stack")
+        tmux.keys("q")
+        wait_gone([pane], 10, "zmesh top after q")
+    finally:
+        tmux.close()
+        mesh.stop().get(timeout=30)

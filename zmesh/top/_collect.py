@@ -307,8 +307,11 @@ class Collector:
 
         Raises:
             asyncio.TimeoutError: no reply within ``timeout`` seconds.
+            LookupError: not an agent this collector follows.
         """
-        agent = next(a for a in self.agents if a.address == address)
+        agent = next((a for a in self.agents if a.address == address), None)
+        if agent is None:
+            raise LookupError(f"not following an agent at {address!r}")
         return await agent.request(make, timeout)
 
     async def _watch_forever(self) -> None:

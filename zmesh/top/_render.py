@@ -30,6 +30,7 @@ HELP = [
     ("Space", "pause / resume updates"),
     ("e", "errors-only: failed procs, endpoints with errors, failure events"),
     ("H", "show / fold history: dead generations and stopped meshes"),
+    ("S", "the stack of every thread of the selected proc (procs pane)"),
     ("+ -", "widen / narrow the window rates and percentiles are over"),
 ]
 
@@ -49,6 +50,9 @@ class Screen:
     window: float = 10.0
     show_history: bool = False
     keep: float = KEEP  # seconds of history shown (and of the failed counter)
+    stack: list[str] | None = None  # the stack view's lines, when open
+    stack_title: str = ""
+    stack_wanted: tuple[str, str, int] | None = None  # (agent address, mesh, rank) to ask
 
     @property
     def pane(self) -> str:
@@ -408,6 +412,12 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
             help_t.add_row(k, what)
         parts.append(help_t)
         return Group(*parts, footer)
+    if screen.stack is not None:
+        lines = screen.stack[: max(0, body - 1)]
+        parts.append(Text(f"stack of {screen.stack_title}", style="bold underline"))
+        parts.extend(Text(ln, no_wrap=True, overflow="ellipsis") for ln in lines)
+        parts.extend(Text("") for _ in range(max(0, body - 1 - len(lines))))
+        return Group(*parts, Text("any key closes the stack", style="dim"))
     pane = screen.pane
     tail = 0
     if pane != "events" and view.events and body >= 14:
@@ -442,7 +452,7 @@ def _footer(screen: Screen) -> Text:
         return t
     return Text(
         "q quit  ? help  Tab/1-5 pane  j/k move  / filter  < > sort  Space pause  "
-        "e errors  H history  +/- window",
+        "e errors  H history  S stack  +/- window",
         style="dim",
         no_wrap=True,
         overflow="ellipsis",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,3 +104,33 @@ def test_status_is_2_when_an_agent_does_not_answer(cluster: list[AgentProcess]) 
     done = zmesh_cmd("status", "--agents", agents, "--timeout", "2")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "unreachable" in done.stdout and cluster[1].control in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_top_folds_a_stopped_mesh_and_h_shows_it(cluster: list[AgentProcess]) -> None:
+    from test_top import Tmux
+
+    agents = ",".join(a.control for a in cluster)
+    done_with = Echo.options(name="finished").as_actor().get(timeout=60)
+    done_with.stop().get(timeout=30)
+    running = Echo.options(name="working").as_actor().get(timeout=60)
+    tmux = Tmux()
+    try:
+        pane = tmux.start([sys.executable, "-m", "zmesh", "top", "--agents", agents], 100, 30)
+        wait_for(lambda: "+1 history" in tmux.screen(), 30, "the first frame")
+        tmux.keys("2")  # the procs pane (once top reads keys: cbreak mode drops earlier ones)
+
+        def folded() -> bool:
+            s = tmux.screen()
+            return "working-" in s and "+1 history" in s and "finished-" not in s
+
+        wait_for(folded, 30, "the stopped mesh folded into the history count")
+        tmux.keys("H")
+        wait_for(lambda: "finished-" in tmux.screen(), 10, "H to show the history row")
+        tmux.keys("H")
+        wait_for(lambda: "finished-" not in tmux.screen(), 10, "H to fold it again")
+        tmux.keys("q")
+        wait_gone([pane], 10, "zmesh top after q")
+    finally:
+        tmux.close()
+        running.stop().get(timeout=30)
