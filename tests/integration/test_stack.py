@@ -107,7 +107,7 @@ def test_s_in_top_shows_the_stack_of_the_selected_proc() -> None:
         pane = tmux.start([sys.executable, "-m", "zmesh", "top", "--agents", agent], 100, 30)
         wait_for(lambda: "procs 1/1" in tmux.screen(), 30, "the first frame")
         tmux.keys("2")  # once top reads keys: cbreak mode drops earlier ones
-        wait_for(lambda: "hung-" in tmux.screen(), 30, "the proc in the procs pane")
+        wait_for(lambda: " rst " in (sc := tmux.screen()) and "hung" in sc, 30, "the procs pane")
         tmux.keys("S")
         wait_for(
             lambda: "in parked_in_a_distinctive_sleep" in tmux.screen(),
