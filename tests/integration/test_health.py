@@ -90,6 +90,12 @@ def test_status_is_1_while_a_failed_mesh_is_unreplaced_and_0_once_its_owner_stop
         stopped = True
         out = wait_status(agents, 0, 20, "a mesh stopped by its owner to be no problem")
         assert "healthy" in out
+        done = zmesh_cmd("status", "--agents", agents, "--json")
+        judged = json.loads(done.stdout)
+        assert done.returncode == 0 and judged["state"] == "healthy" and not judged["problems"]
+        assert [m["verdict"] for m in judged["meshes"] if m["mesh"].startswith("lonely-")] == [
+            "history"
+        ]
         assert [r for r in ps(agents) if str(r["mesh"]).startswith("lonely-")] == []
         assert [r["pid"] for r in ps(agents, "--all") if r["history"]] == [pid]
     finally:

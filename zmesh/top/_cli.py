@@ -141,11 +141,24 @@ def status_main(argv: list[str] | None = None) -> None:
     """``zmesh status``: is what runs now healthy? Exit 0 healthy, 1 degraded, 2 unreachable."""
     parser = argparse.ArgumentParser(prog="zmesh status", description=status_main.__doc__)
     _agent_args(parser)
+    parser.add_argument("--json", action="store_true", help="the judgement as one JSON object")
     args = parser.parse_args(argv)
     snap = asyncio.run(collect(agent_addresses(args), 1, args.timeout, 10))
     view = derive(snap)
     h = view.header
     health = judge(snap)
+    if args.json:
+        out = {
+            "state": health.state,
+            "exit_code": health.exit_code,
+            "problems": health.problems,
+            "meshes": [
+                {"agent": agent, "mesh": mesh, "verdict": verdict}
+                for (agent, mesh), verdict in sorted(health.verdicts.items())
+            ],
+        }
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        raise SystemExit(health.exit_code)
     services = ""
     if h.services_ok or h.services_degraded:
         services = f", services {h.services_ok} ok" + (
