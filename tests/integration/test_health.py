@@ -52,7 +52,7 @@ def test_status_is_1_while_a_service_heals_and_0_once_it_has(
 ) -> None:
     agents = ",".join(a.control for a in cluster)
     # A slow first respawn, so "being replaced" lasts long enough to be seen.
-    svc = Echo.options(replicas=2, backoff_initial=4.0).as_service().get(timeout=60)
+    svc = Echo.options(replicas=2, backoff_initial=6.0).as_service().get(timeout=60)
     try:
         wait_status(agents, 0, 30, "a healthy service")
         pid = svc.replica(0).pid.call_one().get(timeout=10)
