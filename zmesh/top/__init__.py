@@ -1,6 +1,6 @@
 """``zmesh top``: a terminal dashboard of a live mesh, straight from its agents.
 
-Three parts that do not know of each other's insides:
+Parts that do not know of each other's insides:
 
 * ``_collect``: follows every agent's stream (async) and produces a ``Snapshot``;
 * ``_health``: a pure judgement of a snapshot: what is alive, what is a
