@@ -23,10 +23,14 @@ SCRIPT = textwrap.dedent(
     import sys, threading, time
     from zmesh import _stacks
 
+    parked = threading.Event()
+
     def parked_in_a_long_sleep():
+        parked.set()
         time.sleep(600)
 
     def spinning_in_pure_python():
+        print("ready", flush=True)  # from in here: any dump from now on shows this frame
         x = 0
         while True:
             x += 1
@@ -34,7 +38,7 @@ SCRIPT = textwrap.dedent(
     if sys.argv[2] == "install":
         _stacks.install(sys.argv[1])
     threading.Thread(target=parked_in_a_long_sleep, daemon=True).start()
-    print("ready", flush=True)
+    parked.wait()
     spinning_in_pure_python()
     """
 )
