@@ -43,7 +43,7 @@ from typing import Any
 
 import zmq
 
-from zmesh import _forkserver, _liveness, _paths, _stats
+from zmesh import _forkserver, _liveness, _paths, _stacks, _stats
 from zmesh import _wire as w
 from zmesh._errors import SecurityError
 from zmesh._security import Gate, Keys, secure_server
@@ -308,6 +308,8 @@ class HostAgent:
             self.services[msg.summary.name] = (msg.summary, time.monotonic())
         elif isinstance(msg, w.GetStats):
             self._reply(ident, w.StatsReply(msg.id, self.stats(), self.stats_addr))
+        elif isinstance(msg, w.GetStack | w.GetHealth):
+            self._on_ops_request(ident, msg)
 
     def stats(self) -> w.Stats:
         """This agent's host, meshes and procs' latest statistics (``zmesh top``)."""
@@ -709,6 +711,48 @@ class HostAgent:
                 del self.meshes[name]
                 if len(self.meshes) < 128:
                     return
+
+    # ------------------------------------------------------- operations
+
+    def _on_ops_request(self, ident: bytes, msg: w.GetStack | w.GetHealth) -> None:
+        """``zmesh status`` and ``zmesh stack``: answered without blocking the loop."""
+        if isinstance(msg, w.GetHealth):
+            stopped = [m.name for m in self.meshes.values() if m.stopped]
+            self._reply(ident, w.HealthReply(msg.id, stopped))
+            return
+        mesh = self.meshes.get(msg.mesh)
+        proc = mesh.procs.get(msg.rank) if mesh is not None else None
+        where = f"{msg.mesh}[{msg.rank}] on {self.label}"
+        if mesh is None or proc is None:
+            error = f"no mesh named {msg.mesh!r} on {self.label}" if mesh is None else (
+                f"no rank {msg.rank} in mesh {msg.mesh!r} on {self.label}"
+            )  # fmt: skip
+            self._reply(ident, w.StackReply(msg.id, ok=False, error=error))
+            return
+        status = mesh.view.ranks[msg.rank].status
+        if proc.reaped or status.terminal:
+            error = f"{where} is {status.value}: no live proc (log: {proc.log_path})"
+            self._reply(ident, w.StackReply(msg.id, ok=False, error=error))
+            return
+        # A stack file older than the proc is a stale one: its proc cannot
+        # have registered the handler yet, so it must not be signalled.
+        started = time.time() - (time.monotonic() - proc.started)
+        pid = proc.popen.pid
+
+        async def answer() -> None:
+            path = _stacks.stack_path(proc.log_path)
+            try:
+                text, cut = await _stacks.dump(
+                    path, lambda: _signal(proc, _stacks.SIGNAL), not_before=started
+                )
+                reply = w.StackReply(msg.id, text=text, pid=pid, truncated=cut)
+            except _stacks.StackUnavailable as exc:
+                error = f"{where} (pid {pid}): {exc} (log: {proc.log_path})"
+                reply = w.StackReply(msg.id, ok=False, error=error, pid=pid)
+            if not self._stopping.is_set():
+                self._reply(ident, reply)
+
+        _stacks.background(answer())
 
 
 def _rank_state(rank: int, s: Rank) -> w.RankState:

@@ -514,8 +514,13 @@ def main() -> None:
         level=logging.INFO,
         format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
     )
-    from zmesh import _controller
+    from zmesh import _controller, _stacks
     from zmesh._spawnprep import prepare
+
+    try:  # first, so that even a hang while importing the user's code can be shown
+        _stacks.install(spec["log_path"])  # SIGUSR1 dumps every thread's stack (zmesh stack)
+    except OSError as exc:
+        logging.warning("no stack dumps for this proc: %s", exc)
 
     _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
     # The agent's keys are this host's keys. The procs of an ipc agent bind

@@ -221,6 +221,37 @@ class StateReply(_Msg, frozen=True):
     meshes: list[MeshState]
 
 
+class GetStack(_Msg, frozen=True):
+    """Ask an agent for the Python stack of every thread of one of its procs
+    (``zmesh stack``); the agent answers within about a second."""
+
+    id: int
+    mesh: str
+    rank: int
+
+
+class StackReply(_Msg, frozen=True):
+    id: int
+    ok: bool = True
+    text: str = ""  # faulthandler's dump, cut at a bound
+    error: str = ""
+    pid: int = 0
+    truncated: bool = False
+
+
+class GetHealth(_Msg, frozen=True):
+    """Ask an agent what ``GetState`` does not say about its meshes (``zmesh status``)."""
+
+    id: int
+
+
+class HealthReply(_Msg, frozen=True):
+    id: int
+    # Meshes stopped on request: by their owner, or for their owner (it
+    # exited, or went silent). A failed rank of such a mesh is history.
+    stopped: list[str] = []
+
+
 # -------------------------------------------------------- proc -> agent
 
 
@@ -324,8 +355,10 @@ AGENT_INBOX: Any = (
     | ProcStats
     | ServiceReport
     | GetStats
+    | GetStack
+    | GetHealth
 )
-AGENT_REPLIES: Any = Ack | StateReply | AgentInfo | StatsReply
+AGENT_REPLIES: Any = Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply
 STREAM: Any = Event | Heartbeat
 # What an observer (``zmesh top``) decodes from an agent's two streams.
 OBSERVER_STREAM: Any = Event | Heartbeat | Stats

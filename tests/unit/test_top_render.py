@@ -107,7 +107,7 @@ def test_rates_and_percentiles_come_from_the_window() -> None:
     lo, _hi = _stats.bucket_bounds(10)
     assert step.p50 is not None and lo <= step.p50 <= _stats.bucket_bounds(14)[1]
     assert view.header.calls == 105.0
-    assert view.header.actors_alive == 3 and view.header.actors_failed == 1
+    assert view.header.actors_alive == 3 and view.header.failed == 1
 
 
 def test_columns_are_present_and_in_order() -> None:

@@ -1,13 +1,16 @@
 """``zmesh top``: a terminal dashboard of a live mesh, straight from its agents.
 
-Three parts that do not know of each other's insides:
+Parts that do not know of each other's insides:
 
 * ``_collect``: follows every agent's stream (async) and produces a ``Snapshot``;
+* ``_health``: a pure judgement of a snapshot: what is alive, what is a
+  problem, what is history (``zmesh status``'s exit code, the folded rows);
 * ``_view``: pure functions from a snapshot to rows (rates, percentiles,
   filters, sorting);
 * ``_render``: pure functions from rows to a ``rich`` frame (no clock reads).
 
-``_app`` runs them interactively; ``_cli`` holds the commands.
+``_app`` runs them interactively; ``_cli`` holds the commands (``top``,
+``status``, ``ps``, ``stack``).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sys
 import termios
@@ -13,9 +14,10 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.live import Live
 
+from zmesh import _wire as w
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._render import WINDOWS, Screen, pane_rows, render
-from zmesh.top._view import PANES, SORTS, View, derive
+from zmesh.top._view import KEEP, PANES, SORTS, View, derive
 
 REFRESH = 1.0  # seconds between frames when no key is pressed
 
@@ -82,6 +84,9 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
     if screen.help:
         screen.help = False
         return key not in ("q", "ctrl-c")
+    if screen.stack is not None:
+        screen.stack = None  # any key closes the stack view
+        return key not in ("q", "ctrl-c")
     pane = screen.pane
     n = pane_rows(view, pane)
     sel = screen.selected.get(pane, 0)
@@ -120,11 +125,44 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
     elif key == "e":
         screen.errors_only = not screen.errors_only
         screen.selected.clear()
+    elif key == "H":
+        screen.show_history = not screen.show_history
+        screen.selected.clear()
+    elif key == "S" and pane == "procs" and view.procs:
+        p = view.procs[min(sel, len(view.procs) - 1)]
+        address = next((h.address for h in view.hosts if h.label == p.host), "")
+        screen.stack_title = f"{p.mesh}[{p.rank}] pid {p.pid or '-'} on {p.host}"
+        screen.stack = ["asking its agent for the stack..."]
+        screen.stack_wanted = (address, p.mesh, p.rank)
     elif key in ("+", "="):
         screen.window = next((w for w in WINDOWS if w > screen.window), WINDOWS[-1])
     elif key in ("-", "_"):
         screen.window = next((w for w in reversed(WINDOWS) if w < screen.window), WINDOWS[0])
     return True
+
+
+async def _show_stack(col: Collector, screen: Screen, address: str, mesh: str, rank: int) -> None:
+    """Ask the agent for a proc's stack and put it on the screen (``S``)."""
+    title = screen.stack_title
+    try:
+        make = functools.partial(w.GetStack, mesh=mesh, rank=rank)
+        reply = await col.request(address, make, 5.0)
+        lines = [_short_path(ln) for ln in reply.text.splitlines()] if reply.ok else []
+        lines = lines or [f"error: {reply.error}"]
+    except (asyncio.TimeoutError, LookupError):
+        lines = [f"error: the agent at {address or '?'} did not answer"]
+    if screen.stack is not None and screen.stack_title == title:  # not closed meanwhile
+        screen.stack = lines
+
+
+def _short_path(line: str) -> str:
+    """``  File "/long/path/x.py", line 3 in f`` -> ``  File "x.py", line 3 in f`` (a
+    terminal is narrow; ``zmesh stack`` prints the full paths)."""
+    head, sep, rest = line.partition('File "')
+    if not sep or '"' not in rest:
+        return line
+    path, tail = rest.split('"', 1)
+    return f'{head}File "{os.path.basename(path)}"{tail}'
 
 
 @contextlib.contextmanager
@@ -137,10 +175,10 @@ def _cbreak(fd: int) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
 
 
-async def run(addresses: list[str], window: float) -> None:
+async def run(addresses: list[str], window: float, keep: float = KEEP) -> None:
     """Run the dashboard in this terminal until ``q``."""
     console = Console()
-    screen = Screen(window=window)
+    screen = Screen(window=window, keep=keep)
     col = Collector(addresses, window)
     loop = asyncio.get_running_loop()
     keys: asyncio.Queue[str] = asyncio.Queue()
@@ -179,6 +217,9 @@ async def run(addresses: list[str], window: float) -> None:
                     for k in pending:
                         if not apply_key(screen, k, view, max(1, height - 8)):
                             return
+                    if screen.stack_wanted is not None:
+                        col.spawn(_show_stack(col, screen, *screen.stack_wanted))
+                        screen.stack_wanted = None
             finally:
                 loop.remove_reader(fd)
     finally:

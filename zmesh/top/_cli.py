@@ -1,9 +1,10 @@
-"""``zmesh top``, ``zmesh status`` and ``zmesh ps``: the commands."""
+"""``zmesh top``, ``status``, ``ps`` and ``stack``: the commands."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 from typing import Any
@@ -12,10 +13,12 @@ import msgspec
 from rich.console import Console
 
 from zmesh import _local, _paths, _security
+from zmesh import _wire as w
 from zmesh._errors import ZmeshError
 from zmesh.top._collect import Collector, Snapshot
+from zmesh.top._health import LIVE, find_meshes, judge
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render
-from zmesh.top._view import derive, unhealthy
+from zmesh.top._view import KEEP, Options, derive
 
 
 def _agent_args(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +83,7 @@ def top_main(argv: list[str] | None = None) -> None:
         "--window", type=float, default=10.0, help="seconds that rates and percentiles cover"
     )
     parser.add_argument("--width", type=int, default=None, help="columns for --once")
+    _keep_arg(parser)
     args = parser.parse_args(argv)
     addresses = agent_addresses(args)
     if args.once or args.json:
@@ -94,14 +98,26 @@ def top_main(argv: list[str] | None = None) -> None:
             sys.stdout.write(json.dumps(out, indent=1) + "\n")
         else:
             width = args.width or (None if sys.stdout.isatty() else 120)
-            Console(width=width, highlight=False).print(render(derive(snap), Screen()))
+            screen = Screen(keep=args.keep * 60)
+            frame = render(derive(snap, screen.options()), screen)
+            Console(width=width, highlight=False).print(frame)
         return
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
         raise SystemExit(2)
     from zmesh.top._app import run
 
-    asyncio.run(run(addresses, args.window))
+    asyncio.run(run(addresses, args.window, args.keep * 60))
+
+
+def _keep_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep",
+        type=float,
+        default=KEEP / 60,
+        metavar="MINUTES",
+        help="minutes that history rows stay and the failed counter covers (default: %(default)g)",
+    )
 
 
 def plain(obj: Any) -> Any:
@@ -124,33 +140,58 @@ def _endpoint(e: object) -> dict[str, object]:
 
 
 def status_main(argv: list[str] | None = None) -> None:
-    """``zmesh status``: health in a few lines; exit 0 when every known rank is healthy."""
+    """``zmesh status``: is what runs now healthy? Exit 0 healthy, 1 degraded, 2 unreachable."""
     parser = argparse.ArgumentParser(prog="zmesh status", description=status_main.__doc__)
     _agent_args(parser)
+    parser.add_argument("--json", action="store_true", help="the judgement as one JSON object")
     args = parser.parse_args(argv)
     snap = asyncio.run(collect(agent_addresses(args), 1, args.timeout, 10))
     view = derive(snap)
     h = view.header
-    problems = unhealthy(snap)
+    health = judge(snap)
+    if args.json:
+        out = {
+            "state": health.state,
+            "exit_code": health.exit_code,
+            "problems": health.problems,
+            "meshes": [
+                {"agent": agent, "mesh": mesh, "verdict": verdict}
+                for (agent, mesh), verdict in sorted(health.verdicts.items())
+            ],
+        }
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        raise SystemExit(health.exit_code)
+    services = ""
+    if h.services_ok or h.services_degraded:
+        services = f", services {h.services_ok} ok" + (
+            f" {h.services_degraded} degraded" if h.services_degraded else ""
+        )
+    history = f"; history: {h.history} proc(s) of ended meshes" if h.history else ""
     print(
         f"agents {h.agents_ok}/{h.agents_total} ok, procs {h.procs_running}/{h.procs_total} "
-        f"running, actors {h.actors_alive} alive"
-        + (f", {h.actors_failed} failed" if h.actors_failed else "")
+        f"running, actors {h.actors_alive} alive{services}{history}"
     )
-    for p in problems:
+    for p in health.problems:
         print(f"  {p}")
-    print("healthy" if not problems else f"unhealthy: {len(problems)} problem(s)")
-    raise SystemExit(0 if not problems else 1)
+    if health.state == "healthy":
+        print("healthy")
+    else:
+        print(f"{health.state}: {len(health.problems)} problem(s)")
+    raise SystemExit(health.exit_code)
 
 
 def ps_main(argv: list[str] | None = None) -> None:
-    """``zmesh ps``: one line per proc of every agent."""
+    """``zmesh ps``: one line per proc of every agent (history folded unless --all)."""
     parser = argparse.ArgumentParser(prog="zmesh ps", description=ps_main.__doc__)
     _agent_args(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per proc, as a list")
+    parser.add_argument(
+        "--all", action="store_true", help="also the procs of dead generations and stopped meshes"
+    )
     args = parser.parse_args(argv)
     snap = asyncio.run(collect(agent_addresses(args), 1, args.timeout, 10))
-    procs = derive(snap).procs
+    view = derive(snap, Options(show_history=args.all))
+    procs = view.procs
     if args.json:
         rows = [dict(vars(p), restarts=p.restarts) for p in procs]
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
@@ -172,3 +213,88 @@ def ps_main(argv: list[str] | None = None) -> None:
                 p.reason,
             )
         )
+    if view.header.history and not args.all:
+        print(
+            f"(+{view.header.history} history rows: dead generations and stopped meshes; "
+            "--all shows them)"
+        )
+
+
+def stack_main(argv: list[str] | None = None) -> None:
+    """``zmesh stack``: the Python stack of every thread of a live proc (all ranks by default)."""
+    parser = argparse.ArgumentParser(prog="zmesh stack", description=stack_main.__doc__)
+    parser.add_argument("mesh", help="a mesh: its full name (zmesh ps) or the name it was given")
+    parser.add_argument("rank", nargs="?", type=int, default=None, help="one rank (default: all)")
+    _agent_args(parser)
+    parser.add_argument("--json", action="store_true", help="a JSON list, one object per rank")
+    args = parser.parse_args(argv)
+    addresses = agent_addresses(args)
+    results, error = asyncio.run(_stacks(addresses, args.mesh, args.rank, args.timeout))
+    if error:
+        print(f"zmesh stack: {error}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.json:
+        sys.stdout.write(json.dumps(results, indent=1) + "\n")
+    else:
+        for r in results:
+            print(f"--- {r['mesh']}[{r['rank']}] pid {r['pid'] or '-'} on {r['host']} ---")
+            if r["ok"]:
+                print(r["stack"].rstrip("\n"))
+                if r["truncated"]:
+                    print("(cut: the dump was larger than the agent sends)")
+            else:
+                print(f"error: {r['error']}")
+            print()
+    raise SystemExit(0 if all(r["ok"] for r in results) else 1)
+
+
+async def _stacks(
+    addresses: list[str], name: str, rank: int | None, timeout: float
+) -> tuple[list[dict[str, Any]], str]:
+    """Ask the agents holding ``name`` for its ranks' stacks: ``(results, error)``."""
+    col = Collector(addresses, 10)
+    try:
+        await col.wait(1, timeout)
+        snap = col.snapshot()
+        meshes = find_meshes(snap, name)
+        if not meshes:
+            known = ", ".join(_known(snap)) or "none"
+            return [], f"no mesh named {name!r} on {len(addresses)} agent(s) (known: {known})"
+        targets = []  # (agent address, host, mesh, rank state)
+        for a in snap.agents:
+            if a.stats is None:
+                continue
+            for m in a.stats.meshes:
+                if m.name not in meshes:
+                    continue
+                for r in m.ranks:
+                    if (rank is None and r.status in LIVE) or r.rank == rank:
+                        targets.append((a.address, a.stats.agent, m.name, r))
+        if not targets:
+            which = f"rank {rank} of" if rank is not None else "no live rank in"
+            return [], f"{which} {', '.join(meshes)}: nothing to show"
+
+        async def one(address: str, host: str, mesh: str, r: w.RankState) -> dict[str, Any]:
+            out: dict[str, Any] = {"mesh": mesh, "rank": r.rank, "host": host, "pid": r.pid}
+            try:
+                make = functools.partial(w.GetStack, mesh=mesh, rank=r.rank)
+                reply = await col.request(address, make, timeout)
+            except asyncio.TimeoutError:
+                reply = w.StackReply(0, ok=False, error=f"agent {address} did not answer")
+            out.update(
+                ok=reply.ok,
+                pid=reply.pid or r.pid,
+                stack=reply.text,
+                error=reply.error,
+                truncated=reply.truncated,
+            )
+            return out
+
+        results = await asyncio.gather(*(one(*t) for t in targets))
+        return sorted(results, key=lambda r: (r["mesh"], r["rank"])), ""
+    finally:
+        col.close()
+
+
+def _known(snap: Snapshot) -> list[str]:
+    return sorted({m.name for a in snap.agents if a.stats is not None for m in a.stats.meshes})

@@ -59,6 +59,9 @@ class AgentSample(msgspec.Struct, frozen=True, omit_defaults=True):
         received: wall clock when ``stats`` arrived (0: never).
         stats: its latest ``Stats``; base: the one a window before it.
         gone: the last statistics of procs that have ended since we watch.
+        stopped: the meshes it stopped on request (``GetHealth``).
+        ended: mesh -> wall clock when we first saw none of its ranks live
+            (how old history is).
     """
 
     address: str
@@ -69,6 +72,8 @@ class AgentSample(msgspec.Struct, frozen=True, omit_defaults=True):
     stats: w.Stats | None = None
     base: w.Stats | None = None
     gone: list[ProcStatistics] = []
+    stopped: list[str] = []
+    ended: dict[str, float] = {}
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -93,6 +98,10 @@ class _Agent:
         self.received = 0.0
         self.history: deque[w.Stats] = deque(maxlen=HISTORY)
         self.gone: dict[tuple[str, int, int], ProcStatistics] = {}
+        self.stopped: list[str] = []
+        self.health_at = 0.0  # when GetHealth was last answered (or given up on)
+        self.health_asked = 0.0
+        self.ended: dict[str, float] = {}
         self.futures: dict[int, asyncio.Future[Any]] = {}
         self.codec = w.Codec(w.AGENT_REPLIES, allow_pickle=False)
         self.stream_codec = w.Codec(w.OBSERVER_STREAM, allow_pickle=False)
@@ -128,6 +137,20 @@ class _Agent:
                 sub.connect(reply.stream)
                 self.stats_sub = AsyncSocket(sub, self.col.loop, self._on_stream)
             self._on_stats(reply.stats)
+        await self.ask_health()
+
+    async def ask_health(self) -> None:
+        """Ask which meshes were stopped on request (at most about once a second)."""
+        now = time.monotonic()
+        if now - self.health_asked < 1.0:
+            return
+        self.health_asked = now
+        try:
+            reply = await self.request(w.GetHealth, 2.0)
+            self.stopped = list(reply.stopped)
+        except asyncio.TimeoutError:
+            pass  # an agent that does not know GetHealth: judged from its ranks alone
+        self.health_at = time.monotonic()
 
     async def request(self, make: Any, timeout: float) -> Any:
         req_id = next(self.col.ids)
@@ -193,6 +216,17 @@ class _Agent:
                 del self.gone[next(iter(self.gone))]
         self.history.append(st)
         self.received = time.time()
+        names = set()
+        for m in st.meshes:
+            names.add(m.name)
+            if any(r.status in ("Running", "Initializing") for r in m.ranks):
+                self.ended.pop(m.name, None)
+            else:
+                self.ended.setdefault(m.name, self.received)
+        for name in [n for n in self.ended if n not in names]:
+            del self.ended[name]  # the agent forgot it
+        if self.sub is not None and time.monotonic() - self.health_asked >= 1.0:
+            self.col.spawn(self.ask_health())
 
     def spans(self) -> bool:
         """Whether the first and latest samples differ for every proc in the latest."""
@@ -228,6 +262,8 @@ class _Agent:
             latest,
             base,
             list(self.gone.values()),
+            list(self.stopped),
+            dict(self.ended),
         )
 
     def close(self) -> None:
@@ -253,11 +289,30 @@ class Collector:
         self.ids = itertools.count(1)
         self.window = window
         self.events: deque[EventRecord] = deque(maxlen=EVENTS)
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.agents = [_Agent(self, a) for a in dict.fromkeys(addresses)]
         self._watch = self.loop.create_task(self._watch_forever())
 
     def add_event(self, ev: EventRecord) -> None:
         self.events.append(ev)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` on the loop until it ends or the collector closes."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def request(self, address: str, make: Any, timeout: float) -> Any:
+        """Send ``make(id)`` to the agent at ``address``; its reply.
+
+        Raises:
+            asyncio.TimeoutError: no reply within ``timeout`` seconds.
+            LookupError: not an agent this collector follows.
+        """
+        agent = next((a for a in self.agents if a.address == address), None)
+        if agent is None:
+            raise LookupError(f"not following an agent at {address!r}")
+        return await agent.request(make, timeout)
 
     async def _watch_forever(self) -> None:
         while True:
@@ -275,7 +330,9 @@ class Collector:
         """Wait until every agent has given ``samples`` statistics; False on timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(len(a.history) >= samples for a in self.agents):
+            # The stopped meshes too: without them, status cannot tell a
+            # mesh its owner stopped from one that died.
+            if all(len(a.history) >= samples and a.health_at for a in self.agents):
                 # With two samples or more, each proc must have reported in
                 # between, or its rates would be over no time at all.
                 if samples < 2 or all(a.spans() for a in self.agents):
@@ -285,5 +342,7 @@ class Collector:
 
     def close(self) -> None:
         self._watch.cancel()
+        for task in list(self._tasks):
+            task.cancel()
         for a in self.agents:
             a.close()

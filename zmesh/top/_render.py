@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from zmesh.top._view import PANES, SORTS, EndpointRow, Options, View, describe_event
+from zmesh.top._view import KEEP, PANES, SORTS, EndpointRow, Options, View, describe_event
 
 WINDOWS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -29,6 +29,8 @@ HELP = [
     ("< >", "sort by the previous / next column (ties keep name order)"),
     ("Space", "pause / resume updates"),
     ("e", "errors-only: failed procs, endpoints with errors, failure events"),
+    ("H", "show / fold history: dead generations and stopped meshes"),
+    ("S", "the stack of every thread of the selected proc (procs pane)"),
     ("+ -", "widen / narrow the window rates and percentiles are over"),
 ]
 
@@ -46,13 +48,18 @@ class Screen:
     help: bool = False
     sort: dict[str, int] = field(default_factory=dict)
     window: float = 10.0
+    show_history: bool = False
+    keep: float = KEEP  # seconds of history shown (and of the failed counter)
+    stack: list[str] | None = None  # the stack view's lines, when open
+    stack_title: str = ""
+    stack_wanted: tuple[str, str, int] | None = None  # (agent address, mesh, rank) to ask
 
     @property
     def pane(self) -> str:
         return PANES[self.focus]
 
     def options(self) -> Options:
-        return Options(self.filter, self.errors_only, dict(self.sort))
+        return Options(self.filter, self.errors_only, dict(self.sort), self.show_history, self.keep)
 
 
 # ------------------------------------------------------------------ formats
@@ -106,6 +113,10 @@ def fmt_duration(s: float | None) -> str:
     return f"{d}d{h:02d}h"
 
 
+def _minutes(s: float) -> str:
+    return f"{s / 60:g}m" if s >= 60 else f"{s:g}s"
+
+
 def fmt_pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}%"
 
@@ -138,9 +149,11 @@ def header(view: View, screen: Screen) -> RenderableType:
     one.append("zmesh top", style="bold")
     one.append(f"  agents {h.agents_ok}/{h.agents_total}")
     one.append(f"  procs {h.procs_running}/{h.procs_total}")
+    if h.history:
+        one.append(f" +{h.history} history", style="dim")
     one.append(f"  actors {h.actors_alive}")
-    if h.actors_failed:
-        one.append(f" +{h.actors_failed} failed", style="red")
+    if h.failed:
+        one.append(f" +{h.failed} failed in {_minutes(h.keep)}", style="red")
     one.append(f"  services {h.services_ok} ok")
     if h.services_degraded:
         one.append(f" {h.services_degraded} degraded", style="red")
@@ -222,7 +235,7 @@ def hosts_table(view: View, screen: Screen, rows: range | None = None) -> Table:
     return t
 
 
-def procs_table(view: View, screen: Screen, rows: range | None = None) -> Table:
+def procs_table(view: View, screen: Screen, rows: range | None = None) -> RenderableType:
     t = _table(
         "procs",
         [
@@ -241,6 +254,7 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Table:
     )
     for i in rows if rows is not None else range(len(view.procs)):
         p = view.procs[i]
+        style = _sel(screen, "procs", i) or ("dim" if p.history else "")
         t.add_row(
             p.host,
             p.mesh,
@@ -252,8 +266,11 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Table:
             str(p.restarts),
             fmt_duration(p.uptime),
             p.reason,
-            style=_sel(screen, "procs", i),
+            style=style,
         )
+    folded = view.header.history if not screen.show_history else 0
+    if folded:
+        return Group(t, Text(f"  +{folded} history rows folded (H shows them)", style="dim"))
     return t
 
 
@@ -395,6 +412,12 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
             help_t.add_row(k, what)
         parts.append(help_t)
         return Group(*parts, footer)
+    if screen.stack is not None:
+        lines = screen.stack[: max(0, body - 1)]
+        parts.append(Text(f"stack of {screen.stack_title}", style="bold underline"))
+        parts.extend(Text(ln, no_wrap=True, overflow="ellipsis") for ln in lines)
+        parts.extend(Text("") for _ in range(max(0, body - 1 - len(lines))))
+        return Group(*parts, Text("any key closes the stack", style="dim"))
     pane = screen.pane
     tail = 0
     if pane != "events" and view.events and body >= 14:
@@ -403,6 +426,8 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
     chrome = (
         2 + (1 if pane == "actors" else 0) + (1 if pane == "services" and not view.services else 0)
     )
+    if pane == "procs" and view.header.history and not screen.show_history:
+        chrome += 1  # the "history rows folded" line
     room = body - chrome - (tail + 1 if tail else 0)
     if pane == "events":
         room = body
@@ -427,7 +452,7 @@ def _footer(screen: Screen) -> Text:
         return t
     return Text(
         "q quit  ? help  Tab/1-5 pane  j/k move  / filter  < > sort  Space pause  "
-        "e errors  +/- window",
+        "e errors  H history  S stack  +/- window",
         style="dim",
         no_wrap=True,
         overflow="ellipsis",

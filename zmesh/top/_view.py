@@ -14,8 +14,10 @@ from typing import Any
 
 from zmesh._stats import ProcStatistics, percentile, subtract
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
+from zmesh.top._health import judge
 
 STALE_INTERVALS = 3  # data older than this many intervals is STALE
+KEEP = 300.0  # seconds that history rows and the failed counter cover, by default
 FAILURES = ("Failed", "Timeout", "Unknown")
 PANES = ("hosts", "procs", "actors", "services", "events")
 
@@ -49,6 +51,7 @@ class ProcRow:
     rss: int | None = None
     uptime: float | None = None
     reason: str = ""
+    history: bool = False  # a dead generation or a stopped mesh (folded by default)
 
     @property
     def restarts(self) -> int:
@@ -101,7 +104,7 @@ class Header:
     procs_running: int
     procs_total: int
     actors_alive: int
-    actors_failed: int
+    failed: int  # ranks that failed within the last ``keep`` seconds
     services_ok: int
     services_degraded: int
     calls: float
@@ -110,15 +113,24 @@ class Header:
     stale: bool
     window: float
     time: float
+    history: int = 0  # proc rows of dead generations and stopped meshes (folded or not)
+    keep: float = KEEP
 
 
 @dataclass(frozen=True)
 class Options:
-    """What the user chose: filter, errors-only, sort column per pane."""
+    """What the user chose: filter, errors-only, sort column per pane, and history.
+
+    ``show_history`` unfolds the rows of dead generations and stopped meshes;
+    ``keep`` is how long (seconds) history rows stay, and the span of the
+    header's failed counter.
+    """
 
     filter: str = ""
     errors_only: bool = False
     sort: dict[str, int] = field(default_factory=dict)  # pane -> column index
+    show_history: bool = False
+    keep: float = KEEP
 
 
 @dataclass(frozen=True)
@@ -190,7 +202,10 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
     """The rows and header for ``snap``, filtered and sorted as ``opts`` says."""
     opts = opts or Options()
     hosts = [_host_row(a, snap.time) for a in snap.agents]
-    procs = [row for a in snap.agents for row in _proc_rows(a)]
+    health = judge(snap)
+    procs = [
+        row for a in snap.agents for row in _proc_rows(a, health.history, snap.time - opts.keep)
+    ]
     endpoints = _endpoint_rows(snap.agents)
     # A service reports to every agent it has replicas on: one row per name.
     by_name = {
@@ -200,7 +215,9 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
         for s in a.stats.services
     }
     services = list(by_name.values())
-    header = _header(snap, hosts, procs, endpoints, services)
+    header = _header(snap, hosts, procs, endpoints, services, opts.keep)
+    if not opts.show_history:
+        procs = [p for p in procs if not p.history]
     f = opts.filter
     hosts = [h for h in hosts if _matches(f, h.label, h.address, h.state)]
     procs = [p for p in procs if _matches(f, p.mesh, p.host, p.state, p.pid, p.reason)]
@@ -209,7 +226,7 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
     events = [e for e in snap.events if _matches(f, e.agent, e.kind, e.mesh, e.reason)]
     if opts.errors_only:
         hosts = [h for h in hosts if h.state != "ok"]
-        procs = [p for p in procs if p.state in FAILURES]
+        procs = [p for p in procs if p.state in FAILURES and not p.history]
         endpoints = [e for e in endpoints if e.errors > 0]
         services = [s for s in services if s.healthy < s.desired]
         events = [e for e in events if e.kind in FAILURES or e.kind == "lost"]
@@ -254,13 +271,17 @@ def _host_row(a: AgentSample, now: float) -> HostRow:
     )
 
 
-def _proc_rows(a: AgentSample) -> list[ProcRow]:
+def _proc_rows(a: AgentSample, history: set[tuple[str, str]], since: float) -> list[ProcRow]:
+    """The rows of ``a``'s procs; those of history meshes that ended before ``since`` are gone."""
     st = a.stats
     if st is None:
         return []
     live = {(p.mesh, p.rank): p for p in st.procs}
     rows = []
     for m in st.meshes:
+        past = (st.agent, m.name) in history
+        if past and a.ended.get(m.name, since) < since:
+            continue  # aged out
         for r in m.ranks:
             p = live.get((m.name, r.rank))
             if p is not None and p.generation != r.generation:
@@ -281,6 +302,7 @@ def _proc_rows(a: AgentSample) -> list[ProcRow]:
                     p.rss if p else None,
                     p.uptime if p else None,
                     reason,
+                    past,
                 )
             )
     return rows
@@ -393,8 +415,17 @@ def _header(
     procs: Sequence[ProcRow],
     endpoints: Sequence[EndpointRow],
     services: Sequence[ServiceRow],
+    keep: float,
 ) -> Header:
-    alive = failed = 0
+    alive = 0
+    since = snap.time - keep
+    # Failures we saw happen within the last ``keep`` seconds: from the event
+    # stream, and from procs whose last report came before they failed.
+    failed = {
+        (e.agent, e.mesh, e.rank, e.generation)
+        for e in snap.events
+        if e.kind in FAILURES and e.mesh and e.time >= since
+    }
     for a in snap.agents:
         if a.stats is None:
             continue
@@ -403,16 +434,16 @@ def _header(
             if status.get((p.mesh, p.rank, p.generation)) == "Running":
                 alive += len(p.actors)
         for p in a.gone:
-            if status.get((p.mesh, p.rank, p.generation)) in FAILURES:
-                failed += len(p.actors)
+            if status.get((p.mesh, p.rank, p.generation)) in FAILURES and p.time >= since:
+                failed.add((a.stats.agent, p.mesh, p.rank, p.generation))
     ages = [h.age for h in hosts if h.age is not None]
     return Header(
         agents_ok=sum(1 for h in hosts if h.state == "ok"),
         agents_total=len(hosts),
         procs_running=sum(1 for p in procs if p.state == "Running"),
-        procs_total=len(procs),
+        procs_total=sum(1 for p in procs if not p.history),
         actors_alive=alive,
-        actors_failed=failed,
+        failed=len(failed),
         services_ok=sum(1 for s in services if s.healthy >= s.desired),
         services_degraded=sum(1 for s in services if s.healthy < s.desired),
         calls=sum(e.calls for e in endpoints),
@@ -421,6 +452,8 @@ def _header(
         stale=any(_is_stale(a, snap.time) for a in snap.agents if a.stats is not None),
         window=snap.window,
         time=snap.time,
+        history=sum(1 for p in procs if p.history),
+        keep=keep,
     )
 
 
@@ -447,26 +480,5 @@ def describe_event(e: EventRecord) -> str:
 
 
 def unhealthy(snap: Snapshot) -> list[str]:
-    """Why the mesh is not healthy (empty: every known rank is Running).
-
-    A rank counts when its agent is reachable and says Running. Ranks
-    stopped on purpose do not count, nor do meshes that ended.
-    """
-    why = []
-    for a in snap.agents:
-        if a.stats is None or a.state != "ok":
-            why.append(f"agent {a.label} ({a.address}) is {a.state if a.stats else 'unreachable'}")
-            continue
-        for m in a.stats.meshes:
-            statuses = [r.status for r in m.ranks]
-            if (
-                statuses
-                and all(s in ("Stopped", "Stopping", *FAILURES) for s in statuses)
-                and ("Stopped" in statuses or "Stopping" in statuses)
-            ):
-                continue  # stopped by its owner
-            for r in m.ranks:
-                if r.status not in ("Running", "Stopped", "Stopping"):
-                    detail = f": {r.reason}" if r.reason else ""
-                    why.append(f"{m.name}[{r.rank}] on {a.stats.agent} is {r.status}{detail}")
-    return why
+    """Why the mesh is not healthy now (empty: healthy); see ``_health.judge``."""
+    return judge(snap).problems
