@@ -185,6 +185,6 @@ class ExitInInit(zmesh.Actor):
 @pytest.mark.parametrize("how", ["exit", "custom"])
 def test_a_base_exception_in_init_is_a_spawn_error_at_once(how: str) -> None:
     t0 = time.monotonic()
-    with pytest.raises(zmesh.SpawnError, match="SystemExit|Fatal"):
+    with pytest.raises(zmesh.SpawnError, match=r"SystemExit|Fatal"):
         ExitInInit.options().as_actor(how).get(timeout=30)
     assert time.monotonic() - t0 < 20
