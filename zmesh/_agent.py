@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -33,6 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import zmq
 
 from zmesh import _forkserver, _stats
@@ -212,7 +214,20 @@ class HostAgent:
             msg = self._codec.decode(frames[1:])
         except Exception as exc:  # bad input must never kill the agent
             self._drop(f"undecodable message: {exc!r}")
+            req = w.request_of(frames[1], w.AGENT_REQUESTS)
+            if req is not None:  # a request: its sender learns why, and waits for nothing
+                self._reply(ident, w.Ack(req[1], ok=False, error=w.explain(req[0], exc)))
             return
+        try:
+            self._handle(ident, msg)
+        except Exception as exc:  # a handler bug must not stop this socket's reader
+            log.exception("handling %s failed", type(msg).__name__)
+            req_id = getattr(msg, "id", None)
+            if isinstance(req_id, int):
+                error = f"{type(msg).__name__} failed on {self.label}: {exc!r}"
+                self._reply(ident, w.Ack(req_id, ok=False, error=error))
+
+    def _handle(self, ident: bytes, msg: Any) -> None:
         if isinstance(msg, w.ProcHeartbeat):
             self._on_proc_heartbeat(msg)
         elif isinstance(msg, w.OwnerHeartbeat):
@@ -288,21 +303,25 @@ class HostAgent:
             if existing.spec == msg.spec:
                 return w.Ack(msg.id)  # idempotent
             return w.Ack(msg.id, ok=False, error=f"mesh {msg.name!r} exists with another spec")
-        if not msg.spec.ranks:
-            return w.Ack(msg.id, ok=False, error="a mesh needs at least one rank")
+        error = _spec_error(msg.spec)
+        if error:
+            return w.Ack(msg.id, ok=False, error=f"bad CreateOrUpdate of {msg.name!r}: {error}")
         mesh = _Mesh(msg.name, msg.spec, MeshView(msg.name, msg.spec.ranks))
         self.meshes[msg.name] = mesh
         self.owners.setdefault(msg.spec.owner, time.monotonic())
         for rank in msg.spec.ranks:
             try:
                 self._spawn(mesh, rank)
-            except OSError as exc:
+            except Exception as exc:  # this rank failed; the others still start
+                log.warning("cannot start %s[%d]: %r", msg.name, rank, exc)
                 self._transition(mesh, rank, Rank(Status.FAILED, 1, reason=f"spawn failed: {exc}"))
         return w.Ack(msg.id)
 
     def _spawn(self, mesh: _Mesh, rank: int) -> None:
         gen = mesh.view.ranks[rank].generation + 1
         log_path = os.path.join(self.log_dir, f"{mesh.name}.{rank}.g{gen}.log")
+        if os.path.dirname(os.path.abspath(log_path)) != os.path.abspath(self.log_dir):
+            raise OSError(f"log path {log_path!r} leaves the log directory")  # names forbid it
         spec = {
             "mesh": mesh.name,
             "rank": rank,
@@ -313,13 +332,13 @@ class HostAgent:
             "host": self.label,
             "bind_host": _bind_host(self.control_addr),
             "log_path": log_path,
-            "main": mesh.spec.main,
+            "main": msgspec.to_builtins(mesh.spec.main),
             "keys": self.keys.dir if self.keys is not None else "",
         }
         env = dict(os.environ)
         env.update(mesh.spec.env)
         env["ZMESH_PROC"] = json.dumps(spec)
-        cwd = mesh.spec.main.get("dir") or None
+        cwd = mesh.spec.main.dir or None
         popen: subprocess.Popen[bytes] | _forkserver.Child | None = None
         if self._forkserver is not None:
             popen = self._forkserver.spawn(log_path, env, cwd)
@@ -596,6 +615,17 @@ class HostAgent:
                 del self.meshes[name]
                 if len(self.meshes) < 128:
                     return
+
+
+def _spec_error(spec: w.ProcSpec) -> str:
+    """What is wrong with a spec that decoded (types and ranges are checked
+    at decode; this is what relates its fields), or ``""``."""
+    if len(set(spec.ranks)) != len(spec.ranks):
+        return "a rank is given twice in `ranks`"
+    size = math.prod(spec.dims.values())
+    if max(spec.ranks) >= size:
+        return f"rank {max(spec.ranks)} is outside the dims {spec.dims} ({size} ranks)"
+    return ""
 
 
 def _rank_state(rank: int, s: Rank) -> w.RankState:

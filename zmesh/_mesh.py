@@ -193,6 +193,15 @@ class _MeshBase:
             listeners.remove(listen)
 
 
+def check_mesh_name(base: str) -> str:
+    """Refuse a mesh name (before its ``-<8 hex>`` suffix) that is not safe.
+
+    Raises:
+        ValueError: it is not 1-119 letters, digits, ``_``, ``.`` or ``-``.
+    """
+    return w.check_name(base, "mesh name", reserve=9)
+
+
 STATE_TIMEOUT = 2.0  # how long state() waits for agents that must be asked
 
 
@@ -302,9 +311,14 @@ class ProcMesh(_MeshBase):
     def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh[A]]:
         """Construct ``cls(*args, **kwargs)`` in every proc; a future of the ``ActorMesh``.
 
+        Raises:
+            ValueError: at once, when ``name`` is not a valid name (1-128
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``).
+
         Raises (from the future):
             SpawnError: ``__init__`` raised in some proc (with its traceback).
         """
+        w.check_name(name, "actor name")
         return submit(lambda rt: _spawn_actors(rt, self, name, cls, args, kwargs))
 
     def stop(self) -> Future[None]:
@@ -438,11 +452,19 @@ class HostMesh:
 
         Returns at once with a future; the procs start in parallel.
 
+        Raises:
+            ValueError: at once, when ``name`` is not a valid name (1-119
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``; the
+                mesh's name is ``name`` and a random suffix), or a dim is not.
+
         Raises (from the future):
             SpawnError: a proc died or did not become ready (with its log path).
             AgentError: an agent cannot be reached.
         """
         per_host = dict(per_host or {"procs": 1})
+        check_mesh_name(name)
+        for dim in per_host:
+            w.check_name(dim, "dim")
         agents = self._agents
         hosts = self._hosts
 
@@ -529,6 +551,7 @@ async def _spawn_procs(
     from zmesh._actor import _CURRENT_ACTOR
 
     _spawnprep.check_not_preparing()
+    check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())

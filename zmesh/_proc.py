@@ -289,15 +289,36 @@ class ProcServer:
                 self._drop(repr(exc))
                 return None
             for msg in msgs:
-                self._dispatch(ident, msg, frames[1:])
+                try:  # (a try costs nothing until it catches)
+                    self._dispatch(ident, msg, frames[1:])
+                except Exception as exc:
+                    self._dispatch_failed(ident, msg, exc)
             return len(msgs)
         try:
             msg = self.codec.decode(frames[1:])
         except Exception as exc:  # never fatal: count, log once, drop
             self._drop(repr(exc))
+            req = w.request_of(env, w.PROC_REQUESTS)
+            if req is not None:  # its sender gets an answer, not a wait
+                why = w.explain(req[0], exc)
+                f = w.Failure(req[1], "endpoint", type(exc).__name__, why)
+                self.router.send([ident, *self.codec.encode(f)])
             return None
-        self._dispatch(ident, msg, frames[1:])
+        try:
+            self._dispatch(ident, msg, frames[1:])
+        except Exception as exc:
+            self._dispatch_failed(ident, msg, exc)
         return None
+
+    def _dispatch_failed(self, ident: bytes, msg: Any, exc: Exception) -> None:
+        """A handler raised: log it and answer, so the socket's reader goes on."""
+        log.error("handling %s failed", type(msg).__name__, exc_info=exc)
+        if isinstance(msg, w.Call | w.SpawnActor | w.StopActor) and not getattr(
+            msg, "oneway", False
+        ):
+            what = f"{type(msg).__name__} failed in the proc: {exc!r}"
+            f = w.Failure(msg.id, "endpoint", "ProcError", what)
+            self.router.send([ident, *self.codec.encode(f)])
 
     def _dispatch(self, ident: bytes, msg: Any, frames: list[Any]) -> None:
         if isinstance(msg, w.Call):
