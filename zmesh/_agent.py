@@ -15,6 +15,15 @@ Liveness comes from three places:
   are answered by libzmq's I/O thread, so they say nothing of Python's loop);
 * a lost owner is seen by its missing owner heartbeats: its procs are
   stopped after a grace period, so nothing is ever orphaned.
+
+Everything a proc starts goes with it. The agent is a child subreaper, so a
+process whose parent dies below it is handed to the agent, not to init:
+each tick it looks at its children, and one that is no proc of its own is
+an orphan. An orphan whose environment names a proc that still runs (a
+daemon the proc started) stays while that proc does; any other gets SIGTERM
+with everything below it, then SIGKILL ``STOP_GRACE`` later (``_sweep``).
+Stopping a proc signals its whole tree at once. For the agent's own death,
+its janitor (``_janitor.py``) kills whatever carries its epoch.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from zmesh import _forkserver, _stats
+from zmesh import _forkserver, _janitor, _ptree, _stats
 from zmesh import _wire as w
 from zmesh._errors import SecurityError
 from zmesh._security import Keys, is_loopback, secure_server, start_authenticator
@@ -69,6 +78,15 @@ class _Proc:
     stop_at: float | None = None  # when a stop was requested
     fail_reason: str = ""  # stopped because something broke (its owner went silent)
     reaped: bool = False
+
+
+@dataclass
+class _Orphan:
+    """A process a dead proc left behind, being stopped."""
+
+    start: int | None  # its start time: the pid may be reused once it is gone
+    kill_at: float  # SIGTERM went out; SIGKILL then
+    killed: bool = False
 
 
 @dataclass
@@ -139,6 +157,11 @@ class HostAgent:
         self._host_stats: _stats.HostStatistics | None = None
         self._ticks = 0
         self._forkserver: _forkserver.ForkServer | None = None
+        self._janitor: tuple[subprocess.Popen[bytes], int] | None = None
+        # Children that are no procs: orphans being stopped, and daemons of
+        # live procs (pid -> start time and the (mesh, rank, generation) they name).
+        self._orphans: dict[int, _Orphan] = {}
+        self._daemons: dict[int, tuple[int | None, tuple[Any, Any, Any]]] = {}
 
     # ------------------------------------------------------------ serving
 
@@ -148,8 +171,12 @@ class HostAgent:
 
     async def serve(self, ready: Any = None) -> None:
         loop = asyncio.get_running_loop()
+        # Orphans below us come to us, and everything we start carries our epoch.
+        _forkserver.become_subreaper()
+        os.environ[_ptree.EPOCH_VAR] = self.epoch
         # First, so that its imports overlap with ours and the first spawn.
         self._forkserver = _forkserver.ForkServer.start()
+        self._janitor = _janitor.start(self.epoch)
         os.makedirs(self.log_dir, exist_ok=True)
         ctx: zmq.Context[Any] = zmq.Context.instance()
         if self.keys is not None:
@@ -183,6 +210,9 @@ class HostAgent:
             await self._shutdown()
             if self._forkserver is not None:
                 self._forkserver.close()
+            if self._janitor is not None:  # all clear: it needs one look only
+                os.write(self._janitor[1], _janitor.CLEAN)
+                os.close(self._janitor[1])
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
@@ -334,10 +364,12 @@ class HostAgent:
             "log_path": log_path,
             "main": msgspec.to_builtins(mesh.spec.main),
             "keys": self.keys.dir if self.keys is not None else "",
+            "epoch": self.epoch,
         }
         env = dict(os.environ)
         env.update(mesh.spec.env)
-        env["ZMESH_PROC"] = json.dumps(spec)
+        env["ZMESH_PROC"] = json.dumps(spec)  # also says whose the proc's descendants are
+        env[_ptree.EPOCH_VAR] = self.epoch
         cwd = mesh.spec.main.dir or None
         popen: subprocess.Popen[bytes] | _forkserver.Child | None = None
         if self._forkserver is not None:
@@ -491,6 +523,10 @@ class HostAgent:
             if not failure:
                 current = mesh.view.ranks[rank]
                 self._transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
+            # Its descendants, and its daemons we adopted, get their SIGTERM now
+            # too (as a cgroup's would); what is left when it exits is swept.
+            for pid in _ptree.descendants(proc.popen.pid) + self._daemons_of(proc):
+                _ptree.signal_tree(pid, signal.SIGTERM)
             _signal(proc, signal.SIGTERM)
 
     def _stop_owner(self, owner: str, why: str, failure: bool = False) -> None:
@@ -504,15 +540,26 @@ class HostAgent:
         for mesh in self.meshes.values():
             self._stop(mesh)
         deadline = time.monotonic() + STOP_GRACE + 1.0
-        while time.monotonic() < deadline and self._alive():
-            self._poll_children(time.monotonic())
+        while time.monotonic() < deadline and (self._alive() or self._orphans):
+            now = time.monotonic()
+            self._poll_children(now)
+            self._sweep(now)
             await asyncio.sleep(0.02)
         for mesh in self.meshes.values():
             for proc in mesh.procs.values():
                 if not proc.reaped:
-                    _signal(proc, signal.SIGKILL)
+                    _ptree.kill_tree(proc.popen.pid)
                     proc.popen.wait()
                     self._reaped(proc)
+        # Whatever is left below us has had its SIGTERM and its grace.
+        for _ in range(10):
+            left = self._strays()
+            if not left:
+                break
+            for pid in left:
+                _ptree.kill_tree(pid)
+            time.sleep(0.01)
+            self._reap_strays(left)
 
     def _alive(self) -> bool:
         return any(not p.reaped for m in self.meshes.values() for p in m.procs.values())
@@ -539,7 +586,7 @@ class HostAgent:
             )
         )
         self._poll_children(now)
-        self._reap_strays()
+        self._sweep(now)
         for mesh in self.meshes.values():
             for rank, proc in mesh.procs.items():
                 if proc.reaped:
@@ -582,29 +629,82 @@ class HostAgent:
                     else:
                         self._reaped(proc)
 
-    def _reap_strays(self) -> None:
-        """Reap orphans adopted as the forkserver's subreaper that are not procs.
+    def _helpers(self) -> set[int]:
+        """Children of ours that are no procs and no orphans: forkserver, janitor."""
+        pids = set()
+        if self._forkserver is not None:
+            self._forkserver.check()  # reaps it if it died
+            pids.add(self._forkserver.pid)
+        if self._janitor is not None:
+            if self._janitor[0].poll() is not None:  # someone killed it: a new one
+                log.warning("janitor exited with %s; starting another", self._janitor[0].returncode)
+                os.close(self._janitor[1])
+                self._janitor = _janitor.start(self.epoch)
+            if self._janitor is not None:
+                pids.add(self._janitor[0].pid)
+        return pids
 
-        A process a proc started, whose proc then died, is re-parented to the
-        agent: reaping it keeps zombies from piling up. Procs themselves (and
-        the forkserver) are left to their own reaping.
-        """
-        if self._forkserver is None:
-            return
-        self._forkserver.check()
+    def _strays(self) -> list[int]:
+        """Our children that are neither a live proc nor a helper."""
         ours = {p.popen.pid for m in self.meshes.values() for p in m.procs.values() if not p.reaped}
-        ours.add(self._forkserver.pid)
-        while True:
+        ours |= self._helpers()
+        return [pid for pid in _ptree.children(os.getpid()) if pid not in ours]
+
+    def _sweep(self, now: float) -> None:
+        """Stop what dead procs left behind, and reap it (see the module docstring).
+
+        A child of ours that is no proc was handed to us (we are a subreaper)
+        when its parent died. If its environment names a proc that runs, it
+        is that proc's daemon and stays; otherwise it is an orphan: SIGTERM
+        to its tree now, SIGKILL ``STOP_GRACE`` later.
+        """
+        strays = self._strays()
+        for pid in strays:
+            if _ptree.is_zombie(pid):
+                continue  # exited: reaped below
+            start = _ptree.start_time(pid)
+            orphan = self._orphans.get(pid)
+            if orphan is not None and orphan.start == start:
+                if now >= orphan.kill_at and not orphan.killed:
+                    orphan.killed = True
+                    _ptree.kill_tree(pid)
+                continue
+            daemon = self._daemons.get(pid)
+            if daemon is None or daemon[0] != start:
+                spec = _ptree.tag(pid) or {}
+                mine = spec.get("epoch") == self.epoch
+                owner = (spec.get("mesh"), spec.get("rank"), spec.get("generation"))
+                daemon = self._daemons[pid] = (start, owner if mine else (None, None, None))
+            if self._proc_alive(*daemon[1]):
+                continue
+            del self._daemons[pid]
+            log.info("stopping pid %d, left behind by proc %s", pid, daemon[1])
+            _ptree.signal_tree(pid, signal.SIGTERM)
+            self._orphans[pid] = _Orphan(start, now + STOP_GRACE)
+        self._reap_strays(strays)
+
+    def _reap_strays(self, strays: list[int]) -> None:
+        for pid in strays:
             try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                return
-            if info is None or info.si_pid in ours:
-                return  # ours is reaped by its own path first; strays wait a tick
-            try:
-                os.waitpid(info.si_pid, 0)
-            except ChildProcessError:
-                return
+                done = pid
+            if done:
+                self._orphans.pop(pid, None)
+                self._daemons.pop(pid, None)
+        gone = set(strays)
+        for table in (self._orphans, self._daemons):
+            for pid in [p for p in table if p not in gone]:
+                del table[pid]  # no child of ours any more
+
+    def _proc_alive(self, mesh: Any, rank: Any, generation: Any) -> bool:
+        m = self.meshes.get(mesh) if isinstance(mesh, str) else None
+        proc = m.procs.get(rank) if m is not None and isinstance(rank, int) else None
+        return proc is not None and proc.generation == generation and not proc.reaped
+
+    def _daemons_of(self, proc: _Proc) -> list[int]:
+        owner = (proc.mesh, proc.rank, proc.generation)
+        return [pid for pid, (_, o) in self._daemons.items() if o == owner]
 
     def _prune(self, now: float) -> None:
         # Keep stopped meshes for a while so late GetState calls can explain them.
