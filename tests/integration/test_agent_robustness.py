@@ -10,6 +10,7 @@ set, so no name writes anything outside the agent's log directory.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,103 @@ def test_a_class_name_that_is_no_safe_name_gets_a_safe_default() -> None:
     opts = cls.options()
     assert opts.name and all(c.isascii() for c in opts.name)
     assert os.sep not in opts.name
+
+
+# ------------------------------------------------------------- mutations
+
+ODD_VALUES: list[Any] = [
+    None, -1, 0, 2**64 - 1, 1.5, True, "", "../x", "a" * 300, "\x00", b"", b"\x00" * 10,
+    [], [1, "a"], {}, {"x": b""}, {"": None}, {"procs": -3}, [[[]]],
+]  # fmt: skip
+
+AGENT_SEEDS: list[list[Any]] = [
+    ["CreateOrUpdate", 1, "fuzz", {**SPEC, "main": {"sys_path": ["/x"], "dir": "/"},
+                                   "env": {"A": "b"}, "host_index": 0}],
+    ["GetState", 1, ""], ["Stop", 1, "fuzz"], ["ListMeshes", 1], ["Describe", 1],
+    ["GetStats", 1], ["OwnerHeartbeat", "o"], ["OwnerGone", "nobody"],
+    ["ProcHello", "fuzz", 0, 1, "tcp://127.0.0.1:1", 1], ["ProcHeartbeat", "fuzz", 0, 1],
+]  # fmt: skip
+
+
+def _mutate(rng: Any, msg: Any, depth: int = 0) -> Any:
+    """``msg`` with one value somewhere in it (never the tag) replaced by an odd one."""
+    if isinstance(msg, list) and len(msg) > (1 if depth == 0 else 0):
+        msg = list(msg)
+        i = rng.randrange(1 if depth == 0 else 0, len(msg))
+        go_deeper = isinstance(msg[i], list | dict) and msg[i] and rng.random() < 0.5
+        msg[i] = _mutate(rng, msg[i], depth + 1) if go_deeper else rng.choice(ODD_VALUES)
+    elif isinstance(msg, dict) and msg:
+        msg = dict(msg)
+        k = rng.choice(list(msg))
+        if rng.random() < 0.2:
+            msg[rng.choice(["x", "", "owner", "\x00"])] = rng.choice(ODD_VALUES)  # a new key
+        elif isinstance(msg[k], list | dict) and msg[k] and rng.random() < 0.5:
+            msg[k] = _mutate(rng, msg[k], depth + 1)
+        else:
+            msg[k] = rng.choice(ODD_VALUES)
+    return msg
+
+
+@pytest.mark.stress
+def test_mutated_fields_to_an_agent_are_each_answered_or_dropped(agent: AgentProcess) -> None:
+    import random
+
+    rng = random.Random(11)
+    sock = _dealer(agent.control)
+    asked: set[int] = set()
+    try:
+        for n in range(2000):
+            msg = _mutate(rng, rng.choice(AGENT_SEEDS))
+            if msg[0] in w.AGENT_REQUESTS and type(msg[1]) is int:
+                msg[1] = 10_000 + n  # a fresh id per request, to count the answers
+                asked.add(msg[1])
+            sock.send_multipart([ENC.encode(msg)])
+        answered: set[int] = set()
+        deadline = time.monotonic() + 30
+        while not asked <= answered and time.monotonic() < deadline:
+            if sock.poll(500):
+                answered.add(REPLIES.decode(sock.recv_multipart()).id)
+        assert asked <= answered, f"{len(asked - answered)} requests got no answer"
+        _still_serves(sock)
+        for name in ("fuzz",):  # a mutation may have been a valid spawn
+            _ask(sock, [ENC.encode(["Stop", 1, name])])
+    finally:
+        sock.close()
+
+
+@pytest.mark.stress
+def test_mutated_fields_to_a_proc_are_each_answered_or_dropped() -> None:
+    import random
+
+    mesh = Echo.options().as_actor().get(timeout=60)
+    rng = random.Random(12)
+    seeds: list[list[Any]] = [
+        ["Call", 1, "echo", "echo", [[1], {}, None, 0], 0.0, False, ""],
+        ["SpawnActor", 1, "fuzzed", b"\x80", [[], {}, None, 0], "m", {"procs": 1}, 0],
+        ["StopActor", 1, "nobody"],
+    ]
+    sock = _dealer(mesh._refs[0].addr)
+    codec = w.Codec(w.CLIENT_INBOX)
+    asked: set[int] = set()
+    try:
+        for n in range(2000):
+            msg = _mutate(rng, rng.choice(seeds))
+            oneway = msg[0] == "Call" and len(msg) > 6 and msg[6] is True
+            if type(msg[1]) is int and not oneway:
+                msg[1] = 10_000 + n
+                asked.add(msg[1])
+            sock.send_multipart([ENC.encode(msg)])
+        answered: set[int] = set()
+        deadline = time.monotonic() + 30
+        while not asked <= answered and time.monotonic() < deadline:
+            if sock.poll(500):
+                frames = sock.recv_multipart()
+                if frames[0][:1] == b"\xc1":  # a proc batches its answers
+                    answered.update(m.id for m in codec.decode_batch(frames[0]))
+                else:
+                    answered.add(codec.decode(frames).id)
+        assert asked <= answered, f"{len(asked - answered)} requests got no answer"
+        assert mesh.echo.call_one(7).get(timeout=10) == 7
+    finally:
+        sock.close()
+        mesh.stop().get(timeout=10)

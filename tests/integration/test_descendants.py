@@ -64,6 +64,14 @@ class Spawner(zmesh.Actor):
         return [out.pid, grandchild]
 
     @zmesh.endpoint
+    def storm(self) -> int:
+        """A child that keeps starting daemons (each orphaned at once) and children."""
+        script = "while :; do sleep 600 & (sleep 600 &) ; sleep 0.005; done"
+        p = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+        self.children.append(p)
+        return p.pid
+
+    @zmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -153,3 +161,52 @@ def test_nothing_of_a_stopped_mesh_is_left_after_churn(agent: AgentProcess) -> N
             wait_for(lambda later=later: all(alive(p) for p in later), 1, "the others to stay")
     finally:
         _kill([p for ps in started for p in ps])
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("how", ["stop", "kill-proc", "kill-agent"])
+def test_a_forking_storm_is_stopped_whole(how: str) -> None:
+    with local_cluster(1) as agents:
+        agent = agents[0]
+        mesh = Spawner.options().as_actor().get(timeout=60)
+        storm = mesh.storm.call_one().get(timeout=10)
+        proc = mesh.pid.call_one().get(timeout=10)
+        epoch = _epoch_of_proc(proc)
+        wait_for(lambda: len(_with_epoch(epoch)) > 100, 20, "the storm to grow")
+        if how == "stop":
+            mesh.stop().get(timeout=10)
+        elif how == "kill-proc":
+            os.kill(proc, signal.SIGKILL)
+        else:
+            agent.kill(signal.SIGKILL)
+            agent.popen.wait(timeout=15)
+        try:
+            wait_for(lambda: not _with_epoch(epoch), 10, "every process of the storm to go")
+        finally:
+            _kill(sorted(_with_epoch(epoch)))
+        assert not alive(storm)
+
+
+def _epoch_of_proc(pid: int) -> str:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    return env[b"ZMESH_AGENT_EPOCH"].decode()
+
+
+def _with_epoch(epoch: str) -> set[int]:
+    """Live ``sh`` and ``sleep`` processes whose environment carries ``epoch``."""
+    needle = f"ZMESH_AGENT_EPOCH={epoch}".encode()
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if needle in env and comm in (b"sleep", b"sh") and alive(int(entry)):
+            out.add(int(entry))
+    return out
