@@ -96,16 +96,39 @@ def med(values: list[float]) -> float:
 
 
 def cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system, every thread) used so far by ``pids``."""
-    total = 0
+    """CPU seconds (every thread, nanosecond resolution) used so far by ``pids``.
+
+    Clock ticks (``/proc/PID/stat``) are 10 ms: a short fan-out round can
+    cost less than one and would read as no CPU at all. The scheduler's own
+    count per thread (``/proc/PID/task/TID/schedstat``) is in nanoseconds;
+    ticks are the fallback where it is missing.
+    """
+    total = 0.0
     for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        ns, ok = 0, True
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    ns += int(f.read().split()[0])
+            except FileNotFoundError:
+                continue  # a thread that just ended
+            except (OSError, ValueError, IndexError):
+                ok = False
+                break
+        if ok:
+            total += ns / 1e9
+            continue
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
-    return total / os.sysconf("SC_CLK_TCK")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def forkserver_of(agent_pid: int) -> int:
@@ -617,8 +640,8 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
             continue
         results[f"rss_{k}_mb"] = {"zmesh": v, "raw": rss["raw_server_idle"]}
     for v in results.values():
-        if v.get("raw"):
-            v["ratio"] = v["zmesh"] / v["raw"]
+        if "raw" in v:  # always written: NaN says the raw figure was 0
+            v["ratio"] = v["zmesh"] / v["raw"] if v["raw"] else float("nan")
     if "skipped" not in ray:
         results["ray_lat_p50_us"] = {"zmesh": m["zmesh_p50_us"], "ray": ray["lat_p50_us"]}
         results["ray_pipelined_per_s"] = {

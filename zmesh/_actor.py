@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -176,8 +177,13 @@ class Options(Generic[A]):
         procs: procs per host.
         hosts: hosts (agents), one host slice each.
         replicas: for ``as_service()``: how many replicas (each ``hosts x procs``).
-        name: the mesh name (default: the class name in lower case).
+        name: the mesh name (default: the class name in lower case): 1-108
+            letters, digits, ``_``, ``.`` or ``-``, without ``..`` (zmesh
+            appends a suffix, and it names the procs' log files).
         service_config: for ``as_service()``: see ``zmesh.ServiceConfig``.
+
+    Raises:
+        ValueError: a size below 1, or a name that is not valid.
     """
 
     def __init__(
@@ -199,7 +205,12 @@ class Options(Generic[A]):
         self.procs = procs
         self.hosts = hosts
         self.replicas = replicas
-        self.name = name or cls.__name__.lower()
+        if name is None:  # a class name may hold any letter: keep the safe ones
+            name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
+        from zmesh._wire import check_name
+
+        # A service's replicas and every mesh add a suffix: leave room for it.
+        self.name = check_name(name, "mesh name", reserve=20)
         self.service_config = service_config
         if service_config:
             from zmesh._routing import ServiceConfig

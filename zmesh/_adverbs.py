@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import queue
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -236,19 +237,28 @@ def _least_loaded(rt: Runtime, refs: list[Any]) -> Any:
 
 
 class Stream(Generic[R]):
-    """Replies of a fan-out, as they arrive. Iterate once, sync or async.
+    """Replies of a fan-out, as they arrive. Iterate it sync or async.
 
     The request goes out when the stream is made (like every adverb, so it
     keeps its place in send order), not when iteration begins.
+
+    A stream can be iterated more than once, as a list can: a later pass
+    replays the replies that arrived so far, in arrival order, then waits
+    for the rest. A failure ends every pass at the same place, raising the
+    same error again. (Python's one-shot iterators would hand a second pass
+    nothing, which reads as "no replies"; a hang would be worse.)
     """
 
     def __init__(self, ref: EndpointRef[R], msg: Callable[[int], w.Call], buffers: list[Any]):
         self._n = len(ref._mesh._refs)
+        # (ok, value) per reply, in arrival order: what every pass replays.
+        self._seen: list[tuple[bool, Any]] = []
         refs, timeout = ref._mesh._refs, ref._timeout
         rt, home = _runtime.current()
         self._loop = rt.loop if home else None
         self._aq: asyncio.Queue[tuple[int, bool, Any]] | None = None
         self._sq: queue.SimpleQueue[tuple[int, bool, Any]] | None = None
+        self._lock = threading.Lock()  # plain code: passes in several threads
         if home:
             aq = self._aq = asyncio.Queue()
             rt.send(refs, msg, buffers, lambda i, ok, v: aq.put_nowait((i, ok, v)), timeout)
@@ -260,23 +270,38 @@ class Stream(Generic[R]):
 
     async def __aiter__(self) -> AsyncIterator[R]:
         loop = asyncio.get_running_loop()
-        for _ in range(self._n):
-            if self._aq is not None:
-                if loop is not self._loop:
-                    raise RuntimeError("iterate a stream in the event loop that made it")
-                _, ok, value = await self._aq.get()
+        if self._aq is not None and loop is not self._loop:
+            raise RuntimeError("iterate a stream in the event loop that made it")
+        i = 0
+        while i < self._n:
+            if self._aq is None:  # made in plain code, iterated in a loop
+                ok, value = await loop.run_in_executor(None, self._pull, i)
             else:
-                assert self._sq is not None  # made in plain code, iterated in a loop
-                _, ok, value = await loop.run_in_executor(None, self._sq.get)
+                while i >= len(self._seen):
+                    _, ok, value = await self._aq.get()
+                    self._seen.append((ok, value))
+                ok, value = self._seen[i]
             if not ok:
                 raise value
+            i += 1
             yield value
 
     def __iter__(self) -> Iterator[R]:
         if self._sq is None:
             raise RuntimeError("a stream made inside an event loop is iterated with 'async for'")
-        for _ in range(self._n):
-            _, ok, value = self._sq.get()
+        i = 0
+        while i < self._n:
+            ok, value = self._pull(i)
             if not ok:
                 raise value
+            i += 1
             yield value
+
+    def _pull(self, i: int) -> tuple[bool, Any]:
+        """Reply ``i`` of a stream made in plain code, waiting for it if need be."""
+        assert self._sq is not None
+        with self._lock:  # passes in several threads take replies one at a time
+            while i >= len(self._seen):
+                _, ok, value = self._sq.get()
+                self._seen.append((ok, value))
+            return self._seen[i]

@@ -20,6 +20,15 @@ Liveness comes from three places (docs/supervision.md has every number):
   else by its missing owner heartbeats: its procs are stopped after a
   generous grace, so nothing is ever orphaned and a busy owner is not
   taken for a dead one.
+
+Everything a proc starts goes with it. The agent is a child subreaper, so a
+process whose parent dies below it is handed to the agent, not to init:
+each tick it looks at its children, and one that is no proc of its own is
+an orphan. An orphan whose environment names a proc that still runs (a
+daemon the proc started) stays while that proc does; any other gets SIGTERM
+with everything below it, then SIGKILL ``STOP_GRACE`` later (``_sweep``).
+Stopping a proc signals its whole tree at once. For the agent's own death,
+its janitor (``_janitor.py``) kills whatever carries its epoch.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -41,9 +51,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import zmq
 
-from zmesh import _forkserver, _liveness, _paths, _stacks, _stats
+from zmesh import _forkserver, _janitor, _liveness, _paths, _ptree, _stacks, _stats
 from zmesh import _wire as w
 from zmesh._errors import SecurityError
 from zmesh._security import Gate, Keys, secure_server
@@ -77,6 +88,15 @@ class _Proc:
     reaped: bool = False
     liveness: _liveness.ProcLiveness = field(default_factory=_liveness.ProcLiveness)
     ipc: str = ""  # the path of its socket, if it binds ipc://
+
+
+@dataclass
+class _Orphan:
+    """A process a dead proc left behind, being stopped."""
+
+    start: int | None  # its start time: the pid may be reused once it is gone
+    kill_at: float  # SIGTERM went out; SIGKILL then
+    killed: bool = False
 
 
 @dataclass
@@ -166,6 +186,11 @@ class HostAgent:
         self._socket_dir = ""  # an ipc agent's private directory of sockets
         self._proc_bind = ""  # where procs bind: tcp://host:* or an ipc prefix
         self._procs_started = 0
+        self._janitor: tuple[subprocess.Popen[bytes], int] | None = None
+        # Children that are no procs: orphans being stopped, and daemons of
+        # live procs (pid -> start time and the (mesh, rank, generation) they name).
+        self._orphans: dict[int, _Orphan] = {}
+        self._daemons: dict[int, tuple[int | None, tuple[Any, Any, Any]]] = {}
 
     # ------------------------------------------------------------ serving
 
@@ -175,8 +200,12 @@ class HostAgent:
 
     async def serve(self, ready: Any = None) -> None:
         loop = asyncio.get_running_loop()
+        # Orphans below us come to us, and everything we start carries our epoch.
+        _forkserver.become_subreaper()
+        os.environ[_ptree.EPOCH_VAR] = self.epoch
         # First, so that its imports overlap with ours and the first spawn.
         self._forkserver = _forkserver.ForkServer.start()
+        self._janitor = _janitor.start(self.epoch)
         # Its own default must be private; a directory the user named must be theirs.
         _paths.private_dir(self.log_dir, strict=self._default_log_dir)
         ctx: zmq.Context[Any] = zmq.Context.instance()
@@ -211,6 +240,9 @@ class HostAgent:
             await self._shutdown()
             if self._forkserver is not None:
                 self._forkserver.close()
+            if self._janitor is not None:  # all clear: it needs one look only
+                os.write(self._janitor[1], _janitor.CLEAN)
+                os.close(self._janitor[1])
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
@@ -262,7 +294,20 @@ class HostAgent:
             msg = self._codec.decode(frames[1:])
         except Exception as exc:  # bad input must never kill the agent
             self._drop(f"undecodable message: {exc!r}")
+            req = w.request_of(frames[1], w.AGENT_REQUESTS)
+            if req is not None:  # a request: its sender learns why, and waits for nothing
+                self._reply(ident, w.Ack(req[1], ok=False, error=w.explain(req[0], exc)))
             return
+        try:
+            self._handle(ident, msg)
+        except Exception as exc:  # a handler bug must not stop this socket's reader
+            log.exception("handling %s failed", type(msg).__name__)
+            req_id = getattr(msg, "id", None)
+            if isinstance(req_id, int):
+                error = f"{type(msg).__name__} failed on {self.label}: {exc!r}"
+                self._reply(ident, w.Ack(req_id, ok=False, error=error))
+
+    def _handle(self, ident: bytes, msg: Any) -> None:
         if isinstance(msg, w.ProcHeartbeat):
             self._on_proc_heartbeat(msg)
         elif isinstance(msg, w.OwnerHeartbeat):
@@ -358,15 +403,17 @@ class HostAgent:
             if existing.spec == msg.spec:
                 return w.Ack(msg.id)  # idempotent
             return w.Ack(msg.id, ok=False, error=f"mesh {msg.name!r} exists with another spec")
-        if not msg.spec.ranks:
-            return w.Ack(msg.id, ok=False, error="a mesh needs at least one rank")
+        error = _spec_error(msg.spec)
+        if error:
+            return w.Ack(msg.id, ok=False, error=f"bad CreateOrUpdate of {msg.name!r}: {error}")
         mesh = _Mesh(msg.name, msg.spec, MeshView(msg.name, msg.spec.ranks))
         self.meshes[msg.name] = mesh
         self.owners.setdefault(msg.spec.owner, time.monotonic())
         for rank in msg.spec.ranks:
             try:
                 self._spawn(mesh, rank)
-            except OSError as exc:
+            except Exception as exc:  # this rank failed; the others still start
+                log.warning("cannot start %s[%d]: %r", msg.name, rank, exc)
                 self._transition(mesh, rank, Rank(Status.FAILED, 1, reason=f"spawn failed: {exc}"))
         return w.Ack(msg.id)
 
@@ -377,6 +424,8 @@ class HostAgent:
         bind = self._proc_bind
         if bind.startswith("ipc://"):
             bind += str(self._procs_started)
+        if os.path.dirname(os.path.abspath(log_path)) != os.path.abspath(self.log_dir):
+            raise OSError(f"log path {log_path!r} leaves the log directory")  # names forbid it
         spec = {
             "mesh": mesh.name,
             "rank": rank,
@@ -387,13 +436,15 @@ class HostAgent:
             "host": self.label,
             "bind": bind,
             "log_path": log_path,
-            "main": mesh.spec.main,
+            "main": msgspec.to_builtins(mesh.spec.main),
             "keys": self.keys.dir if self.keys is not None else "",
+            "epoch": self.epoch,
         }
         env = dict(os.environ)
         env.update(mesh.spec.env)
-        env["ZMESH_PROC"] = json.dumps(spec)
-        cwd = mesh.spec.main.get("dir") or None
+        env["ZMESH_PROC"] = json.dumps(spec)  # also says whose the proc's descendants are
+        env[_ptree.EPOCH_VAR] = self.epoch
+        cwd = mesh.spec.main.dir or None
         popen: subprocess.Popen[bytes] | _forkserver.Child | None = None
         if self._forkserver is not None:
             popen = self._forkserver.spawn(log_path, env, cwd)
@@ -578,6 +629,10 @@ class HostAgent:
             if not failure:
                 current = mesh.view.ranks[rank]
                 self._transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
+            # Its descendants, and its daemons we adopted, get their SIGTERM now
+            # too (as a cgroup's would); what is left when it exits is swept.
+            for pid in _ptree.descendants(proc.popen.pid) + self._daemons_of(proc):
+                _ptree.signal_tree(pid, signal.SIGTERM)
             _signal(proc, signal.SIGTERM)
 
     def _stop_owner(self, owner: str, why: str, failure: bool = False) -> None:
@@ -593,15 +648,26 @@ class HostAgent:
         for mesh in self.meshes.values():
             self._stop(mesh)
         deadline = time.monotonic() + STOP_GRACE + 1.0
-        while time.monotonic() < deadline and self._alive():
-            self._poll_children(time.monotonic())
+        while time.monotonic() < deadline and (self._alive() or self._orphans):
+            now = time.monotonic()
+            self._poll_children(now)
+            self._sweep(now)
             await asyncio.sleep(0.02)
         for mesh in self.meshes.values():
             for proc in mesh.procs.values():
                 if not proc.reaped:
-                    _signal(proc, signal.SIGKILL)
+                    _ptree.kill_tree(proc.popen.pid)
                     proc.popen.wait()
                     self._reaped(proc)
+        # Whatever is left below us has had its SIGTERM and its grace.
+        for _ in range(10):
+            left = self._strays()
+            if not left:
+                break
+            for pid in left:
+                _ptree.kill_tree(pid)
+            time.sleep(0.01)
+            self._reap_strays(left)
 
     def _alive(self) -> bool:
         return any(not p.reaped for m in self.meshes.values() for p in m.procs.values())
@@ -628,7 +694,7 @@ class HostAgent:
             )
         )
         self._poll_children(now)
-        self._reap_strays()
+        self._sweep(now)
         if self._gate is not None:
             self._gate.refresh()  # keys added to or removed from authorized/
         for mesh in self.meshes.values():
@@ -678,29 +744,82 @@ class HostAgent:
                     else:
                         self._reaped(proc)
 
-    def _reap_strays(self) -> None:
-        """Reap orphans adopted as the forkserver's subreaper that are not procs.
+    def _helpers(self) -> set[int]:
+        """Children of ours that are no procs and no orphans: forkserver, janitor."""
+        pids = set()
+        if self._forkserver is not None:
+            self._forkserver.check()  # reaps it if it died
+            pids.add(self._forkserver.pid)
+        if self._janitor is not None:
+            if self._janitor[0].poll() is not None:  # someone killed it: a new one
+                log.warning("janitor exited with %s; starting another", self._janitor[0].returncode)
+                os.close(self._janitor[1])
+                self._janitor = _janitor.start(self.epoch)
+            if self._janitor is not None:
+                pids.add(self._janitor[0].pid)
+        return pids
 
-        A process a proc started, whose proc then died, is re-parented to the
-        agent: reaping it keeps zombies from piling up. Procs themselves (and
-        the forkserver) are left to their own reaping.
-        """
-        if self._forkserver is None:
-            return
-        self._forkserver.check()
+    def _strays(self) -> list[int]:
+        """Our children that are neither a live proc nor a helper."""
         ours = {p.popen.pid for m in self.meshes.values() for p in m.procs.values() if not p.reaped}
-        ours.add(self._forkserver.pid)
-        while True:
+        ours |= self._helpers()
+        return [pid for pid in _ptree.children(os.getpid()) if pid not in ours]
+
+    def _sweep(self, now: float) -> None:
+        """Stop what dead procs left behind, and reap it (see the module docstring).
+
+        A child of ours that is no proc was handed to us (we are a subreaper)
+        when its parent died. If its environment names a proc that runs, it
+        is that proc's daemon and stays; otherwise it is an orphan: SIGTERM
+        to its tree now, SIGKILL ``STOP_GRACE`` later.
+        """
+        strays = self._strays()
+        for pid in strays:
+            if _ptree.is_zombie(pid):
+                continue  # exited: reaped below
+            start = _ptree.start_time(pid)
+            orphan = self._orphans.get(pid)
+            if orphan is not None and orphan.start == start:
+                if now >= orphan.kill_at and not orphan.killed:
+                    orphan.killed = True
+                    _ptree.kill_tree(pid)
+                continue
+            daemon = self._daemons.get(pid)
+            if daemon is None or daemon[0] != start:
+                spec = _ptree.tag(pid) or {}
+                mine = spec.get("epoch") == self.epoch
+                owner = (spec.get("mesh"), spec.get("rank"), spec.get("generation"))
+                daemon = self._daemons[pid] = (start, owner if mine else (None, None, None))
+            if self._proc_alive(*daemon[1]):
+                continue
+            del self._daemons[pid]
+            log.info("stopping pid %d, left behind by proc %s", pid, daemon[1])
+            _ptree.signal_tree(pid, signal.SIGTERM)
+            self._orphans[pid] = _Orphan(start, now + STOP_GRACE)
+        self._reap_strays(strays)
+
+    def _reap_strays(self, strays: list[int]) -> None:
+        for pid in strays:
             try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                return
-            if info is None or info.si_pid in ours:
-                return  # ours is reaped by its own path first; strays wait a tick
-            try:
-                os.waitpid(info.si_pid, 0)
-            except ChildProcessError:
-                return
+                done = pid
+            if done:
+                self._orphans.pop(pid, None)
+                self._daemons.pop(pid, None)
+        gone = set(strays)
+        for table in (self._orphans, self._daemons):
+            for pid in [p for p in table if p not in gone]:
+                del table[pid]  # no child of ours any more
+
+    def _proc_alive(self, mesh: Any, rank: Any, generation: Any) -> bool:
+        m = self.meshes.get(mesh) if isinstance(mesh, str) else None
+        proc = m.procs.get(rank) if m is not None and isinstance(rank, int) else None
+        return proc is not None and proc.generation == generation and not proc.reaped
+
+    def _daemons_of(self, proc: _Proc) -> list[int]:
+        owner = (proc.mesh, proc.rank, proc.generation)
+        return [pid for pid, (_, o) in self._daemons.items() if o == owner]
 
     def _prune(self, now: float) -> None:
         # Keep stopped meshes for a while so late GetState calls can explain them.
@@ -753,6 +872,17 @@ class HostAgent:
                 self._reply(ident, reply)
 
         _stacks.background(answer())
+
+
+def _spec_error(spec: w.ProcSpec) -> str:
+    """What is wrong with a spec that decoded (types and ranges are checked
+    at decode; this is what relates its fields), or ``""``."""
+    if len(set(spec.ranks)) != len(spec.ranks):
+        return "a rank is given twice in `ranks`"
+    size = math.prod(spec.dims.values())
+    if max(spec.ranks) >= size:
+        return f"rank {max(spec.ranks)} is outside the dims {spec.dims} ({size} ranks)"
+    return ""
 
 
 def _rank_state(rank: int, s: Rank) -> w.RankState:

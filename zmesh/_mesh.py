@@ -14,6 +14,7 @@ import math
 import os
 import pickle
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -139,17 +140,27 @@ class _MeshBase:
         return dict(self._shape.dims)
 
     def state(self) -> MeshState:
-        """The mesh's ranks as last reported (returns at once, no round trip)."""
-        rt, _ = _runtime.current()
-        view = rt.controller.views.get(self.proc_mesh)
-        ranks = {}
-        for ref in self._refs:
-            rank = view.ranks.get(ref.rank) if view is not None else None
-            if rank is None:
-                rank = Rank(Status.RUNNING, ref.generation, addr=ref.addr, log_path=ref.log_path)
-                rt.controller.watch(ref)
-            ranks[ref.rank] = rank
-        return MeshState(self.proc_mesh, ranks)
+        """The mesh's ranks as their agents last reported them.
+
+        A runtime of this process that follows the mesh (the one that
+        spawned it, in whatever event loop or thread this is called from)
+        answers at once, with no round trip. Where none does (a handle
+        passed to an actor, or to another process), the mesh's agents are
+        asked, within ``STATE_TIMEOUT`` seconds: a rank whose agent does not
+        answer is Unknown, and one its agent no longer knows is Failed.
+        """
+        rt, home = _runtime.current()
+        ranks = _followed_ranks(self.proc_mesh, rt)
+        missing = [ref for ref in self._refs if ref.rank not in ranks]
+        if missing:
+            ranks.update(_ask_agents(self.proc_mesh, missing))
+            # From now on this runtime follows the mesh itself.
+            for ref in missing:
+                if home:
+                    rt.controller.watch(ref)
+                else:
+                    rt.loop.call_soon_threadsafe(rt.controller.watch, ref)
+        return MeshState(self.proc_mesh, {ref.rank: ranks[ref.rank] for ref in self._refs})
 
     async def supervision_events(self) -> AsyncIterator[SupervisionEvent]:
         """Yield each failure of this mesh's ranks once, as it is known.
@@ -182,6 +193,102 @@ class _MeshBase:
             listeners.remove(listen)
 
 
+def check_mesh_name(base: str) -> str:
+    """Refuse a mesh name (before its ``-<8 hex>`` suffix) that is not safe.
+
+    Raises:
+        ValueError: it is not 1-119 letters, digits, ``_``, ``.`` or ``-``.
+    """
+    return w.check_name(base, "mesh name", reserve=9)
+
+
+STATE_TIMEOUT = 2.0  # how long state() waits for agents that must be asked
+
+
+def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
+    """What the runtimes of this process know of ``mesh``'s ranks, ``first`` first.
+
+    ``Controller.watch`` fills a view with Running and no pid until the
+    agent speaks: that guess is no knowledge, so it is left out.
+    """
+    with _runtime._lock:  # a runtime whose loop does not run hears nothing: stale
+        others = [
+            rt for rt in _runtime._runtimes.values()
+            if rt is not first and not rt.closed and rt.loop.is_running()
+        ]  # fmt: skip
+    known: dict[int, Rank] = {}
+    for rt in (first, *others):
+        view = rt.controller.views.get(mesh)
+        if view is None:
+            continue
+        for r, st in list(view.ranks.items()):
+            if r not in known and (st.pid or st.status is not Status.RUNNING):
+                known[r] = st
+    return known
+
+
+def _ask_agents(mesh: str, refs: list[ProcRef]) -> dict[int, Rank]:
+    """``refs``' ranks as their agents report them now (``GetState``, one per agent).
+
+    A blocking round trip on sockets of its own (the runtime's belong to its
+    loop's thread), bounded by ``STATE_TIMEOUT`` in all.
+    """
+    import zmq
+
+    from zmesh._security import secure_client
+    from zmesh._zsock import configure
+
+    by_agent: dict[str, list[ProcRef]] = {}
+    for ref in refs:
+        by_agent.setdefault(ref.agent, []).append(ref)
+    codec = w.Codec(w.AGENT_REPLIES)
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    socks = {}
+    for addr in by_agent:
+        sock = secure_client(configure(ctx.socket(zmq.DEALER)))
+        sock.connect(addr)
+        sock.send_multipart(codec.encode(w.GetState(1, mesh)))
+        socks[addr] = sock
+    deadline = time.monotonic() + STATE_TIMEOUT
+    out: dict[int, Rank] = {}
+    try:
+        for addr, sock in socks.items():
+            reply = None
+            while reply is None and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                try:
+                    msg = codec.decode(sock.recv_multipart())
+                except Exception:  # garbled: wait for a good one, or the deadline
+                    continue
+                if isinstance(msg, w.StateReply):
+                    reply = msg
+            states = {}
+            if reply is not None:
+                for m in reply.meshes:
+                    if m.name == mesh:
+                        states = {rs.rank: rs for rs in m.ranks}
+            for ref in by_agent[addr]:
+                rs = states.get(ref.rank)
+                if reply is None:
+                    out[ref.rank] = Rank(
+                        Status.UNKNOWN, ref.generation, f"agent {addr} did not answer",
+                        addr=ref.addr, log_path=ref.log_path,
+                    )  # fmt: skip
+                elif rs is None:
+                    out[ref.rank] = Rank(
+                        Status.FAILED, ref.generation, f"agent {reply.agent} no longer knows it",
+                        addr=ref.addr, log_path=ref.log_path,
+                    )  # fmt: skip
+                else:
+                    out[ref.rank] = Rank(
+                        Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr,
+                        rs.log_path, rs.exit_code,
+                    )  # fmt: skip
+    finally:
+        for sock in socks.values():
+            sock.close(linger=0)
+    return out
+
+
 def _event_of(refs: list[ProcRef], rank: int, st: Rank) -> SupervisionEvent:
     host = next((r.host for r in refs if r.rank == rank), "")
     return SupervisionEvent(
@@ -204,9 +311,14 @@ class ProcMesh(_MeshBase):
     def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh[A]]:
         """Construct ``cls(*args, **kwargs)`` in every proc; a future of the ``ActorMesh``.
 
+        Raises:
+            ValueError: at once, when ``name`` is not a valid name (1-128
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``).
+
         Raises (from the future):
             SpawnError: ``__init__`` raised in some proc (with its traceback).
         """
+        w.check_name(name, "actor name")
         return submit(lambda rt: _spawn_actors(rt, self, name, cls, args, kwargs))
 
     def stop(self) -> Future[None]:
@@ -340,11 +452,19 @@ class HostMesh:
 
         Returns at once with a future; the procs start in parallel.
 
+        Raises:
+            ValueError: at once, when ``name`` is not a valid name (1-119
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``; the
+                mesh's name is ``name`` and a random suffix), or a dim is not.
+
         Raises (from the future):
             SpawnError: a proc died or did not become ready (with its log path).
             AgentError: an agent cannot be reached.
         """
         per_host = dict(per_host or {"procs": 1})
+        check_mesh_name(name)
+        for dim in per_host:
+            w.check_name(dim, "dim")
         agents = self._agents
         hosts = self._hosts
 
@@ -431,6 +551,7 @@ async def _spawn_procs(
     from zmesh._actor import _CURRENT_ACTOR
 
     _spawnprep.check_not_preparing()
+    check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())

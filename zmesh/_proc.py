@@ -10,6 +10,7 @@ threads so the loop, and with it every other actor, keeps going.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextvars
 import ctypes
 import functools
@@ -20,13 +21,14 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -155,6 +157,12 @@ class _Mailbox:
                 self.handoff = None
                 try:
                     await _Resume(coro, self.context, yielded, exc)
+                except GeneratorExit:
+                    if not self._stepping():
+                        raise  # this task is being closed
+                    # A future the endpoint awaited failed with GeneratorExit:
+                    # the task threw it here, and Python closed the endpoint
+                    # on the way (which answered its call). The actor goes on.
                 finally:
                     self.busy = False
                 continue
@@ -180,8 +188,17 @@ class _Mailbox:
                 self.busy = True
                 try:
                     await self.server.handle(self, ident, call, frames)
+                except GeneratorExit:
+                    if not self._stepping():
+                        raise
                 finally:
                     self.busy = False
+
+    def _stepping(self) -> bool:
+        """Whether this task is running now: a ``GeneratorExit`` that reaches
+        ``_run`` then came from a failed future, not from closing the task."""
+        loop = asyncio._get_running_loop()
+        return loop is not None and asyncio.current_task(loop) is self.task
 
     def close(self) -> None:
         self.task.cancel()
@@ -280,15 +297,36 @@ class ProcServer:
                 self._drop(repr(exc))
                 return None
             for msg in msgs:
-                self._dispatch(ident, msg, frames[1:])
+                try:  # (a try costs nothing until it catches)
+                    self._dispatch(ident, msg, frames[1:])
+                except Exception as exc:
+                    self._dispatch_failed(ident, msg, exc)
             return len(msgs)
         try:
             msg = self.codec.decode(frames[1:])
         except Exception as exc:  # never fatal: count, log once, drop
             self._drop(repr(exc))
+            req = w.request_of(env, w.PROC_REQUESTS)
+            if req is not None:  # its sender gets an answer, not a wait
+                why = w.explain(req[0], exc)
+                f = w.Failure(req[1], "endpoint", type(exc).__name__, why)
+                self.router.send([ident, *self.codec.encode(f)])
             return None
-        self._dispatch(ident, msg, frames[1:])
+        try:
+            self._dispatch(ident, msg, frames[1:])
+        except Exception as exc:
+            self._dispatch_failed(ident, msg, exc)
         return None
+
+    def _dispatch_failed(self, ident: bytes, msg: Any, exc: Exception) -> None:
+        """A handler raised: log it and answer, so the socket's reader goes on."""
+        log.error("handling %s failed", type(msg).__name__, exc_info=exc)
+        if isinstance(msg, w.Call | w.SpawnActor | w.StopActor) and not getattr(
+            msg, "oneway", False
+        ):
+            what = f"{type(msg).__name__} failed in the proc: {exc!r}"
+            f = w.Failure(msg.id, "endpoint", "ProcError", what)
+            self.router.send([ident, *self.codec.encode(f)])
 
     def _dispatch(self, ident: bytes, msg: Any, frames: list[Any]) -> None:
         if isinstance(msg, w.Call):
@@ -337,7 +375,11 @@ class ProcServer:
             instance = await asyncio.get_running_loop().run_in_executor(
                 self.pool, functools.partial(ctx.run, build)
             )
-        except Exception as exc:
+        except BaseException as exc:
+            if _cancelled(exc):
+                raise
+            # SystemExit or any BaseException from __init__ fails the spawn
+            # (the actor never started); the proc serves on.
             self._send_failure(ident, msg.id, "spawn", exc, "__init__")
             return
         old = self.actors.pop(msg.actor, None)
@@ -381,23 +423,29 @@ class ProcServer:
             else:
                 ctx = contextvars.copy_context()
                 result = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, ctx.run, _invoke, fn, box.instance, args, kwargs
+                    self.pool, ctx.run, _invoke_sync, fn, box.instance, args, kwargs
                 )
+                if type(result) is _Raised:
+                    raise result.exc
         except _BadArguments as exc:
             counters.end(t0, 1)
             cause = exc.__cause__
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
-        except Exception as exc:
+        except BaseException as exc:
+            if _cancelled(exc):  # the actor stops: no longer in flight, and not an error
+                counters.in_flight -= 1
+                raise
+            # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
+            # GeneratorExit, a user's BaseException), fails this call alone.
             counters.end(t0, 1)
             if not call.oneway:
                 self._send_failure(ident, call.id, "actor", exc, call.method)
             else:
-                log.exception("oneway call %s raised", call.method)
+                log.error("oneway call %s raised", call.method, exc_info=exc)
+            if isinstance(exc, SystemExit):
+                self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
             return
-        except BaseException:  # cancelled (the actor stopped): no longer in flight
-            counters.in_flight -= 1
-            raise
         counters.end(t0, 0)
         if call.oneway:
             return
@@ -427,7 +475,31 @@ class ProcServer:
         f = w.Failure(call.id, kind, type_name, message, endpoint=call.method)
         self.router.send([ident, *self.codec.encode(f)])
 
-    def _send_failure(self, ident: bytes, req: int, kind: str, exc: Exception, ep: str) -> None:
+    def _exit_for(self, exc: SystemExit, where: str) -> None:
+        """``where`` raised ``SystemExit``: the proc exits as ``sys.exit`` asked.
+
+        Its caller has its answer (``ActorError``); the agent then sees the
+        proc exit unasked, so the owner sees the rank fail (``SupervisionError``,
+        "exited with code N"), and every later call to it fails the same way.
+        """
+        code = _exit_code(exc)
+        log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
+        asyncio.get_running_loop().call_soon(self._exit_now, code)
+
+    def _exit_now(self, code: int) -> None:
+        self.router.close()
+        self.agent.close()
+        # The answer is queued in libzmq: term() returns once the lingering
+        # sockets are flushed, or never while sockets of others are open, so
+        # it gets a bounded wait in a thread of its own.
+        term = threading.Thread(target=zmq.Context.instance().term, daemon=True)
+        term.start()
+        term.join(0.5)
+        exit_process(code)
+
+    def _send_failure(
+        self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str
+    ) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
             blob = pickle.dumps(exc)
@@ -480,6 +552,61 @@ class _Resume:
             except StopIteration:
                 return
             exc = None
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a real cancellation of the running task (the actor stops).
+
+    A ``CancelledError`` an endpoint raises while its own task is not being
+    cancelled (a task of the user's was) is the endpoint's error, not ours.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is None or cancelling() > 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The exit status ``sys.exit(arg)`` means, as the interpreter reads it."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit now as the interpreter would (atexit handlers, flushed output),
+    without waiting for endpoint threads that may never return."""
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+class _Raised:
+    """A ``BaseException`` a sync endpoint raised, carried back as a value."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _invoke_sync(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """``_invoke`` in a worker thread. A ``BaseException`` that is no
+    ``Exception`` comes back as a value, raised again in ``handle``: through
+    the future, the task would throw a ``GeneratorExit`` in as a close, and
+    the asyncio machinery treats ``SystemExit`` and ``KeyboardInterrupt`` as
+    its own."""
+    try:
+        return _invoke(fn, instance, args, kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:
+        return _Raised(exc)
 
 
 def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -13,8 +13,12 @@ import os
 import sys
 from typing import Any
 
+import msgspec
 
-def preparation() -> dict[str, Any]:
+from zmesh._wire import MainSpec
+
+
+def preparation() -> MainSpec:
     """What a proc needs to rebuild this process's ``__main__``, ``sys.path`` and cwd."""
     data: dict[str, Any] = {"sys_path": list(sys.path), "dir": os.getcwd()}
     main = sys.modules.get("__main__")
@@ -33,7 +37,7 @@ def preparation() -> dict[str, Any]:
         path = getattr(main, "__file__", None)
         if path and _is_script(path):
             data["init_main_from_path"] = os.path.abspath(path)
-    return data
+    return MainSpec(**data)
 
 
 def _is_script(path: str) -> bool:
@@ -42,16 +46,23 @@ def _is_script(path: str) -> bool:
     return path.endswith(".py") and base not in ("pytest", "py.test", "__main__.py")
 
 
-def prepare(data: dict[str, Any]) -> None:
-    """Apply ``preparation()`` data in a fresh proc."""
+def prepare(data: MainSpec | dict[str, Any]) -> None:
+    """Apply ``preparation()`` in a fresh proc (as a ``MainSpec`` or its JSON form).
+
+    Raises:
+        msgspec.ValidationError: ``data`` is not a ``MainSpec``.
+    """
     from multiprocessing import spawn
 
     global preparing
-    if not data:
+    main = data if isinstance(data, MainSpec) else msgspec.convert(data, MainSpec)
+    # multiprocessing's own keys; an empty value means "not given".
+    todo = {k: v for k, v in msgspec.structs.asdict(main).items() if v}
+    if not todo:
         return
     preparing = True
     try:
-        spawn.prepare(dict(data))
+        spawn.prepare(todo)
     finally:
         preparing = False
 

@@ -24,7 +24,8 @@ cheap.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+import re
+from typing import Annotated, Any
 
 import msgspec
 import zmq
@@ -50,6 +51,48 @@ class _Msg(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=Tr
     pass
 
 
+# ------------------------------------------------------ field constraints
+#
+# Every field of every message an agent or a proc receives is checked when
+# it is decoded, so a handler only ever sees values of the right type and
+# range (a message that fails is answered with an error, or dropped). Names
+# end up in file names (a proc's log is ``<mesh>.<rank>.g<gen>.log``), so
+# they are restricted to a safe set of characters, without "..".
+
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9_.-]{1,128}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+NAME_RULE = "1-128 letters, digits, '_', '.' or '-', without '..'"
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, description=NAME_RULE)]
+# GetState's name may be empty: every mesh.
+NameOrAll = Annotated[str, msgspec.Meta(pattern=r"^$|" + NAME_PATTERN)]
+# Text that becomes a path, an argument or an environment entry: no NUL.
+Text = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", max_length=4096)]
+Id = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", min_length=1, max_length=256)]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[^=\x00]+$", max_length=1024)]
+EnvValue = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", max_length=1 << 20)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Size = Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+RankNo = Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]
+Dims = Annotated[dict[Name, Size], msgspec.Meta(max_length=16)]
+MAX_RANKS_PER_HOST = 4096
+
+
+def check_name(name: object, what: str, reserve: int = 0) -> str:
+    """Return ``name`` if it is a safe name, else raise before anything is sent.
+
+    Args:
+        reserve: characters zmesh appends to it (a mesh gets ``-<8 hex>``).
+
+    Raises:
+        ValueError: ``name`` is not a ``str`` of 1-128 letters, digits,
+            ``_``, ``.`` or ``-`` (and has no ``..``).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 128 - reserve:
+        rule = NAME_RULE if not reserve else NAME_RULE.replace("128", str(128 - reserve))
+        raise ValueError(f"{what} {name!r} is not a valid name: use {rule}")
+    return name
+
+
 # --------------------------------------------------------------- payloads
 
 
@@ -59,7 +102,7 @@ class Payload(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
     blob: bytes | None = None
-    nbuf: int = 0  # out-of-band pickle buffers, in frames after the envelope
+    nbuf: Count = 0  # out-of-band pickle buffers, in frames after the envelope
 
 
 # ------------------------------------------------------ client <-> proc
@@ -81,12 +124,12 @@ class SpawnActor(_Msg, frozen=True):
     """Construct an actor in this proc."""
 
     id: int
-    actor: str
+    actor: Name
     cls: bytes  # pickled class, by reference
     payload: Payload
-    mesh: str
-    dims: dict[str, int]
-    rank: int
+    mesh: Name
+    dims: Dims
+    rank: RankNo
 
 
 class StopActor(_Msg, frozen=True):
@@ -120,33 +163,43 @@ class Failure(_Msg, frozen=True):
 # ------------------------------------------------------ client <-> agent
 
 
-class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+class MainSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """How a proc re-creates the client's ``__main__`` (see ``zmesh._spawnprep``)."""
+
+    sys_path: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
+    dir: Text = ""  # the client's cwd: the proc's cwd
+    init_main_from_name: Text = ""  # ``python -m pkg.mod``: import it by name
+    init_main_from_path: Text = ""  # ``python script.py``: run it as __mp_main__
+
+
+class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """What an agent needs to start the procs of one host slice of a mesh."""
 
-    owner: str
-    ranks: list[int]  # global ranks of this slice, one proc each
-    dims: dict[str, int]
-    host_index: int = 0
-    main: dict[str, Any] = {}  # how to re-create the client's __main__ (see _spawnprep)
-    env: dict[str, str] = {}
+    owner: Id
+    # Global ranks of this slice, one proc each (distinct: checked by the agent).
+    ranks: Annotated[list[RankNo], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+    dims: Dims
+    host_index: Count = 0
+    main: MainSpec = MainSpec()
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=4096)] = {}
 
 
 class CreateOrUpdate(_Msg, frozen=True):
     id: int
-    name: str
+    name: Name
     spec: ProcSpec
-    secret: str = ""  # the owner's proof (see _local.owner_secret); never published
+    secret: Text = ""  # the owner's proof (see _local.owner_secret); never published
 
 
 class GetState(_Msg, frozen=True):
     id: int
-    name: str = ""  # "" = every mesh
+    name: NameOrAll = ""  # "" = every mesh
 
 
 class Stop(_Msg, frozen=True):
     id: int
-    name: str
-    secret: str = ""  # only the mesh's owner may stop it
+    name: Name
+    secret: Text = ""  # only the mesh's owner may stop it
 
 
 class ListMeshes(_Msg, frozen=True):
@@ -173,18 +226,18 @@ class OwnerHeartbeat(_Msg, frozen=True):
     """The owner is alive. ``machine``/``pid``/``start`` let an agent on the
     same machine watch the owner process itself (see ``_liveness.watch_owner``)."""
 
-    owner: str
-    machine: str = ""  # boot id and pid namespace; "" = not watchable
-    pid: int = 0
-    start: int = 0  # the process's start time, in clock ticks after boot
-    secret: str = ""  # the owner's proof (see HostAgent._is_owner)
+    owner: Id
+    machine: Text = ""  # boot id and pid namespace; "" = not watchable
+    pid: Count = 0
+    start: Count = 0  # the process's start time, in clock ticks after boot
+    secret: Text = ""  # the owner's proof (see HostAgent._is_owner)
 
 
 class OwnerGone(_Msg, frozen=True):
     """The owner is exiting: stop everything it owns now."""
 
-    owner: str
-    secret: str = ""
+    owner: Id
+    secret: Text = ""
 
 
 class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -256,17 +309,17 @@ class HealthReply(_Msg, frozen=True):
 
 
 class ProcHello(_Msg, frozen=True):
-    mesh: str
-    rank: int
-    generation: int
-    addr: str
-    pid: int
+    mesh: Name
+    rank: RankNo
+    generation: Count
+    addr: Text
+    pid: Count
 
 
 class ProcHeartbeat(_Msg, frozen=True):
-    mesh: str
-    rank: int
-    generation: int
+    mesh: str  # looked up, never used in a path: no pattern on this frequent message
+    rank: RankNo
+    generation: Count
 
 
 # ------------------------------------------------------- agent PUB stream
@@ -339,6 +392,13 @@ class StatsReply(_Msg, frozen=True):
     stats: Stats
     stream: str = ""  # where the agent publishes ``Stats`` about once a second
 
+
+# Messages that carry a request id in their first field and expect an
+# answer: one that fails to decode is answered with an error naming why.
+AGENT_REQUESTS = frozenset(
+    {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats"}
+)
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor"})
 
 PROC_INBOX: Any = Call | SpawnActor | StopActor
 CLIENT_INBOX: Any = Reply | Failure
@@ -493,7 +553,10 @@ class Codec:
         return args[0]
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
-        frame = self._frames[int.from_bytes(data, "little")]
+        index = int.from_bytes(data, "little")
+        if not 0 < index < len(self._frames):
+            raise ValueError(f"a value refers to frame {index}, of {len(self._frames)}")
+        frame = self._frames[index]
         if code == _EXT_BYTES:
             return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
         if code == _EXT_BYTEARRAY:
@@ -501,6 +564,39 @@ class Codec:
         if code == _EXT_MEMORYVIEW:
             return _buf(frame)
         raise ValueError(f"unknown msgpack extension {code}")
+
+
+def request_of(envelope: Any, kinds: frozenset[str]) -> tuple[str, int] | None:
+    """``(kind, id)`` of an envelope that failed to decode, if it is a request.
+
+    Messages are msgpack arrays ``[kind, id, ...]``: a lenient look at the
+    first two entries is enough to answer the sender with an error.
+    """
+    try:
+        head = msgspec.msgpack.decode(_buf(envelope), type=list[Any])
+    except Exception:  # not even that: nobody to answer
+        return None
+    if len(head) < 2 or type(head[0]) is not str or type(head[1]) is not int:
+        return None
+    return (head[0], head[1]) if head[0] in kinds else None
+
+
+def explain(kind: str, exc: Exception) -> str:
+    """A decode error of a ``kind`` message, in the words of its fields.
+
+    msgspec names a field of an array-like message by its index (``$[2]``);
+    this names it (``name``) and states the rule a name breaks.
+    """
+    text = str(exc)
+    cls = _KINDS.get(kind)
+    m = re.search(r"\$\[(\d+)\]", text)
+    if cls is not None and m is not None:
+        i = int(m.group(1)) - 1  # [0] is the tag
+        if 0 <= i < len(cls.__struct_fields__):
+            field = cls.__struct_fields__[i]
+            text = text[: m.start()] + field + text[m.end() :]
+    text = text.replace(f"matching regex {NAME_PATTERN!r}", f"that is a name ({NAME_RULE})")
+    return f"bad {kind}: {text}"
 
 
 def _no_ext(code: int, data: memoryview) -> Any:
@@ -532,3 +628,6 @@ def _buf(frame: Any) -> Any:
 
 
 NONE = Payload(args=(None,))  # the payload of a ``None`` result
+
+# Message classes by tag, for ``explain``.
+_KINDS: dict[str, type[msgspec.Struct]] = {c.__name__: c for c in _Msg.__subclasses__()}

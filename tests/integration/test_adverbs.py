@@ -47,6 +47,13 @@ class Worker(Notebook):
         return os.getpid()
 
     @zmesh.endpoint
+    async def fail_if(self, rank: int) -> int:
+        me = zmesh.current_rank().rank
+        if me == rank:
+            raise ValueError(f"rank {me} fails")
+        return me
+
+    @zmesh.endpoint
     def agent_pid(self) -> int:
         return os.getppid()  # procs are children of their host's agent
 
@@ -268,3 +275,57 @@ async def test_stream_yields_replies_as_they_arrive(mesh: zmesh.ActorMesh[Worker
     # The quick ones were yielded long before the slow one answered.
     assert all(t < 1.5 for r, t in arrivals[:-1]), arrivals
     assert arrivals[-1][1] >= 1.9
+
+
+def _in_thread(fn: Any, timeout: float = 10.0) -> Any:
+    """Run ``fn`` in a thread: a hang fails the test instead of blocking the suite."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} did not return within {timeout}s"
+    return out[0]
+
+
+def test_stream_iterated_again_replays_its_replies(mesh: zmesh.ActorMesh[Worker]) -> None:
+    s = mesh.where.stream()
+    first = _in_thread(lambda: list(s))
+    assert sorted(first) == expected(mesh)
+    assert _in_thread(lambda: sorted(s)) == sorted(first)  # what `sorted(s)` then `list(s)` does
+    assert _in_thread(lambda: list(s)) == first  # in arrival order, every time
+
+
+def test_stream_partly_iterated_then_again_gives_everything(
+    mesh: zmesh.ActorMesh[Worker],
+) -> None:
+    s = mesh.where.stream()
+    head = _in_thread(lambda: next(iter(s)))
+    whole = _in_thread(lambda: list(s))
+    assert whole[0] == head and sorted(whole) == expected(mesh)
+
+
+@pytest.mark.anyio
+async def test_stream_iterated_again_async(mesh: zmesh.ActorMesh[Worker]) -> None:
+    s = mesh.awhere.stream()
+    first = [v async for v in s]
+    again = await asyncio.wait_for(_collect(s), 5.0)
+    assert again == first and sorted(first) == expected(mesh)
+    async for v in s:  # a partial pass, then a full one
+        assert v == first[0]
+        break
+    assert await asyncio.wait_for(_collect(s), 5.0) == first
+
+
+async def _collect(s: Any) -> list[Any]:
+    return [v async for v in s]
+
+
+@pytest.mark.anyio
+async def test_stream_failure_is_raised_again_on_replay(mesh: zmesh.ActorMesh[Worker]) -> None:
+    s = mesh.fail_if.stream(len(mesh) - 1)
+    for _ in range(2):
+        got: list[int] = []
+        with pytest.raises(zmesh.ActorError, match="fails"):
+            async for v in s:
+                got.append(v)
+        assert len(got) <= len(mesh) - 1

@@ -107,10 +107,16 @@ CLIENT = """
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 
 import zmesh
+
+# What a script started at a terminal has. A test suite run as a background
+# job hands its children an ignored SIGINT, and Python then installs no
+# KeyboardInterrupt handler: Ctrl+C would do nothing at all.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Ids(zmesh.Actor):

@@ -106,3 +106,73 @@ def test_one_message_kind_per_tag() -> None:
     msg = w.OwnerHeartbeat("me")
     assert codec.decode(codec.encode(msg)) == msg
     assert pickle.loads(pickle.dumps(msg)) == msg
+
+
+# ------------------------------------------------------ field validation
+
+SPEC = {"owner": "o", "ranks": [0], "dims": {"procs": 1}}
+
+
+def _agent_decode(msg: list[object]) -> object:
+    return w.Codec(w.AGENT_INBOX).decode([msgspec.msgpack.encode(msg)])
+
+
+def test_a_good_spec_decodes_to_typed_structs() -> None:
+    main = {"sys_path": ["/a", ""], "dir": "/tmp", "init_main_from_path": "/tmp/s.py"}
+    msg = _agent_decode(["CreateOrUpdate", 1, "m-1.x_y", {**SPEC, "main": main, "env": {"A": ""}}])
+    assert isinstance(msg, w.CreateOrUpdate)
+    assert msg.spec.main == w.MainSpec(sys_path=["/a", ""], dir="/tmp",
+                                       init_main_from_path="/tmp/s.py")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        ({"main": {"x": b""}}, "spec.main"),
+        ({"main": {"dir": 5}}, "spec.main.dir"),
+        ({"ranks": [-1]}, "spec.ranks"),
+        ({"dims": {"../x": 1}}, "spec.dims"),
+        ({"env": {"": "x"}}, "spec.env"),
+        ({"owner": ""}, "spec.owner"),
+    ],
+)
+def test_a_bad_spec_field_is_named_in_the_error(spec: dict[str, object], where: str) -> None:
+    msg = ["CreateOrUpdate", 3, "m", {**SPEC, **spec}]
+    with pytest.raises(msgspec.ValidationError) as info:
+        _agent_decode(msg)
+    assert where in w.explain("CreateOrUpdate", info.value)
+    assert w.request_of(msgspec.msgpack.encode(msg), w.AGENT_REQUESTS) == ("CreateOrUpdate", 3)
+
+
+def test_a_bad_name_is_explained() -> None:
+    with pytest.raises(msgspec.ValidationError) as info:
+        _agent_decode(["Stop", 1, "../../etc"])
+    text = w.explain("Stop", info.value)
+    assert "at `name`" in text and "letters, digits" in text
+
+
+def test_request_of_only_for_requests() -> None:
+    assert w.request_of(msgspec.msgpack.encode(["OwnerGone", 1]), w.AGENT_REQUESTS) is None
+    assert w.request_of(b"\xff", w.AGENT_REQUESTS) is None
+    assert w.request_of(msgspec.msgpack.encode(["Stop", "x"]), w.AGENT_REQUESTS) is None
+    assert w.request_of(msgspec.msgpack.encode(["Call", 9]), w.PROC_REQUESTS) == ("Call", 9)
+
+
+def test_a_negative_buffer_count_is_refused() -> None:
+    bad = ["Call", 1, "a", "m", [[], {}, None, -1]]
+    with pytest.raises(msgspec.ValidationError):
+        w.Codec(w.PROC_INBOX).decode([msgspec.msgpack.encode(bad)])
+
+
+@pytest.mark.parametrize("name", ["a", "A-b_c.d", "x" * 128, ".hidden", "a.b"])
+def test_check_name_accepts_safe_names(name: str) -> None:
+    assert w.check_name(name, "mesh name") == name
+
+
+@pytest.mark.parametrize("name", ["", "..", "a..b", "a/b", "x" * 129, "é", "a b", 5, None])
+def test_check_name_refuses_others(name: object) -> None:
+    with pytest.raises(ValueError, match="mesh name"):
+        w.check_name(name, "mesh name")
+    assert w.check_name("x" * 119, "mesh name", reserve=9)
+    with pytest.raises(ValueError, match="1-119"):
+        w.check_name("x" * 120, "mesh name", reserve=9)
