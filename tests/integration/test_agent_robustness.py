@@ -158,7 +158,7 @@ def test_a_good_create_after_bad_ones_works(agent: AgentProcess) -> None:
             assert not _ask(sock, _create(100 + i, name, **spec)).ok
         ok = _ask(sock, _create(1, "good-one", owner="raw"))
         assert isinstance(ok, w.Ack) and ok.ok, ok.error
-        stop = _ask(sock, [ENC.encode(["Stop", 2, "good-one"])])
+        stop = _ask(sock, [ENC.encode(["Stop", 2, "good-one", "s3cret"])])
         assert stop.ok
     finally:
         sock.close()
