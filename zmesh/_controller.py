@@ -215,10 +215,18 @@ class AgentConn:
         self.ctl.forget_missing(self, known)
         events, self.buffered = self.buffered, []
         self.syncing = False
-        for ev in events:
-            if ev.epoch == self.epoch and ev.seq > self.seq:
-                self.seq = ev.seq
-                self.ctl.apply(self, ev.mesh, ev.state)
+        for i, ev in enumerate(events):
+            if ev.epoch != self.epoch or ev.seq <= self.seq:
+                continue  # in the snapshot already, or from another incarnation
+            if ev.seq != self.seq + 1:
+                # One was lost while we synced: replaying past it would skip
+                # it for good (the next heartbeat's seq would match), so read
+                # the state again.
+                self.buffered = events[i:]
+                self._resync()
+                return
+            self.seq = ev.seq
+            self.ctl.apply(self, ev.mesh, ev.state)
 
     def close(self) -> None:
         _cancel(self.task)
