@@ -13,6 +13,9 @@ Whatever happens, these must hold:
   listeners once, and every failure the client's view holds was reported;
 * never backwards: a rank's generation never decreases, and a terminal
   status of a generation is never replaced within that generation;
+* no lost transition: a client in sync with the agent at ``(epoch, seq)``
+  shows what the agent knew after event ``seq`` (but for its own guesses
+  since its last snapshot: a stop it asked for, an agent gone silent);
 * convergence: once the traffic settles (every message delivered, a
   heartbeat heard, every snapshot answered), the view is the agent's truth.
 
@@ -49,7 +52,7 @@ from zmesh._runtime import Runtime
 from zmesh._state import MeshView, Rank, Status
 
 # ZMESH_PROPERTY_SCALE=20 searches twenty times longer (the suite keeps it short).
-SCALE = int(os.environ.get("ZMESH_PROPERTY_SCALE", "1"))
+SCALE = int(os.environ.get("ZMESH_PROPERTY_SCALE", "1"))  # deep: also pass --timeout=0
 RANKS = [0, 1]
 NOWHERE = "ipc:///nonexistent-zmesh/"  # nothing listens: no message goes anywhere
 MESH_NAMES = ["m0", "m1"]
@@ -67,6 +70,8 @@ class ModelAgent:
     def __init__(self, label: str = "host0") -> None:
         self.label = label
         self.incarnation = 0
+        # What the agent knew after each event: (epoch, seq) -> mesh -> ranks.
+        self.history: dict[tuple[str, int], dict[str, dict[int, Rank]]] = {}
         self.restart()
 
     def restart(self) -> None:
@@ -76,12 +81,14 @@ class ModelAgent:
         self.seq = 0
         self.meshes: dict[str, MeshView] = {}
         self.pids = itertools.count(1000 * self.incarnation)
+        self.history[(self.epoch, 0)] = {}
 
     def _transition(self, mesh: str, rank: int, new: Rank) -> w.Event | None:
         state = self.meshes[mesh].apply(rank, new)
         if state is None:
             return None
         self.seq += 1
+        self.history[(self.epoch, self.seq)] = {m: dict(v.ranks) for m, v in self.meshes.items()}
         return w.Event(self.seq, self.epoch, self.label, mesh, "owner", rank_state(rank, state),
                        0.0)  # fmt: skip
 
@@ -307,6 +314,9 @@ class StreamMachine(RuleBasedStateMachine):
         self.requests: list[tuple[Any, asyncio.Future[Any]]] = []  # sent, not served
         self.replies: list[tuple[Any, asyncio.Future[Any]]] = []  # served, not received
         self.created: list[str] = []
+        # Ranks whose state the client set itself since the last snapshot.
+        self.judged: set[tuple[str, int]] = set()
+        self.silences = self.timeouts = 0
         self.codec = w.Codec(w.STREAM)
         self.ids = itertools.count(1)
         self.conn: AgentConn = self.ctl.agent(NOWHERE + "agent")
@@ -383,18 +393,48 @@ class StreamMachine(RuleBasedStateMachine):
                 self._publish(events)
                 return
 
+    @precondition(lambda self: self.agent.meshes)
+    @rule(
+        before=st.lists(st.tuples(st.integers(0, 255), st.booleans()), min_size=1, max_size=4),
+        after=st.lists(st.tuples(st.integers(0, 255), st.booleans()), max_size=4),
+    )
+    def events_race_a_snapshot(
+        self, before: list[tuple[int, bool]], after: list[tuple[int, bool]]
+    ) -> None:
+        """Things happen and reach the client or not (``True``: lost); the
+        agent answers a ``GetState`` (if one was asked, e.g. for a gap just
+        seen); more things happen and reach the client or not; the answer
+        arrives. One step, so that this race is common in the search."""
+        for batch in (before, after):
+            for pick, _ in batch:
+                self.proc_event(pick)
+            lost = [gone for _, gone in batch]
+            for i in range(len(self.stream)):
+                msg = self.stream.pop(0)
+                if not (i < len(lost) and lost[i]):
+                    self._receive(msg)
+            if batch is before:
+                while self.requests:
+                    self.serve()
+        while self.replies:
+            self.reply_arrives()
+
     @rule(mesh=st.sampled_from(MESH_NAMES))
     def stop(self, mesh: str) -> None:
         if mesh not in self.created:
             return
         for rank in RANKS:  # as zmesh._mesh._stop_procs does, before asking the agent
             self.ctl.judge(self.conn, mesh, rank, Status.STOPPING, "")
+            self.judged.add((mesh, rank))
         self._publish(self.agent.stop(mesh))
 
     @rule()
     def heartbeat(self) -> None:
         self._publish([self.agent.heartbeat()])
 
+    # Rare events stay rare (a few per run), so that a run has room for the
+    # races between them.
+    @precondition(lambda self: self.agent.incarnation < 3)
     @rule()
     def agent_restarts(self) -> None:
         """kill -9 and a new agent: what it published and never sent is gone."""
@@ -421,11 +461,14 @@ class StreamMachine(RuleBasedStateMachine):
         self.conn._on_stream(list(self.last_received))
         self.settle()
 
+    @precondition(lambda self: self.silences < 2)
     @rule()
     def silence(self) -> None:
         """Nothing heard for longer than AGENT_TIMEOUT: the watchdog's verdict."""
+        self.silences += 1
         self.conn.last_heard = time.monotonic() - 2 * _controller.AGENT_TIMEOUT
         self.settle()
+        self.judged.update((m, r) for m in self.created for r in RANKS)
 
     # -- control requests
 
@@ -442,10 +485,16 @@ class StreamMachine(RuleBasedStateMachine):
         if not fut.done():
             fut.set_result(reply)
         self.settle()
+        if isinstance(reply, w.StateReply) and not self.conn.syncing:
+            # The agent's word replaced the client's guesses, for the meshes
+            # it knows (a snapshot older than a create cannot speak of it).
+            known = {m.name for m in reply.meshes}
+            self.judged = {(m, r) for m, r in self.judged if m not in known}
 
-    @precondition(lambda self: self.requests)
+    @precondition(lambda self: self.requests and self.timeouts < 2)
     @rule()
     def request_times_out(self) -> None:
+        self.timeouts += 1
         _, fut = self.requests.pop(0)
         if not fut.done():
             fut.set_exception(AgentError("no reply (test)", host=self.agent.label))
@@ -464,6 +513,22 @@ class StreamMachine(RuleBasedStateMachine):
     def never_backwards_and_exactly_once(self) -> None:
         self.obs.check()
 
+    @invariant()
+    def in_sync_is_the_truth_at_its_seq(self) -> None:
+        """A conn that is in sync at ``(epoch, seq)`` shows what the agent knew
+        then (but for the client's own guesses since its last snapshot)."""
+        c = self.conn
+        truth = self.agent.history.get((c.epoch, c.seq))
+        if c.syncing or c.lost or truth is None:
+            return
+        for mesh in self.created:
+            for rank, state in self.ctl.views[mesh].ranks.items():
+                if mesh in truth and (mesh, rank) not in self.judged:
+                    assert state == truth[mesh][rank], (
+                        f"{mesh}[{rank}] at {c.epoch}/{c.seq}: client {state} != agent "
+                        f"{truth[mesh][rank]}"
+                    )
+
     @rule()
     def settle_down_and_converge(self) -> None:
         """Everything in flight arrives, a heartbeat is heard, snapshots are
@@ -480,7 +545,7 @@ class StreamMachine(RuleBasedStateMachine):
 
 
 StreamMachine.TestCase.settings = settings(
-    max_examples=120 * SCALE, stateful_step_count=40, deadline=None,
+    max_examples=200 * SCALE, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_agent_conn_stream = StreamMachine.TestCase
@@ -505,6 +570,7 @@ def test_an_event_lost_while_a_snapshot_is_in_flight_is_read_again() -> None:
         m.lose()  # seq 5: rank 0 Failed
         m.receive()  # seq 6, buffered
         m.reply_arrives()
+        m.in_sync_is_the_truth_at_its_seq()
         m.settle_down_and_converge()
         assert m.ctl.views["m0"].ranks[0].status is Status.FAILED
         assert sorted((e.rank, e.generation) for e in m.obs.reports) == [(0, 1), (1, 1)]
