@@ -292,9 +292,17 @@ class AgentConn:
         self.ctl.forget_missing(self, known, asked)
         events, self.buffered = self.buffered, []
         self.syncing = False
-        for ev in events:
-            if ev.epoch == self.epoch and ev.seq > self.seq:
-                self._apply(ev)
+        for i, ev in enumerate(events):
+            if ev.epoch != self.epoch or ev.seq <= self.seq:
+                continue  # in the snapshot already, or from another incarnation
+            if ev.seq != self.seq + 1:
+                # One was lost while we synced: replaying past it would skip
+                # it for good (the next heartbeat's seq would match), so read
+                # the state again.
+                self.buffered = events[i:]
+                self._resync()
+                return
+            self._apply(ev)
 
     def close(self) -> None:
         _cancel(self.task)
@@ -411,11 +419,18 @@ class Controller:
             cur = self.views[mesh].ranks.get(rank)
             if cur is None:
                 continue
-            if cur.generation > 0:  # the agent told us of it once
+            if cur.generation > 0 or self._begun(mesh):
+                # The agent told us of it (or of another rank of its mesh: it
+                # had the mesh) once, and no longer knows it.
                 self.judge(agent, mesh, rank, Status.FAILED, "agent no longer knows it")
             elif mesh in asked:
                 # (Others not heard of are being created: the request may not be sent yet.)
                 self.judge(agent, mesh, rank, Status.FAILED, "agent lost the request to create it")
+
+    def _begun(self, mesh: str) -> bool:
+        """Whether an agent reported any rank of ``mesh`` (so it had the mesh)."""
+        view = self.views.get(mesh)
+        return view is not None and any(r.generation > 0 for r in view.ranks.values())
 
     def agent_restarted(self, agent: AgentConn, epoch: str) -> None:
         """``agent`` is a new incarnation: what we knew of the old one is gone.
