@@ -141,13 +141,14 @@ class _MeshBase:
     def state(self) -> MeshState:
         """The mesh's ranks as last reported (returns at once, no round trip)."""
         rt, _ = _runtime.current()
-        view = rt.controller.views.get(self.proc_mesh)
+        ctl = rt.controller
+        view = ctl.views.get(self.proc_mesh) or ctl.tombstones.get(self.proc_mesh)
         ranks = {}
         for ref in self._refs:
             rank = view.ranks.get(ref.rank) if view is not None else None
             if rank is None:
                 rank = Rank(Status.RUNNING, ref.generation, addr=ref.addr, log_path=ref.log_path)
-                rt.controller.watch(ref)
+                ctl.watch(ref)
             ranks[ref.rank] = rank
         return MeshState(self.proc_mesh, ranks)
 
@@ -163,7 +164,8 @@ class _MeshBase:
         queue: asyncio.Queue[SupervisionEvent] = asyncio.Queue()
         for ref in self._refs:
             rt.controller.watch(ref)
-        view = rt.controller.views.get(self.proc_mesh)
+        ctl = rt.controller
+        view = ctl.views.get(self.proc_mesh) or ctl.tombstones.get(self.proc_mesh)
         if view is not None:
             for rank, st in sorted(view.ranks.items()):
                 if rank in mine and st.status.failure:
@@ -443,32 +445,39 @@ async def _spawn_procs(
         env["ZMESH_AGENTS"] = ",".join(agents)
     ctl = rt.controller
     owner_actor = _CURRENT_ACTOR.get(None)
-    if owner_actor is not None:
-        ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
-    conns = []
-    for h, addr in enumerate(addrs):
-        agent = ctl.agent(addr)
-        try:
-            await asyncio.wait_for(agent.ready.wait(), 10.0)
-        except asyncio.TimeoutError:
-            hint = " and whether your keys match its --keys" if _security.active() else ""
-            raise AgentError(
-                f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                host=addr,
-            ) from None
-        _local.note_used(addr)
-        ranks = list(range(h * per, (h + 1) * per))
-        ctl.track(name, agent, ranks)
-        conns.append((agent, ranks))
-    spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
-        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
-    )
+    ctl.creating.add(name)
     try:
-        await _create_and_wait(rt, name, conns, spec_of)
-    except asyncio.CancelledError:
-        # The caller gave up on the spawn: the procs it asked for must not stay.
-        await asyncio.shield(_stop_mesh_on(rt, name, conns))
+        if owner_actor is not None:
+            ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
+        conns = []
+        for h, addr in enumerate(addrs):
+            agent = ctl.agent(addr)
+            try:
+                await asyncio.wait_for(agent.ready.wait(), 10.0)
+            except asyncio.TimeoutError:
+                hint = " and whether your keys match its --keys" if _security.active() else ""
+                raise AgentError(
+                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                    host=addr,
+                ) from None
+            _local.note_used(addr)
+            ranks = list(range(h * per, (h + 1) * per))
+            ctl.track(name, agent, ranks)
+            conns.append((agent, ranks))
+        spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
+            owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
+        )
+        try:
+            await _create_and_wait(rt, name, conns, spec_of)
+        except asyncio.CancelledError:
+            # The caller gave up on the spawn: the procs it asked for must not stay.
+            await asyncio.shield(_stop_mesh_on(rt, name, conns))
+            raise
+    except BaseException:
+        ctl.release(name)  # stopped already (or never made): nothing of it stays
         raise
+    finally:
+        ctl.creating.discard(name)
     view = ctl.views[name]
     refs = []
     for agent, ranks in conns:
@@ -616,6 +625,9 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
                 await agent.request(functools.partial(w.Stop, name=n), timeout=5.0)
             except AgentError:
                 pass  # the agent is gone: so are its procs
+    # Stopped: its sockets and state go; a tombstone answers stale handles.
+    for n in {r.mesh for r in refs}:
+        ctl.release(n)
 
 
 async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
