@@ -322,16 +322,14 @@ class Controller:
         )  # fmt: skip
         if state.addr:
             healthy = state.status in (Status.RUNNING, Status.INITIALIZING)
-            self.rt.break_conn(state.addr, None if healthy else event.error())
+            self.rt.break_conn(state.addr, None if healthy else event.error(), mesh)
         ev = self.changed.pop(mesh, None)
         if ev is not None:
             ev.set()
         if state.status.failure and self.dedup.first(mesh, rank, state.generation):
             self._report(event)
-        if state.status.terminal and mesh not in self.creating:
-            view = self.views.get(mesh)
-            if view is not None and all(r.status.terminal for r in view.ranks.values()):
-                self.release(mesh)  # every rank is over: nothing can call it again
+        if state.status.terminal:
+            self.release_if_over(mesh)
 
     def _report(self, event: SupervisionEvent) -> None:
         handled = False
@@ -424,6 +422,17 @@ class Controller:
         while len(self.tombstones) > TOMBSTONES:
             self.tombstones.popitem(last=False)
         self.rt.release(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
+
+    def release_if_over(self, mesh: str) -> None:
+        """Release ``mesh`` if every rank is in a terminal status (and it is
+        not being spawned: a failed spawn releases it itself)."""
+        view = self.views.get(mesh)
+        if (
+            view is not None
+            and mesh not in self.creating
+            and all(r.status.terminal for r in view.ranks.values())
+        ):
+            self.release(mesh)  # every rank is over: nothing can call it again
 
     def gone(self, ref: ProcRef) -> ZmeshError | None:
         """The error for a call to ``ref`` if its mesh was released, else ``None``."""

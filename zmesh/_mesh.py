@@ -624,10 +624,13 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
             try:
                 await agent.request(functools.partial(w.Stop, name=n), timeout=5.0)
             except AgentError:
-                pass  # the agent is gone: so are its procs
-    # Stopped: its sockets and state go; a tombstone answers stale handles.
+                # The agent is gone (so are its procs) or cut off: it will
+                # not say more, so nothing of the mesh needs to stay.
+                ctl.release(n)
+    # Once every rank is Stopped (the agents' events say so), the controller
+    # releases the mesh: its sockets and state go, a tombstone stays.
     for n in {r.mesh for r in refs}:
-        ctl.release(n)
+        ctl.release_if_over(n)
 
 
 async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:

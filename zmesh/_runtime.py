@@ -43,6 +43,7 @@ import msgspec
 import zmq
 
 from zmesh import _wire as w
+from zmesh._controller import AGENT_TIMEOUT
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -82,9 +83,9 @@ MAX_IN_FLIGHT = int(os.environ.get("ZMESH_MAX_IN_FLIGHT", "10000"))
 MAX_IN_FLIGHT_BYTES = int(os.environ.get("ZMESH_MAX_IN_FLIGHT_BYTES", str(1 << 30)))
 BIG = w.BIG_BUFFER
 # After a connection drops, how long its calls wait for supervision to say
-# why (a crash is reported by the agent at once) before they fail with
-# ConnectionLostError.
-DISCONNECT_GRACE = 0.5
+# why before they fail with ConnectionLostError: a crash is reported by the
+# agent at once, a lost host once its agent is silent for AGENT_TIMEOUT.
+DISCONNECT_GRACE = AGENT_TIMEOUT + 0.5
 
 
 class ProcConn:
@@ -205,18 +206,11 @@ class Runtime:
         if c is not None:
             # The address (a reused port) serves another mesh now: one of the
             # two procs is gone. The controller's view says which.
-            live = self.controller.live_at(ref)
-            if not live and c.broken is None:
+            if c.broken is None and not self.controller.live_at(ref):
                 dead = ProcConn(ref, None)
-                dead.broken = SupervisionError(
-                    f"the proc is gone: its address now serves mesh {c.mesh}",
-                    reason="proc gone", **dead.context(),
-                )  # fmt: skip
+                dead.broken = _reused(dead, c.mesh)
                 return dead
-            self._drop(c, c.broken or SupervisionError(
-                f"the proc is gone: its address now serves mesh {ref.mesh}",
-                reason="proc gone", **c.context(),
-            ))  # fmt: skip
+            self._drop(c, c.broken or _reused(c, ref.mesh))
         c = ProcConn(ref, None)
         c.sock = self._socket(c)
         self.conns[ref.addr] = c
@@ -509,15 +503,24 @@ class Runtime:
                 wreq.queued.discard(i)
                 self._settle(wreq, i, False, error)
 
-    def break_conn(self, addr: str, error: ZmeshError | None) -> None:
+    def break_conn(self, addr: str, error: ZmeshError | None, mesh: str | None = None) -> None:
         """Fail everything in flight to ``addr`` with ``error`` (``None`` heals it).
 
         A broken connection's socket is closed: what it still queued must not
         run after its call failed, and a healed rank (a partition is over)
         is better served by a fresh connection than by TCP retransmits.
+
+        Args:
+            mesh: the mesh whose rank is at ``addr``. A connection there for
+                another mesh is left alone, unless ``mesh`` is healthy there
+                now: then the other's proc is gone (its port was reused).
         """
         c = self.conns.get(addr)
         if c is None:
+            return
+        if mesh is not None and c.mesh != mesh:
+            if error is None:
+                self._drop(c, c.broken or _reused(c, mesh))
             return
         if error is None:
             c.broken = None
@@ -571,6 +574,14 @@ class Runtime:
             if c.sock is not None:
                 c.sock.close()
         self.conns.clear()
+
+
+def _reused(c: ProcConn, mesh: str) -> SupervisionError:
+    """The error for calls to ``c``'s proc, gone: its address serves ``mesh`` now."""
+    return SupervisionError(
+        f"the proc is gone: its address now serves mesh {mesh}", reason="proc gone",
+        **c.context(),
+    )  # fmt: skip
 
 
 def _size(frames: list[Any]) -> int:

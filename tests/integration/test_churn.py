@@ -41,6 +41,14 @@ def footprint(rt: _runtime.Runtime) -> dict[str, int]:
     }
 
 
+async def released(rt: _runtime.Runtime, timeout: float = 5.0) -> dict[str, int]:
+    """The footprint once stopped meshes are released (when their ranks report Stopped)."""
+    deadline = time.monotonic() + timeout
+    while any(footprint(rt).values()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return footprint(rt)
+
+
 async def settle_fds(limit: int, timeout: float = 5.0) -> int:
     """The fd count once closed sockets are gone (libzmq closes them in the background)."""
     deadline = time.monotonic() + timeout
@@ -56,6 +64,7 @@ async def test_spawn_call_stop_1100_meshes_leaks_nothing() -> None:
     first = await Echo.options().as_actor()
     assert await first.echo.call_one(0) == 0
     await first.stop()
+    await released(rt)
     base = await settle_fds(0, timeout=0.5)  # after one full cycle: agent and forkserver up
     t0 = time.monotonic()
     for i in range(1, CYCLES):
@@ -63,12 +72,12 @@ async def test_spawn_call_stop_1100_meshes_leaks_nothing() -> None:
         assert await mesh.echo.call_one(i) == i
         await mesh.stop()
         if i % 100 == 0:
+            assert not any((left := await released(rt)).values()), left
             assert await settle_fds(base + 8) <= base + 8, f"cycle {i}: fds {fds()} vs {base}"
-            assert all(n == 0 for n in footprint(rt).values()), footprint(rt)
             assert len(rt.controller.tombstones) <= _controller.TOMBSTONES
     per_cycle = (time.monotonic() - t0) / (CYCLES - 1)
+    assert not any((left := await released(rt)).values()), left
     assert await settle_fds(base + 8) <= base + 8
-    assert all(n == 0 for n in footprint(rt).values()), footprint(rt)
     # Stale handles still fail fast, with no socket made for them: the last
     # (tombstone) and the first (forgotten here; its agent is asked).
     for stale in (mesh, first):
@@ -92,9 +101,8 @@ async def test_a_stopped_mesh_releases_its_socket_and_state() -> None:
     assert (await mesh.echo.call(1)).values() == [1, 1]
     assert len(rt.conns) == 2 and mesh.proc_mesh in rt.controller.views
     await mesh.stop()
-    assert footprint(rt)["conns"] == 0
-    assert mesh.proc_mesh not in rt.controller.views
-    assert mesh.state().status in (zmesh.Status.STOPPED, zmesh.Status.STOPPING)
+    assert not any((left := await released(rt)).values()), left
+    assert mesh.state().status == zmesh.Status.STOPPED
     with pytest.raises(zmesh.ActorStoppedError) as info:
         await mesh.echo.call(1)
     assert info.value.mesh == mesh.proc_mesh
@@ -157,3 +165,21 @@ def _on_loop(rt: _runtime.Runtime, fn: Callable[[], dict[str, int]]) -> dict[str
         return fn()
 
     return asyncio.run_coroutine_threadsafe(run(), rt.loop).result(10)
+
+
+@pytest.mark.anyio
+async def test_a_handle_whose_address_now_serves_another_mesh_fails_fast() -> None:
+    # A proc's port reused by a later proc: a stale handle of the first must
+    # not reach the second, and must not disturb the second's connection.
+    rt, _ = _runtime.current()
+    live = await Echo.options().as_actor()
+    assert await live.echo.call_one(1) == 1
+    ref = live._refs[0]
+    stale_ref = _runtime.ProcRef(
+        "gone-0000", 0, 1, ref.addr, ref.agent, ref.host, "/nonexistent.log"
+    )
+    stale = zmesh.ActorMesh("echo", "Echo", live.endpoints, live._shape, [stale_ref])
+    with pytest.raises(zmesh.SupervisionError, match=f"now serves mesh {live.proc_mesh}"):
+        await asyncio.wait_for(_aw(stale.echo.call_one(2)), 5)
+    assert await live.echo.call_one(3) == 3
+    assert rt.conns[ref.addr].mesh == live.proc_mesh
