@@ -68,6 +68,7 @@ def small_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(300)
 @pytest.mark.anyio
 async def test_150k_pipelined_call_ones_all_resolve() -> None:
     mesh = await Tagger.options().as_actor()
@@ -85,6 +86,7 @@ async def test_150k_pipelined_call_ones_all_resolve() -> None:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(300)
 def test_100k_pipelined_calls_from_plain_code_all_resolve() -> None:
     mesh = Tagger.options().as_actor().get(timeout=60)
     n = 100_000
@@ -93,6 +95,7 @@ def test_100k_pipelined_calls_from_plain_code_all_resolve() -> None:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(300)
 @pytest.mark.anyio
 async def test_fan_out_calls_at_depth_all_resolve() -> None:
     mesh = await Tagger.options(procs=2).as_actor()

@@ -58,6 +58,7 @@ async def settle_fds(limit: int, timeout: float = 5.0) -> int:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(900)  # ~0.1 s a cycle on 2 busy cores
 @pytest.mark.anyio
 async def test_spawn_call_stop_1100_meshes_leaks_nothing() -> None:
     rt, _ = _runtime.current()
