@@ -430,10 +430,24 @@ async def spawn_owned_mesh(
 async def _spawn_procs(
     rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str
 ) -> ProcMesh:
-    from zmesh._actor import _CURRENT_ACTOR
-
     _spawnprep.check_not_preparing()
     name = f"{base}-{secrets.token_hex(4)}"
+    ctl = rt.controller
+    ctl.creating.add(name)  # not released while it starts, even if a rank fails
+    try:
+        return await _start_procs(rt, addrs, per_host, name)
+    except BaseException:
+        ctl.release(name)  # stopped already (or never made): nothing of it stays
+        raise
+    finally:
+        ctl.creating.discard(name)
+
+
+async def _start_procs(
+    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
+) -> ProcMesh:
+    from zmesh._actor import _CURRENT_ACTOR
+
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
     if per < 1:
@@ -445,39 +459,32 @@ async def _spawn_procs(
         env["ZMESH_AGENTS"] = ",".join(agents)
     ctl = rt.controller
     owner_actor = _CURRENT_ACTOR.get(None)
-    ctl.creating.add(name)
-    try:
-        if owner_actor is not None:
-            ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
-        conns = []
-        for h, addr in enumerate(addrs):
-            agent = ctl.agent(addr)
-            try:
-                await asyncio.wait_for(agent.ready.wait(), 10.0)
-            except asyncio.TimeoutError:
-                hint = " and whether your keys match its --keys" if _security.active() else ""
-                raise AgentError(
-                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                    host=addr,
-                ) from None
-            _local.note_used(addr)
-            ranks = list(range(h * per, (h + 1) * per))
-            ctl.track(name, agent, ranks)
-            conns.append((agent, ranks))
-        spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
-            owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
-        )
+    if owner_actor is not None:
+        ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
+    conns = []
+    for h, addr in enumerate(addrs):
+        agent = ctl.agent(addr)
         try:
-            await _create_and_wait(rt, name, conns, spec_of)
-        except asyncio.CancelledError:
-            # The caller gave up on the spawn: the procs it asked for must not stay.
-            await asyncio.shield(_stop_mesh_on(rt, name, conns))
-            raise
-    except BaseException:
-        ctl.release(name)  # stopped already (or never made): nothing of it stays
+            await asyncio.wait_for(agent.ready.wait(), 10.0)
+        except asyncio.TimeoutError:
+            hint = " and whether your keys match its --keys" if _security.active() else ""
+            raise AgentError(
+                f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                host=addr,
+            ) from None
+        _local.note_used(addr)
+        ranks = list(range(h * per, (h + 1) * per))
+        ctl.track(name, agent, ranks)
+        conns.append((agent, ranks))
+    spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
+        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
+    )
+    try:
+        await _create_and_wait(rt, name, conns, spec_of)
+    except asyncio.CancelledError:
+        # The caller gave up on the spawn: the procs it asked for must not stay.
+        await asyncio.shield(_stop_mesh_on(rt, name, conns))
         raise
-    finally:
-        ctl.creating.discard(name)
     view = ctl.views[name]
     refs = []
     for agent, ranks in conns:
