@@ -91,6 +91,7 @@ class Host:
     netns: str
     veth: str  # the root-side end, in the bridge
     ip: str
+    peer: str = ""  # the namespace's end
     control: str = ""
     agent: subprocess.Popen[bytes] | None = None
     log_dir: str = ""
@@ -154,7 +155,7 @@ class NetnsCluster:
     def _add_host(self, i: int, pid: int, base: str) -> None:
         h = Host(i, f"{PREFIX}{pid}h{i}", f"zv{pid}h{i}", f"{base}.{10 + i}")
         self.hosts.append(h)
-        peer = f"zp{pid}h{i}"
+        peer = h.peer = f"zp{pid}h{i}"
         _ip("netns", "add", h.netns)
         _ip("link", "add", h.veth, "type", "veth", "peer", "name", peer)
         _ip("link", "set", peer, "netns", h.netns)
@@ -190,6 +191,22 @@ class NetnsCluster:
     def heal(self, index: int) -> None:
         """Bring host ``index`` back."""
         _ip("link", "set", self.hosts[index].veth, "up")
+
+    def limit_rate(self, index: int, rate: str = "100mbit") -> None:
+        """Make host ``index``'s link a slow one, both ways (``tc`` token bucket).
+
+        Raises:
+            RuntimeError: ``tc`` is missing or the kernel has no ``tbf``.
+        """
+        h = self.hosts[index]
+        tbf = ["qdisc", "add", "dev", "", "root", "tbf", "rate", rate]
+        tbf += ["burst", "32kbit", "latency", "400ms"]
+        for dev, ns in ((h.veth, None), (h.peer, h.netns)):
+            tbf[3] = dev
+            cmd = ["ip", "netns", "exec", ns, "tc", *tbf] if ns else ["tc", *tbf]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()}")
 
     def close(self) -> None:
         """Stop the agents (and so their procs) and remove every namespace and link."""

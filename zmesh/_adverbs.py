@@ -77,31 +77,49 @@ def _on_runtime(
 class EndpointRef(Generic[R]):
     """``mesh.endpoint``: the adverbs for one endpoint of one mesh (or slice)."""
 
-    __slots__ = ("_mesh", "_name", "_timeout")
+    __slots__ = ("_block", "_mesh", "_name", "_timeout")
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, timeout: float | None = None) -> None:
+    def __init__(
+        self, mesh: ActorMesh[Any], name: str, timeout: float | None = None, block: bool = True
+    ) -> None:
         self._mesh = mesh
         self._name = name
         self._timeout = timeout
+        self._block = block
 
-    def options(self, *, timeout: float | None = None) -> EndpointRef[R]:
+    def options(self, *, timeout: float | None = None, block: bool = True) -> EndpointRef[R]:
         """The same endpoint with per-call options.
 
         Args:
             timeout: seconds until the call fails with ``CallTimeoutError``.
                 The request carries this deadline, and a proc that receives
                 it too late does not run it.
+            block: what a call does when this caller already has the limit of
+                calls in flight to the proc (``ZMESH_MAX_IN_FLIGHT``, 10,000):
+                wait its turn, in order (the default), or fail at once with
+                ``OverloadedError`` (``block=False``).
         """
-        return EndpointRef(self._mesh, self._name, timeout)
+        return EndpointRef(self._mesh, self._name, timeout, block)
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         try:
-            return w.Codec.pack(args, kwargs)
+            payload, buffers = w.Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(
                 f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
                 mesh=self._mesh.proc_mesh,
             ) from exc
+        if buffers or payload.blob is not None:
+            # Refused here, in the caller's thread, before anything goes out
+            # (the runtime checks the encoded message again).
+            try:
+                w.check_size(payload, buffers)
+            except EncodeError as exc:
+                raise EncodeError(
+                    f"arguments of {self._name!r} cannot be sent: {exc.message}",
+                    mesh=self._mesh.proc_mesh,
+                ) from exc
+        return payload, buffers
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
         deadline = time.time() + self._timeout if self._timeout is not None else 0.0
@@ -132,12 +150,12 @@ class EndpointRef(Generic[R]):
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
         payload, buffers = self._pack(args, kwargs)
-        actor, name, timeout = self._mesh.actor, self._name, self._timeout
+        actor, name, timeout, block = self._mesh.actor, self._name, self._timeout, self._block
         deadline = time.time() + timeout if timeout is not None else 0.0
 
         def start(rt: Runtime, fut: Sink) -> None:
             best = _least_loaded(rt, refs)
-            rt.call(best, actor, name, payload, buffers, deadline, fut, timeout)
+            rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
         return _on_runtime(start, (self._mesh.proc_mesh, name))
 
@@ -149,14 +167,17 @@ class EndpointRef(Generic[R]):
         rt, home = _runtime.current()
         if home:
             fut: asyncio.Future[R] = rt.loop.create_future()
-            rt.call(ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout)
+            rt.call(
+                ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
+                self._block,
+            )  # fmt: skip
             return Future(afut=fut, about=(ref, self._name))
         # From another thread: one callback on the runtime's loop, scheduled
         # in call order like every other adverb (see _on_runtime).
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
         rt.loop.call_soon_threadsafe(
             rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
-            cfut, timeout,
+            cfut, timeout, self._block,
         )  # fmt: skip
         return Future(cfut=cfut, about=(ref, self._name))
 
@@ -194,7 +215,7 @@ class EndpointRef(Generic[R]):
             if not refs:
                 fut.set_result(ValueMesh(dims, [], []))
             else:
-                rt.send(refs, msg, buffers, deliver, self._timeout)
+                rt.send(refs, msg, buffers, deliver, self._timeout, self._block)
 
         return _on_runtime(start, (self._mesh.proc_mesh, self._name))
 

@@ -15,6 +15,12 @@ client asks it to ``Describe`` itself again and again: an agent restarted
 on the same control address answers with a new epoch and a new stream
 address, so the client subscribes there, and the ranks of the old
 incarnation (whose processes died with it) become Failed.
+and ranks that are still running are usable again.
+
+A mesh that is over (stopped, or every rank in a terminal status) is
+*released*: its view, dedup entries and connections go, and a bounded
+tombstone remembers how it ended, so a stale handle still fails fast. A
+long-lived client spawning and stopping meshes keeps a flat footprint.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -55,6 +62,9 @@ DESCRIBE_TIMEOUT = 2.0
 REJOIN_INTERVAL = 0.5
 # A control reply this long after the stream's last message: the agent is alive.
 ANSWERED_SINCE = 0.5
+# Released meshes remembered (how each rank ended), for calls on stale handles.
+# Older ones are forgotten; their agents still know (or say they do not).
+TOMBSTONES = 1024
 # Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
 ESCALATE_UNHANDLED = False
@@ -339,6 +349,9 @@ class Controller:
         self.listeners: dict[str, list[Callable[[SupervisionEvent], None]]] = {}
         self.handlers: dict[str, Callable[[SupervisionEvent], bool]] = {}
         self.owned: set[str] = set()  # meshes spawned (successfully) from here
+        self.creating: set[str] = set()  # being spawned: released by the spawn if it fails
+        # Released meshes: their final views, oldest first (see release()).
+        self.tombstones: OrderedDict[str, MeshView] = OrderedDict()
         self.closed = False
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -353,10 +366,17 @@ class Controller:
 
     def watch(self, ref: ProcRef) -> None:
         """Follow the supervision of ``ref``'s rank (a handle we call)."""
+        if ref.mesh in self.tombstones:
+            return  # over: nothing more to follow
         a = self.agent(ref.agent)
         view = self.views.get(ref.mesh)
         if view is None:
             view = self.views[ref.mesh] = MeshView(ref.mesh, [])
+            if a.ready.is_set():
+                # A handle from elsewhere (or one whose tombstone was
+                # forgotten): ask the agent how the mesh is, so a mesh that
+                # is gone fails its calls instead of leaving them waiting.
+                a._resync()
         if ref.rank not in view.ranks:
             view.ranks[ref.rank] = Rank(Status.RUNNING, ref.generation, addr=ref.addr)
         self.hosts[(ref.mesh, ref.rank)] = a
@@ -389,12 +409,14 @@ class Controller:
         )  # fmt: skip
         if state.addr:
             healthy = state.status in (Status.RUNNING, Status.INITIALIZING)
-            self.rt.break_conn(state.addr, None if healthy else event.error())
+            self.rt.break_conn(state.addr, None if healthy else event.error(), mesh)
         ev = self.changed.pop(mesh, None)
         if ev is not None:
             ev.set()
         if state.status.failure and self.dedup.first(mesh, rank, state.generation):
             self._report(event)
+        if state.status.terminal:
+            self.release_if_over(mesh)
 
     def _report(self, event: SupervisionEvent) -> None:
         handled = False
@@ -416,7 +438,10 @@ class Controller:
         for (mesh, rank), a in list(self.hosts.items()):
             if a is not agent or mesh in known:
                 continue
-            cur = self.views[mesh].ranks.get(rank)
+            view = self.views.get(mesh)
+            if view is None:
+                continue  # released by an earlier rank of this loop
+            cur = view.ranks.get(rank)
             if cur is None:
                 continue
             if cur.generation > 0 or self._begun(mesh):
@@ -510,6 +535,70 @@ class Controller:
         state = view.apply(rank, replace(cur, status=status, reason=reason))
         if state is not None:
             self._consequences(agent, mesh, rank, state)
+
+    # ------------------------------------------------------------ releasing
+
+    def release(self, mesh: str) -> None:
+        """Forget a mesh that is over; close its connections; keep a tombstone.
+
+        Calls still on its connections fail (supervision failed them already
+        when its ranks stopped or broke). Later calls on a handle of it fail
+        at once with what the tombstone says (``ActorStoppedError`` or
+        ``SupervisionError``), with no socket made.
+        """
+        view = self.views.pop(mesh, None)
+        if view is None:
+            return
+        for rank in view.ranks:
+            self.hosts.pop((mesh, rank), None)
+        self.dedup.forget(mesh)
+        ev = self.changed.pop(mesh, None)
+        if ev is not None:
+            ev.set()
+        self.listeners.pop(mesh, None)
+        self.handlers.pop(mesh, None)
+        self.owned.discard(mesh)
+        self.creating.discard(mesh)
+        self.tombstones[mesh] = view
+        while len(self.tombstones) > TOMBSTONES:
+            self.tombstones.popitem(last=False)
+        self.rt.release(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
+
+    def release_if_over(self, mesh: str) -> None:
+        """Release ``mesh`` if every rank is in a terminal status (and it is
+        not being spawned: a failed spawn releases it itself)."""
+        view = self.views.get(mesh)
+        if (
+            view is not None
+            and mesh not in self.creating
+            and all(r.status.terminal for r in view.ranks.values())
+        ):
+            self.release(mesh)  # every rank is over: nothing can call it again
+
+    def gone(self, ref: ProcRef) -> ZmeshError | None:
+        """The error for a call to ``ref`` if its mesh was released, else ``None``."""
+        view = self.tombstones.get(ref.mesh)
+        if view is None:
+            return None
+        st = view.ranks.get(ref.rank)
+        ctx: dict[str, Any] = {
+            "mesh": ref.mesh, "rank": ref.rank, "host": ref.host, "log_path": ref.log_path or None,
+        }  # fmt: skip
+        if st is not None and st.status.failure:
+            return SupervisionError(
+                f"rank is {st.status.value}: {st.reason}", reason=st.reason, **ctx
+            )
+        return ActorStoppedError("rank was stopped", **ctx)
+
+    def live_at(self, ref: ProcRef) -> bool:
+        """Whether this runtime knows ``ref``'s rank as healthy at ``ref.addr``."""
+        view = self.views.get(ref.mesh)
+        st = view.ranks.get(ref.rank) if view is not None else None
+        return (
+            st is not None
+            and st.addr == ref.addr
+            and st.status in (Status.RUNNING, Status.INITIALIZING)
+        )
 
     # ------------------------------------------------------------ waiting
 

@@ -9,14 +9,16 @@ Hierarchy::
     ├── ActorError            an endpoint raised; the actor is still alive
     ├── SpawnError            a proc or an actor could not be started
     ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
+    │   └── ConnectionLostError   the connection to the proc dropped with the call on it
     ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
     ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
     ├── EndpointError         unknown endpoint or arguments that do not fit it
     ├── EncodeError           an argument or return value cannot be sent
     ├── AgentError            an agent refused a request or cannot be reached
     ├── SecurityError         keys missing or unreadable; an address needs keys
+    ├── OverloadedError       a proc has too many of this caller's calls in flight
     └── ServiceError          a service cannot take the call
-        └── ServiceOverloadedError   every replica's queue is full
+        └── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
 
 ``SupervisionError`` ("it broke") and ``ActorStoppedError`` ("you stopped it")
 are deliberately distinct, as trio tells ``BrokenResourceError`` from
@@ -32,8 +34,10 @@ __all__ = [
     "ActorStoppedError",
     "AgentError",
     "CallTimeoutError",
+    "ConnectionLostError",
     "EncodeError",
     "EndpointError",
+    "OverloadedError",
     "SecurityError",
     "ServiceError",
     "ServiceOverloadedError",
@@ -152,6 +156,14 @@ class SupervisionError(ZmeshError):
         self.reason = reason
 
 
+class ConnectionLostError(SupervisionError):
+    """The connection to the proc dropped while the call was on it.
+
+    The call may or may not have run; its reply is lost. The proc itself
+    may be alive: later calls go out on a new connection.
+    """
+
+
 class ActorStoppedError(ZmeshError):
     """The rank was stopped on purpose (``mesh.stop()`` or shutdown)."""
 
@@ -176,9 +188,17 @@ class SecurityError(ZmeshError):
     """CURVE keys are missing or unreadable, or an address needs keys it was not given."""
 
 
+class OverloadedError(ZmeshError):
+    """Too many calls from this caller are in flight to one proc.
+
+    Raised only for calls made with ``.options(block=False)``; by default a
+    call over the in-flight limit waits its turn (in order) instead.
+    """
+
+
 class ServiceError(ZmeshError):
     """A service cannot take the call (no healthy replica before the timeout)."""
 
 
-class ServiceOverloadedError(ServiceError):
+class ServiceOverloadedError(ServiceError, OverloadedError):
     """Every replica's queue is full: overload is an error, not a hang."""

@@ -174,7 +174,8 @@ class _MeshBase:
         queue: asyncio.Queue[SupervisionEvent] = asyncio.Queue()
         for ref in self._refs:
             rt.controller.watch(ref)
-        view = rt.controller.views.get(self.proc_mesh)
+        ctl = rt.controller
+        view = ctl.views.get(self.proc_mesh) or ctl.tombstones.get(self.proc_mesh)
         if view is not None:
             for rank, st in sorted(view.ranks.items()):
                 if rank in mine and st.status.failure:
@@ -218,7 +219,9 @@ def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
         ]  # fmt: skip
     known: dict[int, Rank] = {}
     for rt in (first, *others):
-        view = rt.controller.views.get(mesh)
+        ctl = rt.controller
+        # A released mesh's tombstone still says how each rank ended.
+        view = ctl.views.get(mesh) or ctl.tombstones.get(mesh)
         if view is None:
             continue
         for r, st in list(view.ranks.items()):
@@ -548,11 +551,25 @@ async def spawn_owned_mesh(
 async def _spawn_procs(
     rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str
 ) -> ProcMesh:
-    from zmesh._actor import _CURRENT_ACTOR
-
     _spawnprep.check_not_preparing()
     check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
+    ctl = rt.controller
+    ctl.creating.add(name)  # not released while it starts, even if a rank fails
+    try:
+        return await _start_procs(rt, addrs, per_host, name)
+    except BaseException:
+        ctl.release(name)  # stopped already (or never made): nothing of it stays
+        raise
+    finally:
+        ctl.creating.discard(name)
+
+
+async def _start_procs(
+    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
+) -> ProcMesh:
+    from zmesh._actor import _CURRENT_ACTOR
+
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
     if per < 1:
@@ -775,7 +792,13 @@ async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
             try:
                 await agent.request(stop_request(n), timeout=5.0)
             except AgentError:
-                pass  # the agent is gone: so are its procs
+                # The agent is gone (so are its procs) or cut off: it will
+                # not say more, so nothing of the mesh needs to stay.
+                ctl.release(n)
+    # Once every rank is Stopped (the agents' events say so), the controller
+    # releases the mesh: its sockets and state go, a tombstone stays.
+    for n in {r.mesh for r in refs}:
+        ctl.release_if_over(n)
 
 
 async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:

@@ -42,6 +42,12 @@ log = logging.getLogger("zmesh.proc")
 
 PROC_HEARTBEAT_INTERVAL = 0.2
 STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
+# Calls received and not started (queued in mailboxes, plus running
+# ``concurrent`` ones), at most: past this the proc stops reading its socket
+# until half have gone, so callers meet TCP backpressure instead of this
+# process's memory growing without bound. Each caller also keeps at most
+# zmesh._runtime.MAX_IN_FLIGHT calls in flight to one proc.
+MAX_BACKLOG = int(os.environ.get("ZMESH_PROC_MAX_BACKLOG", "100000"))
 
 
 class _BadArguments(Exception):
@@ -102,6 +108,7 @@ class _Mailbox:
                 self._start(ident, call, frames)
                 return
         self.queue.append((ident, call, frames))
+        self.server.took()
         if len(self.queue) > self.queue_peak:
             self.queue_peak = len(self.queue)
         self._wake()
@@ -137,7 +144,12 @@ class _Mailbox:
         coro = self.server.handle(self, ident, call, frames)
         task = self.context.run(asyncio.ensure_future, coro)
         self.running.add(task)  # keep a reference until it ends
-        task.add_done_callback(self.running.discard)
+        self.server.took()
+        task.add_done_callback(self._concurrent_done)
+
+    def _concurrent_done(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self.server.started()
 
     def statistics(self) -> _stats.ActorStatistics:
         """This actor's mailbox and endpoint counters, as a frozen record."""
@@ -181,6 +193,7 @@ class _Mailbox:
                     self.waiter = None
                 continue
             ident, call, frames = self.queue.popleft()
+            self.server.started()
             ep = self.endpoints.get(call.method)
             if ep is not None and ep.info.concurrent:
                 self._start_concurrent(ident, call, frames)
@@ -204,6 +217,7 @@ class _Mailbox:
         self.task.cancel()
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
+            self.server.started()
         self.queue.clear()
 
 
@@ -220,6 +234,7 @@ class ProcServer:
         self.codec = w.Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
+        self.backlog = 0  # see MAX_BACKLOG
         self.spawning: set[asyncio.Task[None]] = set()
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
         self.sampler = _stats.ProcSampler()
@@ -252,7 +267,7 @@ class ProcServer:
         gate = None
         if keys is not None and bind.startswith("tcp://"):
             gate = _security.Gate(ctx, keys)
-        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER)), keys, bind)
+        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER), data=True), keys, bind)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.bind(bind)
         if bind.startswith("ipc://"):
@@ -283,6 +298,19 @@ class ProcServer:
             self.agent.send(beat)
 
     # ------------------------------------------------------------ inbound
+
+    def took(self) -> None:
+        """A call joins the backlog; past ``MAX_BACKLOG`` reading stops."""
+        self.backlog += 1
+        if self.backlog >= MAX_BACKLOG and not self.router.paused:
+            log.warning("%d calls waiting: reading stops until half have started", self.backlog)
+            self.router.pause()
+
+    def started(self) -> None:
+        """A call leaves the backlog; reading resumes at half ``MAX_BACKLOG``."""
+        self.backlog -= 1
+        if self.router.paused and self.backlog <= MAX_BACKLOG // 2:
+            self.router.resume()
 
     def _on_message(self, frames: list[Any]) -> int | None:
         if len(frames) < 2:

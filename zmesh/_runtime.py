@@ -9,6 +9,21 @@ thread ("zmesh-io") and the caller blocks on ``Future.get()``.
 Requests in flight are kept per proc connection, so when supervision says a
 rank failed, exactly the requests sent to it fail, at once, with
 ``SupervisionError``; later calls to that rank fail before sending.
+
+Backpressure: at most ``MAX_IN_FLIGHT`` calls (and ``MAX_IN_FLIGHT_BYTES`` of
+large messages) are sent and unanswered on one connection. Later calls wait
+in the connection's ``waiting`` queue, in send order, and go out as replies
+come back; with ``block=False`` they fail with ``OverloadedError`` instead.
+So no ZeroMQ pipe ever nears its high-water mark: a full pipe stops libzmq
+reading the connection, and a reconnect then trips libzmq's
+``_input_stopped`` assertion (libzmq issues 3937, 4767).
+
+A connection that drops (a socket monitor reports it) takes the calls that
+were on it: they fail with ``ConnectionLostError`` unless supervision
+explains the drop first (a crash), and the socket is replaced, so nothing it
+still queued can run after its call has failed. A mesh that is over
+(stopped, or every rank terminal) is released by the controller: its
+connections close and only a small tombstone remains.
 """
 
 from __future__ import annotations
@@ -17,8 +32,10 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import os
 import pickle
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -26,13 +43,17 @@ import msgspec
 import zmq
 
 from zmesh import _wire as w
+from zmesh._controller import AGENT_TIMEOUT
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
     CallTimeoutError,
+    ConnectionLostError,
     EncodeError,
     EndpointError,
+    OverloadedError,
     SpawnError,
+    SupervisionError,
     ZmeshError,
 )
 from zmesh._security import secure_client
@@ -54,23 +75,46 @@ class ProcRef(msgspec.Struct, frozen=True):
     log_path: str = ""
 
 
+# Calls sent on one proc connection and not answered yet, at most: a tenth
+# of the sockets' high-water mark (zmesh._zsock.HWM), so no pipe fills.
+MAX_IN_FLIGHT = int(os.environ.get("ZMESH_MAX_IN_FLIGHT", "10000"))
+# Bytes of large messages (BIG and over) in flight on one connection, at
+# most; a message larger than this still goes, alone.
+MAX_IN_FLIGHT_BYTES = int(os.environ.get("ZMESH_MAX_IN_FLIGHT_BYTES", str(1 << 30)))
+BIG = w.BIG_BUFFER
+# After a connection drops, how long its calls wait for supervision to say
+# why before they fail with ConnectionLostError: a crash is reported by the
+# agent at once, a lost host once its agent is silent for AGENT_TIMEOUT.
+DISCONNECT_GRACE = AGENT_TIMEOUT + 0.5
+
+
 class ProcConn:
     """This runtime's DEALER to one proc, and the requests in flight on it."""
 
-    __slots__ = ("broken", "pending", "ref", "sock")
+    __slots__ = ("broken", "bytes", "mesh", "pending", "ref", "sock", "waiting")
 
-    def __init__(self, ref: ProcRef, sock: AsyncSocket) -> None:
+    def __init__(self, ref: ProcRef, sock: AsyncSocket | None) -> None:
         self.ref = ref
-        self.sock = sock
-        # In flight on this connection, by request id, in send order. A reply
-        # arrives on its connection, so settling it is one pop here.
+        self.mesh = ref.mesh
+        self.sock = sock  # None while broken, and for a released mesh
+        # Sent on this connection and not answered, by request id, in send
+        # order. A reply arrives on its connection, so settling it is one pop.
         self.pending: dict[int, Request | OneRequest] = {}
+        # Not sent yet (over the in-flight limit), in send order:
+        # (frames, request or None for a oneway, index of this conn in it).
+        self.waiting: deque[tuple[list[Any], Request | OneRequest | None, int]] = deque()
+        self.bytes = 0  # of large messages in ``pending``
         self.broken: ZmeshError | None = None  # set: calls fail before sending
 
     @property
     def inflight(self) -> int:
-        """Requests sent on this connection and not answered yet."""
-        return len(self.pending)
+        """Requests on this connection not answered yet (sent or waiting)."""
+        return len(self.pending) + len(self.waiting)
+
+    def context(self) -> dict[str, Any]:
+        """The error context of this connection's proc."""
+        r = self.ref
+        return {"mesh": r.mesh, "rank": r.rank, "host": r.host, "log_path": r.log_path or None}
 
 
 # Where the answer of a single-target call goes: an asyncio future on the
@@ -81,14 +125,19 @@ Sink: TypeAlias = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
 class OneRequest:
-    """A call to one proc whose answer settles ``fut`` directly (the fast path)."""
+    """A call to one proc whose answer settles ``fut`` directly (the fast path).
 
-    __slots__ = ("conn", "fut", "id", "timer")
+    While it waits to be sent, a done ``fut`` (timed out, cancelled) means it
+    is not sent at all.
+    """
 
-    def __init__(self, req_id: int, conn: ProcConn, fut: Sink) -> None:
+    __slots__ = ("conn", "fut", "id", "size", "timer")
+
+    def __init__(self, req_id: int, conn: ProcConn, fut: Sink, size: int) -> None:
         self.id = req_id
         self.conn = conn
         self.fut = fut
+        self.size = size  # bytes, for a large message; else 0
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -99,7 +148,7 @@ class Request:
     value, or not ok with the exception.
     """
 
-    __slots__ = ("conns", "deliver", "id", "open", "timer")
+    __slots__ = ("conns", "deliver", "id", "open", "queued", "size", "timer")
 
     def __init__(
         self, req_id: int, conns: list[ProcConn], deliver: Callable[[int, bool, Any], None]
@@ -108,6 +157,9 @@ class Request:
         self.conns = conns
         self.deliver = deliver
         self.open = len(conns)
+        self.size = 0  # bytes, for a large message; else 0
+        # Indexes of the conns where it waits to be sent (None: nowhere yet).
+        self.queued: set[int] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -138,16 +190,55 @@ class Runtime:
     # ------------------------------------------------------------ connections
 
     def conn(self, ref: ProcRef) -> ProcConn:
-        """The connection to ``ref``'s proc, made on first use."""
+        """The connection to ``ref``'s proc, made on first use.
+
+        For a mesh the controller has released (stopped or failed), a
+        connection with no socket whose calls fail at once.
+        """
         c = self.conns.get(ref.addr)
-        if c is None:
-            sock = secure_client(configure(self.ctx.socket(zmq.DEALER)), addr=ref.addr)
-            sock.connect(ref.addr)
-            c = ProcConn(ref, AsyncSocket(sock, self.loop, None, batch=True))
-            c.sock.on_message = functools.partial(self._on_reply, c)
-            self.conns[ref.addr] = c
-            self.controller.watch(ref)
+        if c is not None and c.mesh == ref.mesh:
+            return c
+        gone = self.controller.gone(ref)
+        if gone is not None:
+            dead = ProcConn(ref, None)
+            dead.broken = gone
+            return dead
+        if c is not None:
+            # The address (a reused port) serves another mesh now: one of the
+            # two procs is gone. The controller's view says which.
+            if c.broken is None and not self.controller.live_at(ref):
+                dead = ProcConn(ref, None)
+                dead.broken = _reused(dead, c.mesh)
+                return dead
+            self._drop(c, c.broken or _reused(c, ref.mesh))
+        c = ProcConn(ref, None)
+        c.sock = self._socket(c)
+        self.conns[ref.addr] = c
+        self.controller.watch(ref)
         return c
+
+    def _socket(self, c: ProcConn) -> AsyncSocket:
+        sock = secure_client(configure(self.ctx.socket(zmq.DEALER), data=True), addr=c.ref.addr)
+        sock.connect(c.ref.addr)
+        a = AsyncSocket(sock, self.loop, None, batch=True)
+        a.on_message = functools.partial(self._on_reply, c)
+        a.watch_disconnects(functools.partial(self._on_disconnect, c, a))
+        return a
+
+    def release(self, mesh: str, error: ZmeshError) -> None:
+        """Close the connections to ``mesh``'s procs (it is over); what is
+        still on them fails with ``error``."""
+        for c in [c for c in self.conns.values() if c.mesh == mesh]:
+            self._drop(c, error)
+
+    def _drop(self, c: ProcConn, error: ZmeshError) -> None:
+        if self.conns.get(c.ref.addr) is c:
+            del self.conns[c.ref.addr]
+        c.broken = error
+        self._fail_all(c, error)
+        if c.sock is not None:
+            c.sock.close()
+            c.sock = None
 
     # ------------------------------------------------------------ requests
 
@@ -161,24 +252,40 @@ class Runtime:
         deadline: float,
         fut: Sink,
         timeout: float | None = None,
+        block: bool = True,
     ) -> None:
         """Send one ``Call`` to ``ref``'s proc; its answer settles ``fut``.
 
         The single-target fast path of ``send``: no closures, and the reply
         is one dict pop away from its future.
+
+        Raises:
+            EncodeError: a part of the message is over the size limit.
         """
         c = self.conns.get(ref.addr)
-        if c is None:
+        if c is None or c.mesh != ref.mesh:
             c = self.conn(ref)
         if c.broken is not None:
             resolve(fut, False, c.broken)
             return
         req_id = next(self._ids)
-        c.sock.send(self.codec.encode(w.Call(req_id, actor, method, payload, deadline), buffers))
-        req = OneRequest(req_id, c, fut)
-        c.pending[req_id] = req
+        try:
+            frames = self.codec.encode(w.Call(req_id, actor, method, payload, deadline), buffers)
+        except EncodeError as exc:
+            raise EncodeError(
+                f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
+            ) from exc
+        size = _size(frames) if buffers or len(frames[0]) >= BIG else 0
+        req = OneRequest(req_id, c, fut, size)
         if timeout is not None:
             req.timer = self.loop.call_later(timeout, self._expire_one, req, timeout)
+        if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and _over(c, size)):
+            self._wait(c, frames, req, 0, block)
+            return
+        c.sock.send(frames)  # type: ignore[union-attr]  # not broken: it has a socket
+        c.pending[req_id] = req
+        if size:
+            c.bytes += size
 
     def call_threadsafe(
         self,
@@ -190,12 +297,13 @@ class Runtime:
         deadline: float,
         fut: concurrent.futures.Future[Any],
         timeout: float | None = None,
+        block: bool = True,
     ) -> None:
         """``call`` for a caller in another thread (scheduled with ``call_soon_threadsafe``)."""
         if not fut.set_running_or_notify_cancel():
             return  # cancelled before it was sent
         try:
-            self.call(ref, actor, method, payload, buffers, deadline, fut, timeout)
+            self.call(ref, actor, method, payload, buffers, deadline, fut, timeout, block)
         except BaseException as exc:
             resolve(fut, False, exc)
 
@@ -206,27 +314,96 @@ class Runtime:
         buffers: list[Any],
         deliver: Callable[[int, bool, Any], None] | None,
         timeout: float | None = None,
+        block: bool = True,
     ) -> int:
         """Send one message to every proc in ``refs``; answers go to ``deliver``.
 
         The message is encoded once, whatever the fan-out. A target already
         known to be broken gets its error delivered at once, without a send.
+        A message that cannot be encoded is delivered as an ``EncodeError``
+        to every target (raised, for a oneway).
         """
         req_id = next(self._ids)
-        frames = self.codec.encode(msg_for(req_id), buffers)
         conns = [self.conn(r) for r in refs]
         req = Request(req_id, conns, deliver) if deliver is not None else None
-        if req is not None and timeout is not None:
-            req.timer = self.loop.call_later(timeout, self._expire, req, timeout)
+        try:
+            frames = self.codec.encode(msg_for(req_id), buffers)
+        except EncodeError as exc:
+            ctx = conns[0].context() if len(conns) == 1 else {"mesh": refs[0].mesh}
+            err = EncodeError(f"the message cannot be sent: {exc.message}", **ctx)
+            if req is None:
+                raise err from exc
+            err.__cause__ = exc
+            for i in range(len(conns)):
+                self._settle(req, i, False, err)
+            return req_id
+        size = _size(frames) if buffers or len(frames[0]) >= BIG else 0
+        if req is not None:
+            req.size = size
+            if timeout is not None:
+                req.timer = self.loop.call_later(timeout, self._expire, req, timeout)
         for i, c in enumerate(conns):
             if c.broken is not None:
                 if req is not None:
                     self._settle(req, i, False, c.broken)
                 continue
-            c.sock.send(frames)
+            if c.waiting or (
+                req is not None and (len(c.pending) >= MAX_IN_FLIGHT or (size and _over(c, size)))
+            ):
+                self._wait(c, frames, req, i, block)
+                continue
+            c.sock.send(frames)  # type: ignore[union-attr]  # not broken: it has a socket
             if req is not None:
                 c.pending[req_id] = req
+                c.bytes += size
         return req_id
+
+    def _wait(
+        self, c: ProcConn, frames: list[Any], req: Request | OneRequest | None, i: int, block: bool
+    ) -> None:
+        """Queue a message behind the in-flight limit (or fail it: ``block=False``)."""
+        if req is not None and not block:
+            err = OverloadedError(
+                f"{len(c.pending)} calls from this caller are in flight to this proc "
+                f"(limit {MAX_IN_FLIGHT} calls, {MAX_IN_FLIGHT_BYTES:,} bytes of large "
+                "messages); the call was not sent",
+                **c.context(),
+            )  # fmt: skip
+            if isinstance(req, OneRequest):
+                if req.timer is not None:
+                    req.timer.cancel()
+                resolve(req.fut, False, err)
+            else:
+                self._settle(req, i, False, err)
+            return
+        if isinstance(req, Request):
+            if req.queued is None:
+                req.queued = set()
+            req.queued.add(i)
+        c.waiting.append((frames, req, i))
+
+    def _drain(self, c: ProcConn) -> None:
+        """Send what waits on ``c``, in order, while the limits allow."""
+        waiting, pending = c.waiting, c.pending
+        while waiting and c.sock is not None:
+            frames, req, i = waiting[0]
+            if req is not None:
+                if isinstance(req, OneRequest):
+                    if req.fut.done():  # timed out or cancelled while waiting
+                        waiting.popleft()
+                        continue
+                elif req.queued is None or i not in req.queued:  # ended while waiting
+                    waiting.popleft()
+                    continue
+                if len(pending) >= MAX_IN_FLIGHT or (req.size and _over(c, req.size)):
+                    return
+            waiting.popleft()
+            c.sock.send(frames)
+            if req is not None:
+                if isinstance(req, Request):
+                    req.queued.discard(i)  # type: ignore[union-attr]
+                pending[req.id] = req
+                c.bytes += req.size
 
     def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None:
         env = frames[0]
@@ -237,18 +414,24 @@ class Runtime:
                 return None
             for msg in msgs:
                 self._on_reply_msg(conn, msg, frames)
+            if conn.waiting:
+                self._drain(conn)
             return len(msgs)
         try:
             msg = self.codec.decode(frames)
         except Exception:  # a garbled reply is dropped; its call times out or fails
             return None
         self._on_reply_msg(conn, msg, frames)
+        if conn.waiting:
+            self._drain(conn)
         return None
 
     def _on_reply_msg(self, conn: ProcConn, msg: Any, frames: list[Any]) -> None:
         req = conn.pending.pop(msg.id, None)
         if req is None:
             return  # late answer to a request that already ended
+        if req.size:
+            conn.bytes -= req.size
         ok = True
         if type(msg) is w.Reply:
             try:
@@ -278,22 +461,31 @@ class Runtime:
     def _expire(self, req: Request, timeout: float) -> None:
         for i, c in enumerate(req.conns):
             if c.pending.pop(req.id, None) is not None:
+                c.bytes -= req.size
                 req.deliver(i, False, _timeout_error(c.ref, timeout))
+                if c.waiting:
+                    self._drain(c)
+        if req.queued:
+            queued, req.queued = sorted(req.queued), None
+            for i in queued:
+                req.deliver(i, False, _timeout_error(req.conns[i].ref, timeout))
 
     def _expire_one(self, req: OneRequest, timeout: float) -> None:
-        if req.conn.pending.pop(req.id, None) is not None:
-            resolve(req.fut, False, _timeout_error(req.conn.ref, timeout))
+        c = req.conn
+        sent = c.pending.pop(req.id, None) is not None
+        resolve(req.fut, False, _timeout_error(c.ref, timeout))  # sent or still waiting
+        if sent:
+            c.bytes -= req.size
+            if c.waiting:
+                self._drain(c)
 
-    def break_conn(self, addr: str, error: ZmeshError | None) -> None:
-        """Fail everything in flight to ``addr`` with ``error`` (``None`` heals it)."""
-        c = self.conns.get(addr)
-        if c is None:
-            return
-        c.broken = error
-        if error is None:
-            return
+    def _fail_all(self, c: ProcConn, error: ZmeshError) -> None:
+        """Fail everything on ``c``, sent or waiting, with ``error``."""
         failed = list(c.pending.values())
         c.pending.clear()
+        c.bytes = 0
+        waiting = list(c.waiting)
+        c.waiting.clear()
         for req in failed:
             if isinstance(req, OneRequest):
                 if req.timer is not None:
@@ -301,6 +493,76 @@ class Runtime:
                 resolve(req.fut, False, error)
             else:
                 self._settle(req, req.conns.index(c), False, error)
+        for _, wreq, i in waiting:
+            if isinstance(wreq, OneRequest):
+                if not wreq.fut.done():
+                    if wreq.timer is not None:
+                        wreq.timer.cancel()
+                    resolve(wreq.fut, False, error)
+            elif wreq is not None and wreq.queued is not None and i in wreq.queued:
+                wreq.queued.discard(i)
+                self._settle(wreq, i, False, error)
+
+    def break_conn(self, addr: str, error: ZmeshError | None, mesh: str | None = None) -> None:
+        """Fail everything in flight to ``addr`` with ``error`` (``None`` heals it).
+
+        A broken connection's socket is closed: what it still queued must not
+        run after its call failed, and a healed rank (a partition is over)
+        is better served by a fresh connection than by TCP retransmits.
+
+        Args:
+            mesh: the mesh whose rank is at ``addr``. A connection there for
+                another mesh is left alone, unless ``mesh`` is healthy there
+                now: then the other's proc is gone (its port was reused).
+        """
+        c = self.conns.get(addr)
+        if c is None:
+            return
+        if mesh is not None and c.mesh != mesh:
+            if error is None:
+                self._drop(c, c.broken or _reused(c, mesh))
+            return
+        if error is None:
+            c.broken = None
+            if c.sock is None:
+                c.sock = self._socket(c)
+            return
+        c.broken = error
+        self._fail_all(c, error)
+        if c.sock is not None:
+            c.sock.close()
+            c.sock = None
+
+    def _on_disconnect(self, c: ProcConn, sock: AsyncSocket) -> None:
+        """A connection of ``c``'s socket dropped: its calls are lost."""
+        if c.sock is not sock or c.broken is not None or not c.pending:
+            return
+        lost = list(c.pending)
+        # Replaced, not reconnected: the old socket's queue is dropped with
+        # it (linger 0), so nothing of a failed call runs later.
+        sock.close(linger=0)
+        c.sock = self._socket(c)
+        self.loop.call_later(DISCONNECT_GRACE, self._fail_lost, c, lost)
+
+    def _fail_lost(self, c: ProcConn, lost: list[int]) -> None:
+        err = ConnectionLostError(
+            "the connection to the proc dropped with this call on it: "
+            "it may or may not have run",
+            reason="connection lost", **c.context(),
+        )  # fmt: skip
+        for req_id in lost:
+            req = c.pending.pop(req_id, None)
+            if req is None:
+                continue  # answered meanwhile, or failed by supervision
+            c.bytes -= req.size
+            if isinstance(req, OneRequest):
+                if req.timer is not None:
+                    req.timer.cancel()
+                resolve(req.fut, False, err)
+            else:
+                self._settle(req, req.conns.index(c), False, err)
+        if c.waiting:
+            self._drain(c)
 
     def close(self) -> None:
         """Close every socket (the loop is stopping or gone)."""
@@ -309,8 +571,26 @@ class Runtime:
         self.closed = True
         self.controller.close()
         for c in self.conns.values():
-            c.sock.close()
+            if c.sock is not None:
+                c.sock.close()
         self.conns.clear()
+
+
+def _reused(c: ProcConn, mesh: str) -> SupervisionError:
+    """The error for calls to ``c``'s proc, gone: its address serves ``mesh`` now."""
+    return SupervisionError(
+        f"the proc is gone: its address now serves mesh {mesh}", reason="proc gone",
+        **c.context(),
+    )  # fmt: skip
+
+
+def _size(frames: list[Any]) -> int:
+    return sum(w.nbytes(f) for f in frames)
+
+
+def _over(c: ProcConn, size: int) -> bool:
+    """Whether ``size`` more bytes would pass ``c``'s limit (one message always goes)."""
+    return c.bytes > 0 and c.bytes + size > MAX_IN_FLIGHT_BYTES
 
 
 def _timeout_error(ref: ProcRef, timeout: float) -> CallTimeoutError:

@@ -114,18 +114,26 @@ class FailureDedup:
     """Remembers which ``(mesh, rank, generation)`` failures were reported."""
 
     def __init__(self) -> None:
-        self._seen: set[tuple[str, int, int]] = set()
+        self._seen: dict[str, set[tuple[int, int]]] = {}  # mesh -> (rank, generation)
 
     def first(self, mesh: str, rank: int, generation: int) -> bool:
         """True the first time a failure of this rank generation is heard."""
-        key = (mesh, rank, generation)
-        if key in self._seen:
+        seen = self._seen.get(mesh)
+        if seen is None:
+            seen = self._seen[mesh] = set()
+        key = (rank, generation)
+        if key in seen:
             return False
-        self._seen.add(key)
+        seen.add(key)
         return True
 
     def forget(self, mesh: str) -> None:
-        self._seen = {k for k in self._seen if k[0] != mesh}
+        """Drop what is remembered of ``mesh`` (it is over)."""
+        self._seen.pop(mesh, None)
+
+    def __len__(self) -> int:
+        """How many meshes are remembered."""
+        return len(self._seen)
 
 
 class MeshView:

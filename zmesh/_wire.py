@@ -30,6 +30,8 @@ from typing import Annotated, Any
 import msgspec
 import zmq
 
+from zmesh import _zsock
+from zmesh._errors import EncodeError
 from zmesh._stats import HostStatistics, ProcStatistics, ServiceSummary
 
 # Values at or above this size travel as their own ZeroMQ frame.
@@ -451,9 +453,22 @@ class Codec:
     # -- encoding
 
     def encode(self, msg: Any, buffers: list[Any] | None = None) -> list[Any]:
-        """Return the frames of ``msg``: the envelope then ``buffers``."""
+        """Return the frames of ``msg``: the envelope then ``buffers``.
+
+        Raises:
+            EncodeError: a frame is over ``zmesh._zsock.MAX_MSG_SIZE``. The
+                receiver would drop the connection over it (and every other
+                message on it), so it is refused here, before anything goes.
+        """
         env = self._encoder.encode(msg)
+        limit = _zsock.MAX_MSG_SIZE
+        if len(env) > limit:
+            raise _too_big(len(env), limit)
         if buffers:
+            for b in buffers:
+                n = nbytes(b)
+                if n > limit:
+                    raise _too_big(n, limit)
             return [env, *buffers]
         return [env]
 
@@ -597,6 +612,33 @@ def explain(kind: str, exc: Exception) -> str:
             text = text[: m.start()] + field + text[m.end() :]
     text = text.replace(f"matching regex {NAME_PATTERN!r}", f"that is a name ({NAME_RULE})")
     return f"bad {kind}: {text}"
+def nbytes(buf: Any) -> int:
+    """The size in bytes of a frame (``bytes``, ``zmq.Frame`` or any buffer)."""
+    if type(buf) is bytes:
+        return len(buf)
+    return memoryview(buf).nbytes
+
+
+def check_size(payload: Payload, buffers: list[Any]) -> None:
+    """Refuse user values with a part over ``zmesh._zsock.MAX_MSG_SIZE``.
+
+    Raises:
+        EncodeError: naming the part's size and the limit.
+    """
+    limit = _zsock.MAX_MSG_SIZE
+    if payload.blob is not None and len(payload.blob) > limit:
+        raise _too_big(len(payload.blob), limit)
+    for b in buffers:
+        n = nbytes(b)
+        if n > limit:
+            raise _too_big(n, limit)
+
+
+def _too_big(n: int, limit: int) -> EncodeError:
+    return EncodeError(
+        f"a message part of {n:,} bytes is over the limit of {limit:,} bytes per part "
+        "(zmesh._zsock.MAX_MSG_SIZE, set with ZMESH_MAX_MSG_SIZE): split it into smaller values"
+    )
 
 
 def _no_ext(code: int, data: memoryview) -> Any:

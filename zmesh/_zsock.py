@@ -22,6 +22,7 @@ for up to ``BATCH_MAX`` messages. The receiver tells a batch by its first byte
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _NOBLOCK = int(zmq.NOBLOCK)
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 _MORE = int(zmq.SNDMORE) | _NOBLOCK
 # pyzmq's Python-level Socket.send/recv wrappers only add DRAFT routing_id/group
 # handling; the Cython methods underneath save ~0.6 µs per frame.
@@ -64,16 +66,38 @@ _now = time.monotonic
 
 # Bounded linger: a message queued to a dead peer must never hang close/term.
 LINGER_MS = 200
-MAX_MSG_SIZE = 1 << 31  # one frame; a larger one disconnects the peer
+# One frame; a larger one makes the receiver drop the connection, so senders
+# refuse it first (``zmesh._wire.Codec.encode``) with an error naming this.
+MAX_MSG_SIZE = int(os.environ.get("ZMESH_MAX_MSG_SIZE", str(1 << 31)))
+# Well above any in-flight limit zmesh applies (``zmesh._runtime``), so a
+# pipe never reaches it: a full receive pipe makes libzmq stop reading the
+# connection (and meets libzmq's ``_input_stopped`` bug on reconnect).
+HWM = 100_000
 
 
-def configure(sock: Any, *, tcp_heartbeats: bool = True) -> Any:
-    """Apply zmesh's deliberate socket options."""
+def configure(sock: Any, *, data: bool = False) -> Any:
+    """Apply zmesh's deliberate socket options.
+
+    Args:
+        data: a client <-> proc call socket. ZMTP heartbeats stay off there:
+            a PING waits behind a long transfer and goes unanswered while a
+            receive pipe is full, and the timeout would drop the connection
+            with every queued call on it. Liveness on the data path is
+            zmesh's own (agent and proc heartbeats); TCP keepalive (idle
+            connections only) lets a peer that vanished be noticed at last.
+            Control and event-stream sockets carry small messages and keep
+            100/500 ms heartbeats, which notice a cut link in ~0.5 s.
+    """
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
-    sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.setsockopt(zmq.RCVHWM, 100_000)
-    if tcp_heartbeats:
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    if data:
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+    else:
         # Measured: 100/500 ms ZMTP heartbeats notice a cut link in ~0.5 s;
         # the defaults never notice it.
         sock.setsockopt(zmq.HEARTBEAT_IVL, 100)
@@ -136,6 +160,7 @@ class AsyncSocket:
         self._since = 0.0  # when the oldest message in the outbox was queued
         self._scheduled = False
         self._reading = False  # inside _on_ready, whose loop re-reads EVENTS
+        self.paused = False  # reads stop (sends go on): see pause()
         self.closed = False
         self.sent = 0
         self.received = 0
@@ -143,6 +168,34 @@ class AsyncSocket:
         self._fd = sock.getsockopt(zmq.FD)
         loop.add_reader(self._fd, self._on_ready)
         self._schedule()
+        self.on_disconnect: Callable[[], None] | None = None
+        self._monitor: AsyncSocket | None = None
+
+    def watch_disconnects(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the loop) each time a connection of this
+        socket drops: the messages that were on it are gone. Uses a ZeroMQ
+        socket monitor (two more inproc sockets)."""
+        self.on_disconnect = callback
+        if self._monitor is None:
+            mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = AsyncSocket(mon, self.loop, self._on_monitor)
+
+    def _on_monitor(self, frames: list[Any]) -> None:
+        # A monitor event is [uint16 event, uint32 value] then the endpoint.
+        event = int.from_bytes(frames[0][:2], "little")
+        if event == _DISCONNECTED and not self.closed and self.on_disconnect is not None:
+            self.on_disconnect()
+
+    def pause(self) -> None:
+        """Stop reading (sends go on). What the peers send waits in ZeroMQ,
+        then in TCP: the senders meet backpressure, nothing is dropped."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Read again after ``pause``."""
+        if self.paused:
+            self.paused = False
+            self._schedule()
 
     def send(self, frames: list[Any]) -> None:
         """Queue ``frames`` as one message; never blocks.
@@ -233,18 +286,24 @@ class AsyncSocket:
             t = type(f)
             if t is bytes:
                 copy = len(f) < _ZERO_COPY_MIN
-            else:
+            elif t is _Frame:
+                copy = False  # a received message: ZeroMQ shares it by reference count
+            elif (
+                t is memoryview
+                and type(f.obj) is _Frame
+                and f.c_contiguous  # not, say, reversed: the bytes in order
+                and f.nbytes == len(f.obj)
+            ):
+                # A whole received frame going out again (an echo, a relay):
+                # send the message itself, which ZeroMQ shares by reference
+                # count, instead of wrapping its memory for pyzmq's GC thread.
+                f = f.obj
                 copy = False
-                if (
-                    t is memoryview
-                    and type(f.obj) is _Frame
-                    and f.c_contiguous  # not, say, reversed: the bytes in order
-                    and f.nbytes == len(f.obj)
-                ):
-                    # A whole received frame going out again (an echo, a relay):
-                    # send the message itself, which ZeroMQ shares by reference
-                    # count, instead of wrapping its memory for pyzmq's GC thread.
-                    f = f.obj
+            else:
+                # Any other buffer: a small one is copied, like small bytes
+                # (a zero-copy send of 8 bytes cost ~50 µs in pyzmq's GC thread).
+                n = f.nbytes if t is memoryview else memoryview(f).nbytes
+                copy = n < _ZERO_COPY_MIN
             _send(sock, f, _MORE if i < last else _NOBLOCK, copy)
 
     def _schedule(self) -> None:
@@ -271,7 +330,7 @@ class AsyncSocket:
                 events = _get(sock, _EVENTS)
                 if events & _POLLOUT and self._pending:
                     self._flush()
-                if not events & _POLLIN:
+                if not events & _POLLIN or self.paused:
                     if self._outbox:  # made by handlers in this run: send, look again
                         continue
                     return
@@ -318,8 +377,8 @@ class AsyncSocket:
                 self.unroutable += 1
             pending.popleft()
 
-    def close(self) -> None:
-        """Stop reading and close the socket with a bounded linger."""
+    def close(self, linger: int = LINGER_MS) -> None:
+        """Stop reading and close the socket with a bounded linger (ms)."""
         if self.closed:
             return
         if self._outbox:
@@ -329,4 +388,10 @@ class AsyncSocket:
             self.loop.remove_reader(self._fd)
         except (ValueError, RuntimeError):  # loop already closed
             pass
-        self.sock.close(linger=LINGER_MS)
+        if self._monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
+        self.sock.close(linger=linger)

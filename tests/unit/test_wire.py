@@ -8,6 +8,8 @@ import msgspec
 import pytest
 
 from zmesh import _wire as w
+from zmesh import _zsock
+from zmesh._errors import EncodeError
 
 
 def roundtrip(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[object, object]:
@@ -176,3 +178,17 @@ def test_check_name_refuses_others(name: object) -> None:
     assert w.check_name("x" * 119, "mesh name", reserve=9)
     with pytest.raises(ValueError, match="1-119"):
         w.check_name("x" * 120, "mesh name", reserve=9)
+def test_a_part_over_the_size_limit_is_refused_with_the_limit_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_zsock, "MAX_MSG_SIZE", 1000)
+    codec = w.Codec(w.PROC_INBOX)
+    payload, buffers = w.Codec.pack((memoryview(bytes(1001)),), {})
+    with pytest.raises(EncodeError, match="1,001 bytes is over the limit of 1,000 bytes"):
+        codec.encode(w.Call(1, "a", "m", payload), buffers)
+    with pytest.raises(EncodeError, match="ZMESH_MAX_MSG_SIZE"):
+        w.check_size(payload, buffers)
+    with pytest.raises(EncodeError, match="over the limit"):  # a big envelope, too
+        codec.encode(w.Call(1, "a", "m", w.Payload(args=("x" * 2000,))))
+    payload, buffers = w.Codec.pack((memoryview(bytes(1000)),), {})
+    assert len(codec.encode(w.Call(1, "a", "m", payload), buffers)) == 2  # at the limit: fine

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import zmq
 
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._zsock import HWM, MAX_MSG_SIZE, AsyncSocket, configure
 
 pytestmark = pytest.mark.anyio
 
@@ -32,3 +32,65 @@ async def test_a_part_that_cannot_be_sent_is_refused_before_any_part_goes() -> N
     finally:
         client.close()
         server.close(linger=0)
+
+
+async def test_a_paused_socket_reads_nothing_until_resumed_and_loses_nothing() -> None:
+    ctx = zmq.Context.instance()
+    loop = asyncio.get_running_loop()
+    got: list[bytes] = []
+    server = configure(ctx.socket(zmq.ROUTER), data=True)
+    server.bind("tcp://127.0.0.1:*")
+    reader = AsyncSocket(server, loop, lambda frames: got.append(frames[1]), router=True)
+    dealer = configure(ctx.socket(zmq.DEALER), data=True)
+    dealer.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        reader.pause()
+        for i in range(100):
+            dealer.send(b"%d" % i)
+        await asyncio.sleep(0.3)  # time enough to arrive; nothing is read
+        assert got == []
+        reader.resume()
+        deadline = loop.time() + 5
+        while len(got) < 100 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert got == [b"%d" % i for i in range(100)]
+    finally:
+        reader.close()
+        dealer.close(linger=0)
+
+
+async def test_a_dropped_connection_is_reported_by_the_monitor() -> None:
+    ctx = zmq.Context.instance()
+    loop = asyncio.get_running_loop()
+    server = configure(ctx.socket(zmq.ROUTER), data=True)
+    server.bind("tcp://127.0.0.1:*")
+    dealer = configure(ctx.socket(zmq.DEALER), data=True)
+    dealer.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+    client = AsyncSocket(dealer, loop, None)
+    dropped = asyncio.Event()
+    client.watch_disconnects(dropped.set)
+    try:
+        client.send([b"hello"])
+        assert server.poll(5000)
+        server.recv_multipart()
+        server.close(linger=0)  # the peer goes away
+        await asyncio.wait_for(dropped.wait(), 5)
+    finally:
+        client.close()
+
+
+def test_call_sockets_have_no_zmtp_heartbeats_and_control_sockets_do() -> None:
+    ctx = zmq.Context.instance()
+    data = configure(ctx.socket(zmq.DEALER), data=True)
+    control = configure(ctx.socket(zmq.DEALER))
+    try:
+        assert data.getsockopt(zmq.HEARTBEAT_IVL) == 0
+        assert data.getsockopt(zmq.TCP_KEEPALIVE) == 1
+        assert control.getsockopt(zmq.HEARTBEAT_IVL) == 100
+        assert control.getsockopt(zmq.HEARTBEAT_TIMEOUT) == 500
+        for s in (data, control):
+            assert s.getsockopt(zmq.MAXMSGSIZE) == MAX_MSG_SIZE
+            assert s.getsockopt(zmq.RCVHWM) == HWM
+    finally:
+        data.close(linger=0)
+        control.close(linger=0)
