@@ -19,6 +19,12 @@ def test_ruff_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_ruff_format_is_clean() -> None:
+    dirs = [d for d in ("zmesh", "tests", "tools", "examples") if (ROOT / d).is_dir()]
+    done = _run(sys.executable, "-m", "ruff", "format", "--check", *dirs)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_mypy_is_clean() -> None:
     done = _run(sys.executable, "-m", "mypy")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -959,9 +959,7 @@ def main(argv: list[str] | None = None) -> None:
         help="allow a TCP bind without keys (anyone who reaches it runs code as you)",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         keys = Keys.load(args.keys) if args.keys else None
         agent = HostAgent(

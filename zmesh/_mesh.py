@@ -612,7 +612,6 @@ async def _start_procs(
     return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
 
-
 async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
     """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
 
@@ -821,4 +820,3 @@ async def _stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
 
     rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
     await fut
-

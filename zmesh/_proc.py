@@ -495,9 +495,7 @@ class ProcServer:
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
 
-    def fail(
-        self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str
-    ) -> None:
+    def fail(self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str) -> None:
         if call.oneway:
             return
         f = w.Failure(call.id, kind, type_name, message, endpoint=call.method)
@@ -525,9 +523,7 @@ class ProcServer:
         term.join(0.5)
         exit_process(code)
 
-    def _send_failure(
-        self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str
-    ) -> None:
+    def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
             blob = pickle.dumps(exc)

@@ -57,7 +57,6 @@ def _run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
     return Future(cfut=cfut)
 
 
-
 class ServiceEndpoint(Generic[R]):
     """``svc.endpoint``: the adverbs of one endpoint of a service."""
 

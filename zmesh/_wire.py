@@ -612,6 +612,8 @@ def explain(kind: str, exc: Exception) -> str:
             text = text[: m.start()] + field + text[m.end() :]
     text = text.replace(f"matching regex {NAME_PATTERN!r}", f"that is a name ({NAME_RULE})")
     return f"bad {kind}: {text}"
+
+
 def nbytes(buf: Any) -> int:
     """The size in bytes of a frame (``bytes``, ``zmq.Frame`` or any buffer)."""
     if type(buf) is bytes:

@@ -178,6 +178,8 @@ def test_check_name_refuses_others(name: object) -> None:
     assert w.check_name("x" * 119, "mesh name", reserve=9)
     with pytest.raises(ValueError, match="1-119"):
         w.check_name("x" * 120, "mesh name", reserve=9)
+
+
 def test_a_part_over_the_size_limit_is_refused_with_the_limit_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
