@@ -369,12 +369,7 @@ class Runtime:
                 "messages); the call was not sent",
                 **c.context(),
             )  # fmt: skip
-            if isinstance(req, OneRequest):
-                if req.timer is not None:
-                    req.timer.cancel()
-                resolve(req.fut, False, err)
-            else:
-                self._settle(req, i, False, err)
+            self._fail(req, i, err)
             return
         if isinstance(req, Request):
             if req.queued is None:
@@ -479,6 +474,15 @@ class Runtime:
             if c.waiting:
                 self._drain(c)
 
+    def _fail(self, req: Request | OneRequest, index: int, error: ZmeshError) -> None:
+        """Fail ``req`` (its target ``index``, for a fan-out) with ``error``."""
+        if isinstance(req, OneRequest):
+            if req.timer is not None:
+                req.timer.cancel()
+            resolve(req.fut, False, error)
+        else:
+            self._settle(req, index, False, error)
+
     def _fail_all(self, c: ProcConn, error: ZmeshError) -> None:
         """Fail everything on ``c``, sent or waiting, with ``error``."""
         failed = list(c.pending.values())
@@ -487,12 +491,7 @@ class Runtime:
         waiting = list(c.waiting)
         c.waiting.clear()
         for req in failed:
-            if isinstance(req, OneRequest):
-                if req.timer is not None:
-                    req.timer.cancel()
-                resolve(req.fut, False, error)
-            else:
-                self._settle(req, req.conns.index(c), False, error)
+            self._fail(req, req.conns.index(c) if isinstance(req, Request) else 0, error)
         for _, wreq, i in waiting:
             if isinstance(wreq, OneRequest):
                 if not wreq.fut.done():
@@ -555,12 +554,7 @@ class Runtime:
             if req is None:
                 continue  # answered meanwhile, or failed by supervision
             c.bytes -= req.size
-            if isinstance(req, OneRequest):
-                if req.timer is not None:
-                    req.timer.cancel()
-                resolve(req.fut, False, err)
-            else:
-                self._settle(req, req.conns.index(c), False, err)
+            self._fail(req, req.conns.index(c) if isinstance(req, Request) else 0, err)
         if c.waiting:
             self._drain(c)
 

@@ -461,14 +461,10 @@ class Codec:
                 message on it), so it is refused here, before anything goes.
         """
         env = self._encoder.encode(msg)
-        limit = _zsock.MAX_MSG_SIZE
-        if len(env) > limit:
-            raise _too_big(len(env), limit)
+        if len(env) > _zsock.MAX_MSG_SIZE:
+            raise _too_big(len(env), _zsock.MAX_MSG_SIZE)
         if buffers:
-            for b in buffers:
-                n = nbytes(b)
-                if n > limit:
-                    raise _too_big(n, limit)
+            _check_parts(buffers)
             return [env, *buffers]
         return [env]
 
@@ -627,9 +623,13 @@ def check_size(payload: Payload, buffers: list[Any]) -> None:
     Raises:
         EncodeError: naming the part's size and the limit.
     """
+    if payload.blob is not None and len(payload.blob) > _zsock.MAX_MSG_SIZE:
+        raise _too_big(len(payload.blob), _zsock.MAX_MSG_SIZE)
+    _check_parts(buffers)
+
+
+def _check_parts(buffers: list[Any]) -> None:
     limit = _zsock.MAX_MSG_SIZE
-    if payload.blob is not None and len(payload.blob) > limit:
-        raise _too_big(len(payload.blob), limit)
     for b in buffers:
         n = nbytes(b)
         if n > limit:
