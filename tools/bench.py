@@ -40,7 +40,7 @@ from typing import Any
 import zmq
 
 import zmesh
-import zmesh._local
+import zmesh._client.local
 
 PAYLOAD = b"x" * 64
 MIB = 1 << 20
@@ -470,7 +470,7 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
         res["spawn1_s"] = time.perf_counter() - t
         ref = one.slice(procs=0)
         proc_pid = await ref.pid.call_one()
-        agent_pid = zmesh._local._embedded[0][0].pid
+        agent_pid = zmesh._client.local._embedded[0][0].pid
         await check_echo(raw, ref)
         await asyncio.sleep(1.0)  # settle, then idle RSS
         res["rss_mb"] = {
@@ -554,7 +554,7 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
             await rc.request([PAYLOAD])
         # Every process a fan-out keeps busy, for the CPU it costs per fan-out.
         raw_pids = [os.getpid()] + [rs.pid for rs in raw_servers]
-        zm_pids = [os.getpid(), zmesh._local._embedded[0][0].pid]
+        zm_pids = [os.getpid(), zmesh._client.local._embedded[0][0].pid]
         zm_pids += list((await big_mesh.pid.call()).values())
         await big_mesh.ping.call()
         meshes = {n: big_mesh.slice(procs=slice(0, n)) for n in FANOUT}

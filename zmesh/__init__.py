@@ -44,11 +44,21 @@ from zmesh._errors import (
 )
 
 if TYPE_CHECKING:
-    from zmesh._adverbs import EndpointRef, Stream
-    from zmesh._controller import SupervisionEvent
-    from zmesh._future import Future
-    from zmesh._mesh import ActorMesh, HostMesh, MeshState, ProcMesh, ValueMesh, connect, this_host
-    from zmesh._routing import (
+    from zmesh._client.adverbs import EndpointRef, Stream
+    from zmesh._client.controller import SupervisionEvent
+    from zmesh._client.future import Future
+    from zmesh._client.mesh import (
+        ActorMesh,
+        HostMesh,
+        MeshState,
+        ProcMesh,
+        ValueMesh,
+        connect,
+        this_host,
+    )
+    from zmesh._client.shutdown import shutdown
+    from zmesh._service.endpoint import ServiceEndpoint
+    from zmesh._service.routing import (
         LeastLoadedRouter,
         ReplicaStatistics,
         RoundRobinRouter,
@@ -57,35 +67,33 @@ if TYPE_CHECKING:
         ServiceStatistics,
         Session,
     )
-    from zmesh._service import Service
-    from zmesh._service_endpoint import ServiceEndpoint
-    from zmesh._shutdown import shutdown
-    from zmesh._state import Rank, Status
+    from zmesh._service.service import Service
+    from zmesh._shared.state import Rank, Status
 
 _LAZY = {
-    "EndpointRef": "zmesh._adverbs",
-    "Stream": "zmesh._adverbs",
-    "SupervisionEvent": "zmesh._controller",
-    "Future": "zmesh._future",
-    "ActorMesh": "zmesh._mesh",
-    "HostMesh": "zmesh._mesh",
-    "MeshState": "zmesh._mesh",
-    "ProcMesh": "zmesh._mesh",
-    "ValueMesh": "zmesh._mesh",
-    "connect": "zmesh._mesh",
-    "this_host": "zmesh._mesh",
-    "LeastLoadedRouter": "zmesh._routing",
-    "ReplicaStatistics": "zmesh._routing",
-    "RoundRobinRouter": "zmesh._routing",
-    "Router": "zmesh._routing",
-    "ServiceConfig": "zmesh._routing",
-    "ServiceStatistics": "zmesh._routing",
-    "Session": "zmesh._routing",
-    "Service": "zmesh._service",
-    "ServiceEndpoint": "zmesh._service_endpoint",
-    "shutdown": "zmesh._shutdown",
-    "Rank": "zmesh._state",
-    "Status": "zmesh._state",
+    "EndpointRef": "zmesh._client.adverbs",
+    "Stream": "zmesh._client.adverbs",
+    "SupervisionEvent": "zmesh._client.controller",
+    "Future": "zmesh._client.future",
+    "ActorMesh": "zmesh._client.mesh",
+    "HostMesh": "zmesh._client.mesh",
+    "MeshState": "zmesh._client.mesh",
+    "ProcMesh": "zmesh._client.mesh",
+    "ValueMesh": "zmesh._client.mesh",
+    "connect": "zmesh._client.mesh",
+    "this_host": "zmesh._client.mesh",
+    "LeastLoadedRouter": "zmesh._service.routing",
+    "ReplicaStatistics": "zmesh._service.routing",
+    "RoundRobinRouter": "zmesh._service.routing",
+    "Router": "zmesh._service.routing",
+    "ServiceConfig": "zmesh._service.routing",
+    "ServiceStatistics": "zmesh._service.routing",
+    "Session": "zmesh._service.routing",
+    "Service": "zmesh._service.service",
+    "ServiceEndpoint": "zmesh._service.endpoint",
+    "shutdown": "zmesh._client.shutdown",
+    "Rank": "zmesh._shared.state",
+    "Status": "zmesh._shared.state",
 }
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
-    from zmesh._future import Future
-    from zmesh._mesh import ActorMesh
-    from zmesh._service import Service
+    from zmesh._client.future import Future
+    from zmesh._client.mesh import ActorMesh
+    from zmesh._service.service import Service
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -207,13 +207,13 @@ class Options(Generic[A]):
         self.replicas = replicas
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
-        from zmesh._wire import check_name
+        from zmesh._wire.messages import check_name
 
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
         self.service_config = service_config
         if service_config:
-            from zmesh._routing import ServiceConfig
+            from zmesh._service.routing import ServiceConfig
 
             ServiceConfig(**service_config)  # unknown or bad settings fail here, at once
 
@@ -224,7 +224,7 @@ class Options(Generic[A]):
             SpawnError: a proc failed to start or ``__init__`` raised; nothing
                 is left running.
         """
-        from zmesh._mesh import spawn_actor_mesh
+        from zmesh._client.mesh import spawn_actor_mesh
 
         if self.replicas != 1 or self.service_config:
             raise ValueError("replicas= and service settings are for as_service()")
@@ -236,7 +236,7 @@ class Options(Generic[A]):
         Raises (from the future):
             SpawnError: a replica could not be started; nothing is left running.
         """
-        from zmesh._service import spawn_service
+        from zmesh._service.service import spawn_service
 
         return spawn_service(self, args, kwargs)
 

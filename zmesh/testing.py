@@ -34,7 +34,9 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from zmesh import _local, _paths, _security
+from zmesh._client import local as _local
+from zmesh._shared import paths as _paths
+from zmesh._wire import security as _security
 
 
 @dataclass

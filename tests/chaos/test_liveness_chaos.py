@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh import _local, _runtime
-from zmesh import _wire as w
-from zmesh._state import Status
+from zmesh._client import local as _local
+from zmesh._client import runtime as _runtime
+from zmesh._shared.state import Status
+from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster, stop_agent
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]

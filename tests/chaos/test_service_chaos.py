@@ -486,7 +486,7 @@ def _worker_procs() -> list[int]:
                 comm = f.read().strip()  # forked procs are named zmesh-proc
         except OSError:
             continue
-        is_proc = b"zmesh._proc" in cmd or comm == b"zmesh-proc"
+        is_proc = b"zmesh._host.proc" in cmd or comm == b"zmesh-proc"
         if tag in env and is_proc and pid_alive(int(entry)):
             found.append(int(entry))
     return found

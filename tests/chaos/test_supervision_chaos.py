@@ -28,9 +28,10 @@ import pytest
 import zmq
 
 import zmesh
-from zmesh import _runtime
-from zmesh import _wire as w
-from zmesh._state import Rank, Status
+from zmesh._client import runtime as _runtime
+from zmesh._shared.state import Rank, Status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
@@ -224,9 +225,9 @@ class CloneSubscriber(threading.Thread):
             ctl.close(linger=0)
 
     def _follow(self, sub: zmq.Socket, ctl: zmq.Socket) -> None:
-        stream_codec = w.Codec(w.STREAM)
-        reply_codec = w.Codec(w.AGENT_REPLIES)
-        out = w.Codec(w.AGENT_INBOX)
+        stream_codec = Codec(w.STREAM)
+        reply_codec = Codec(w.AGENT_REPLIES)
+        out = Codec(w.AGENT_INBOX)
         deadline = time.monotonic() + 15.0
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -298,7 +299,7 @@ class CloneSubscriber(threading.Thread):
 # value and follows it with supervision_events(), joining after the fact.
 _CLIENT = """
 import asyncio, json, pickle, sys, time
-from zmesh import _runtime
+from zmesh._client import runtime as _runtime
 
 async def main():
     mesh = pickle.loads(bytes.fromhex(sys.stdin.readline()))
@@ -345,9 +346,9 @@ def describe(control: str) -> w.AgentInfo:
     s.setsockopt(zmq.LINGER, 0)
     try:
         s.connect(control)
-        s.send_multipart(w.Codec(w.AGENT_INBOX).encode(w.Describe(7)))
+        s.send_multipart(Codec(w.AGENT_INBOX).encode(w.Describe(7)))
         assert s.poll(5000), "agent did not answer Describe"
-        info = w.Codec(w.AGENT_REPLIES).decode(s.recv_multipart())
+        info = Codec(w.AGENT_REPLIES).decode(s.recv_multipart())
     finally:
         s.close(linger=0)
     assert isinstance(info, w.AgentInfo) and info.id == 7

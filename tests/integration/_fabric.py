@@ -75,7 +75,7 @@ def session_pids(kind: str | None = None) -> set[int]:
             continue
         # A proc forked by its agent's forkserver keeps the forkserver's
         # command line; its name says what it is.
-        is_proc = b"zmesh._proc" in cmd or comm == b"zmesh-proc"
+        is_proc = b"zmesh._host.proc" in cmd or comm == b"zmesh-proc"
         if kind == "proc" and not is_proc:
             continue
         if kind == "forkserver" and comm != b"zmesh-fork":

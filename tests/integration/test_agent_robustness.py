@@ -20,11 +20,12 @@ import pytest
 import zmq
 
 import zmesh
-from zmesh import _wire as w
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 from zmesh.testing import AgentProcess, start_agent, stop_agent
 
 ENC = msgspec.msgpack.Encoder()
-REPLIES = w.Codec(w.AGENT_REPLIES)
+REPLIES = Codec(w.AGENT_REPLIES)
 SPEC = {"owner": "attacker", "ranks": [0], "dims": {"hosts": 1, "procs": 1}}
 
 
@@ -191,13 +192,13 @@ def test_a_bad_request_to_a_proc_gets_a_failure(what: str) -> None:
     try:
         sock.send_multipart([ENC.encode(msg)])
         assert sock.poll(5000), "no answer"
-        reply = w.Codec(w.CLIENT_INBOX).decode(sock.recv_multipart())
+        reply = Codec(w.CLIENT_INBOX).decode(sock.recv_multipart())
         assert isinstance(reply, w.Failure) and reply.id == msg[1], reply
         assert msg[0] in reply.message
         call = w.Call(5, "echo", "echo", w.Payload(args=(42,)))
-        sock.send_multipart(w.Codec(w.PROC_INBOX).encode(call))
+        sock.send_multipart(Codec(w.PROC_INBOX).encode(call))
         assert sock.poll(5000)
-        again = w.Codec(w.CLIENT_INBOX).decode(sock.recv_multipart())
+        again = Codec(w.CLIENT_INBOX).decode(sock.recv_multipart())
         assert isinstance(again, w.Reply) and again.payload.args == (42,)
     finally:
         sock.close()
@@ -303,7 +304,7 @@ def test_mutated_fields_to_a_proc_are_each_answered_or_dropped() -> None:
         ["StopActor", 1, "nobody"],
     ]
     sock = _dealer(mesh._refs[0].addr)
-    codec = w.Codec(w.CLIENT_INBOX)
+    codec = Codec(w.CLIENT_INBOX)
     asked: set[int] = set()
     try:
         for n in range(2000):

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh import _runtime
-from zmesh import _wire as w
+from zmesh._client import runtime as _runtime
+from zmesh._wire import messages as w
 
 DEEP = 150_000
 # A buffer argument travels as a ZeroMQ frame of its own, so every call is

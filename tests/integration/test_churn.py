@@ -18,7 +18,8 @@ from _fabric import wait_for
 from _light import Echo
 
 import zmesh
-from zmesh import _controller, _runtime
+from zmesh._client import controller as _controller
+from zmesh._client import runtime as _runtime
 
 CYCLES = 1100
 

@@ -12,7 +12,8 @@ import pytest
 from _fabric import read_line, session_pids, wait_for
 
 import zmesh
-from zmesh import _local, _security
+from zmesh._client import local as _local
+from zmesh._wire import security as _security
 
 
 class Host(zmesh.Actor):

@@ -20,7 +20,8 @@ import zmq
 from _fabric import session_pids, wait_for
 
 import zmesh
-from zmesh import _wire as w
+from zmesh._wire import messages as w
+from zmesh._wire.codec import NONE, Codec
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -332,7 +333,7 @@ def _garbage() -> list[list[bytes]]:
         [b"\xc1"],  # never-used msgpack byte
         [enc.encode(["NoSuchMessage", 1, 2])],
         [enc.encode({"msg": "Call"})],
-        [enc.encode(w.Reply(1, w.NONE))],  # a valid message of the wrong kind
+        [enc.encode(w.Reply(1, NONE))],  # a valid message of the wrong kind
         [enc.encode(dangling)],  # an Ext pointing at a frame that is not there
         [b"\x91" * 100_000],  # very deep nesting
         [b"\xc1\x92\x01\x02"],  # a batch of things that are not messages
@@ -363,8 +364,8 @@ def test_malformed_frames_to_the_agent_are_dropped(faulty: zmesh.ActorMesh[Fault
         for frames in _garbage():
             sock.send_multipart(frames)
         # The agent still answers, this very peer included.
-        codec = w.Codec(w.AGENT_REPLIES)
-        info = codec.decode(_request(sock, w.Codec(w.AGENT_INBOX).encode(w.Describe(99))))
+        codec = Codec(w.AGENT_REPLIES)
+        info = codec.decode(_request(sock, Codec(w.AGENT_INBOX).encode(w.Describe(99))))
         assert isinstance(info, w.AgentInfo) and info.id == 99
     finally:
         sock.close()
@@ -383,8 +384,8 @@ def test_malformed_frames_to_a_proc_are_dropped(faulty: zmesh.ActorMesh[Faulty])
         # A well-formed call from the same peer is still answered (after the
         # Failures that answer the garbage that looked like requests).
         call = w.Call(5, "faulty", "add", w.Payload(args=(40, 2)), 0.0, False)
-        codec = w.Codec(w.CLIENT_INBOX)
-        reply = codec.decode(_request(sock, w.Codec(w.PROC_INBOX).encode(call)))
+        codec = Codec(w.CLIENT_INBOX)
+        reply = codec.decode(_request(sock, Codec(w.PROC_INBOX).encode(call)))
         while isinstance(reply, w.Failure) and reply.id != 5:
             assert "bad Call" in reply.message
             assert sock.poll(5000), "no answer"
@@ -405,7 +406,7 @@ def test_a_batch_from_a_raw_peer_is_answered_in_order(faulty: zmesh.ActorMesh[Fa
     sock = _raw_dealer(ref.addr)
     try:
         sock.send_multipart([b"\xc1" + enc.encode(calls)])
-        codec = w.Codec(w.CLIENT_INBOX)
+        codec = Codec(w.CLIENT_INBOX)
         got: list[tuple[int, int]] = []
         deadline = time.monotonic() + 10
         while len(got) < 3 and time.monotonic() < deadline:
@@ -501,9 +502,9 @@ class SlowInit(zmesh.Actor):
 
 
 def test_init_that_never_returns_fails_the_spawn_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import zmesh._mesh
+    import zmesh._client.mesh
 
-    monkeypatch.setattr(zmesh._mesh, "INIT_TIMEOUT", 1.0)
+    monkeypatch.setattr(zmesh._client.mesh, "INIT_TIMEOUT", 1.0)
     before = session_pids("proc")
     t0 = time.monotonic()
     with pytest.raises(zmesh.SpawnError) as info:

@@ -14,8 +14,10 @@ import zmq
 from _fabric import alive, session_pids, wait_for, wait_gone
 
 import zmesh
-from zmesh import _local, testing
-from zmesh import _wire as w
+from zmesh import testing
+from zmesh._client import local as _local
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 
 def _comm(pid: int) -> str:
@@ -179,10 +181,10 @@ def test_a_hello_from_another_pid_does_not_take_over_a_rank(agent: testing.Agent
     sock.connect(agent.control)
     try:
         hello = w.ProcHello(ref.mesh, ref.rank, ref.generation, "tcp://127.0.0.1:9", os.getpid())
-        sock.send_multipart(w.Codec(w.AGENT_INBOX).encode(hello))
+        sock.send_multipart(Codec(w.AGENT_INBOX).encode(hello))
         # The agent still answers, and the rank is still the proc it started.
-        state = w.Codec(w.AGENT_REPLIES).decode(
-            _request(sock, w.Codec(w.AGENT_INBOX).encode(w.GetState(1, ref.mesh)))
+        state = Codec(w.AGENT_REPLIES).decode(
+            _request(sock, Codec(w.AGENT_INBOX).encode(w.GetState(1, ref.mesh)))
         )
         [rank] = state.meshes[0].ranks
         assert rank.addr == ref.addr and rank.status == zmesh.Status.RUNNING.value

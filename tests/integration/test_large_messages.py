@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh import _zsock
+from zmesh._wire import zsock as _zsock
 
 MIB = 1 << 20
 # Over the limit by one byte. bytes(n) is calloc'ed: its pages are never

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import zmesh
-from zmesh import _local, _paths
+from zmesh._client import local as _local
+from zmesh._shared import paths as _paths
 
 
 class Talker(zmesh.Actor):

@@ -21,9 +21,12 @@ import zmq
 from _fabric import alive, wait_for, wait_gone
 
 import zmesh
-from zmesh import _local, _paths, _security
-from zmesh import _wire as w
-from zmesh._local import await_ready
+from zmesh._client import local as _local
+from zmesh._client.local import await_ready
+from zmesh._shared import paths as _paths
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
 
 
@@ -111,15 +114,15 @@ def test_keyed_agent_and_procs_admit_only_authorised_keys(keyed_agent: tuple[str
     mesh = Echo.options(procs=2).as_actor().get(timeout=60)
     assert mesh.echo.call([1, (2, 3)]).get(timeout=10).values() == [[1, (2, 3)]] * 2
 
-    describe = w.Codec(w.AGENT_INBOX).encode(w.Describe(1))
+    describe = Codec(w.AGENT_INBOX).encode(w.Describe(1))
     stranger_pub, stranger_sec = zmq.curve_keypair()
     # The right keys get an answer; a stranger's key and no key at all do not.
     assert _answers(control, (keys.public, keys.public, keys.secret), describe)
     assert not _answers(control, (keys.public, stranger_pub, stranger_sec), describe)
     assert not _answers(control, None, describe)
     # The procs' own sockets are CURVE-protected too.
-    payload, _ = w.Codec.pack((1,), {})
-    call = w.Codec(w.PROC_INBOX).encode(w.Call(1, mesh.actor, "echo", payload))
+    payload, _ = Codec.pack((1,), {})
+    call = Codec(w.PROC_INBOX).encode(w.Call(1, mesh.actor, "echo", payload))
     proc = mesh._refs[0].addr
     assert _answers(proc, (keys.public, keys.public, keys.secret), call)
     assert not _answers(proc, (keys.public, stranger_pub, stranger_sec), call)
@@ -176,13 +179,13 @@ def _plan(attack_dir: str, control: str, stream: str, proc: str, mesh: str) -> l
         f.write(f"import os\nopen({os.path.join(attack_dir, 'pwned-agent')!r}, 'w')"
                 ".write(str(os.getuid()))\n")  # fmt: skip
     os.chmod(evil, 0o644)
-    create = w.Codec(w.AGENT_INBOX).encode(
+    create = Codec(w.AGENT_INBOX).encode(
         w.CreateOrUpdate(
             1, "pwn", w.ProcSpec(owner="mallory:1:0", ranks=[0], dims={"procs": 1},
                                  main={"init_main_from_path": evil}),
         )
     )  # fmt: skip
-    spawn = w.Codec(w.PROC_INBOX).encode(
+    spawn = Codec(w.PROC_INBOX).encode(
         w.SpawnActor(
             1, "pwn", pickle.dumps(_Evil(os.path.join(attack_dir, "pwned-proc"))),
             w.Payload(), mesh, {"procs": 1}, 0,
@@ -202,9 +205,9 @@ def _ask(control: str, msg: Any) -> Any:
     s.setsockopt(zmq.LINGER, 0)
     s.connect(control)
     try:
-        s.send_multipart(w.Codec(w.AGENT_INBOX).encode(msg))
+        s.send_multipart(Codec(w.AGENT_INBOX).encode(msg))
         assert s.poll(10_000), f"the agent at {control} did not answer its owner"
-        return w.Codec(w.AGENT_REPLIES).decode(s.recv_multipart())
+        return Codec(w.AGENT_REPLIES).decode(s.recv_multipart())
     finally:
         s.close(linger=0)
 
@@ -455,15 +458,15 @@ def test_a_stranger_key_gets_nothing_from_the_procs(
     _keygen("--client", bob, "--agents-key", agents_dir)
     zmesh.connect([control], keys=alice)
     mesh = Echo.options().as_actor().get(timeout=60)
-    payload, _ = w.Codec.pack((1,), {})
-    call = w.Codec(w.PROC_INBOX).encode(w.Call(1, mesh.actor, "echo", payload))
+    payload, _ = Codec.pack((1,), {})
+    call = Codec(w.PROC_INBOX).encode(w.Call(1, mesh.actor, "echo", payload))
     server = _security.Keys.load(agents_dir).public
     a, b = _security.Keys.load(alice), _security.Keys.load(bob)
     proc = mesh._refs[0].addr
     assert _answers(proc, (server, a.public, a.secret), call)
     assert not _answers(proc, (server, b.public, b.secret), call)
     assert not _answers(
-        control, (server, b.public, b.secret), w.Codec(w.AGENT_INBOX).encode(w.Describe(1))
+        control, (server, b.public, b.secret), Codec(w.AGENT_INBOX).encode(w.Describe(1))
     )
 
 
@@ -473,7 +476,7 @@ INTRUDER = """
 import json, pickle, sys
 import zmq
 import zmesh
-from zmesh import _wire as w
+from zmesh._wire import messages as w
 
 procs = pickle.loads(bytes.fromhex(sys.argv[1]))  # another client's ProcMesh handle
 owner = sys.argv[2]
@@ -488,7 +491,7 @@ except zmesh.ZmeshError as exc:
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
 s.connect(procs._refs[0].agent)
-codec, replies = w.Codec(w.AGENT_INBOX), w.Codec(w.AGENT_REPLIES)
+codec, replies = Codec(w.AGENT_INBOX), Codec(w.AGENT_REPLIES)
 for key, msg in (("raw_stop", w.Stop(7, procs.name, secret="guess")),
                  ("owner_gone", w.OwnerGone(owner, secret=""))):
     s.send_multipart(codec.encode(msg))

@@ -14,7 +14,7 @@ import pytest
 from _fabric import alive, wait_for, wait_gone
 
 import zmesh
-from zmesh import _local
+from zmesh._client import local as _local
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from netns_cluster import NetnsCluster, available
 
-from zmesh._security import Keys, authorize, keygen, keygen_client
+from zmesh._wire.security import Keys, authorize, keygen, keygen_client
 
 REASON = available()
 
@@ -46,7 +46,8 @@ def client_keys(keys_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 def netns3(keys_dir: str, client_keys: str) -> Iterator[NetnsCluster]:
     """Three hosts, each a namespace with its own IP and a CURVE-keyed agent."""
     import zmesh
-    from zmesh import _local, _security
+    from zmesh._client import local as _local
+    from zmesh._wire import security as _security
 
     # Owner heartbeats cannot cross a cut link: give owners a grace longer than
     # the partitions these tests make, so the cut procs survive to be healed.

@@ -37,7 +37,8 @@ class Sink(zmesh.Actor):
 
 @pytest.fixture
 def slow_host(keys_dir: str) -> Iterator[NetnsCluster]:
-    from zmesh import _local, _security
+    from zmesh._client import local as _local
+    from zmesh._wire import security as _security
 
     with NetnsCluster(1, keys=keys_dir) as cluster:
         cluster.limit_rate(0, "100mbit")

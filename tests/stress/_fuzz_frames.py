@@ -1,9 +1,9 @@
 """Random and mutated ZeroMQ messages for the fuzz test, from one seeded RNG.
 
-Every message type of ``zmesh._wire`` is built from its msgspec type info
+Every message type of ``zmesh._wire.messages`` is built from its msgspec type info
 (so new fields and constraints are covered without editing this file), then
 sent as it is, with wrong-typed fields, truncated, mutated byte by byte,
-inside batch frames (``zmesh._zsock.BATCH_MARK``), with many parts, with
+inside batch frames (``zmesh._wire.zsock.BATCH_MARK``), with many parts, with
 lying length headers, huge integers and deep nesting; next to plain garbage
 and empty frames.
 
@@ -25,12 +25,13 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from zmesh import _wire as w
-from zmesh._zsock import BATCH_MARK
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.zsock import BATCH_MARK
 
 MESSAGE_TYPES: list[type] = sorted(
-    (c for c in vars(w).values() if isinstance(c, type) and issubclass(c, w._Msg)
-     and c is not w._Msg),
+    (c for c in vars(w).values() if isinstance(c, type) and issubclass(c, w.Message)
+     and c is not w.Message),
     key=lambda c: c.__name__,
 )  # fmt: skip
 _INFO = dict(zip(MESSAGE_TYPES, mi.multi_type_info(MESSAGE_TYPES), strict=True))
@@ -303,7 +304,7 @@ def _members(union: Any) -> set[type]:
 
 # ------------------------------------------------------------ what may be sent
 
-_CODECS: dict[Any, w.Codec] = {}
+_CODECS: dict[Any, Codec] = {}
 
 
 @contextlib.contextmanager
@@ -332,7 +333,7 @@ def harmless(frames: list[bytes], inbox: Any, forbidden: set[str]) -> bool:
     """
     codec = _CODECS.get(inbox)
     if codec is None:
-        codec = _CODECS[inbox] = w.Codec(inbox)
+        codec = _CODECS[inbox] = Codec(inbox)
     try:
         with _deeper_recursion():
             if frames[0][:1] == bytes([BATCH_MARK]):

@@ -22,11 +22,12 @@ import zmq
 from _fuzz_frames import Frames, harmless
 
 import zmesh
-from zmesh import _local
-from zmesh import _wire as w
-from zmesh._security import secure_client
-from zmesh._state import Status
-from zmesh._zsock import BATCH_MARK, configure
+from zmesh._client import local as _local
+from zmesh._shared.state import Status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
+from zmesh._wire.zsock import BATCH_MARK, configure
 from zmesh.testing import local_cluster
 
 pytestmark = pytest.mark.stress
@@ -79,7 +80,7 @@ class Peer:
         self.pid = pid
         self.name = name
         self.sent = 0
-        self.codec = w.Codec(w.AGENT_REPLIES if name == "agent" else w.CLIENT_INBOX)
+        self.codec = Codec(w.AGENT_REPLIES if name == "agent" else w.CLIENT_INBOX)
         self.probes = 0
 
     def send(self, frames: list[bytes]) -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from zmesh import _wire as w
-from zmesh._agent import HostAgent
-from zmesh._proc import ProcServer
+from zmesh._host.agent import HostAgent
+from zmesh._host.proc import ProcServer
+from zmesh._wire import messages as w
+from zmesh._wire.codec import NONE, Codec
 
 
 class Recorder:
@@ -31,7 +32,7 @@ def test_an_agent_handler_that_raises_is_answered(
     agent = HostAgent(label="unit", log_dir=str(tmp_path))
     out = Recorder()
     agent._ctrl = out  # type: ignore[assignment]
-    agent._codec = codec = w.Codec(w.AGENT_INBOX)
+    agent._codec = codec = Codec(w.AGENT_INBOX)
 
     def boom(msg: Any) -> Any:
         raise RuntimeError("a bug")
@@ -39,7 +40,7 @@ def test_an_agent_handler_that_raises_is_answered(
     monkeypatch.setattr(agent, "_create", boom)
     spec = w.ProcSpec(owner="o", ranks=[0], dims={"procs": 1})
     agent._on_control([b"peer", *codec.encode(w.CreateOrUpdate(1, "m", spec))])
-    replies = w.Codec(w.AGENT_REPLIES)
+    replies = Codec(w.AGENT_REPLIES)
     ack = replies.decode(out.sent[-1][1:])
     assert isinstance(ack, w.Ack) and ack.id == 1 and not ack.ok
     assert "RuntimeError" in ack.error and "a bug" in ack.error
@@ -57,10 +58,10 @@ def test_a_proc_handler_that_raises_is_answered(monkeypatch: pytest.MonkeyPatch)
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(server, "_dispatch", boom)
-    call = w.Call(7, "a", "m", w.NONE)
+    call = w.Call(7, "a", "m", NONE)
     server._on_message([b"peer", *server.codec.encode(call)])
     server._on_message([b"peer", b"\xc1\x92" + b"".join(server.codec.encode(call) * 2)])
-    failures = [w.Codec(w.CLIENT_INBOX).decode(f[1:]) for f in out.sent]
+    failures = [Codec(w.CLIENT_INBOX).decode(f[1:]) for f in out.sent]
     assert len(failures) == 3
     assert all(isinstance(f, w.Failure) and f.id == 7 and "a bug" in f.message for f in failures)
     server.pool.shutdown()

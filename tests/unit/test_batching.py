@@ -11,8 +11,9 @@ import msgspec
 import pytest
 import zmq
 
-from zmesh import _wire as w
-from zmesh._zsock import BATCH_LINGER, BATCH_MARK, BATCH_MAX, AsyncSocket, configure
+from zmesh._wire import messages as w
+from zmesh._wire.codec import BIG_BUFFER, Codec
+from zmesh._wire.zsock import BATCH_LINGER, BATCH_MARK, BATCH_MAX, AsyncSocket, configure
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +35,7 @@ class Pair:
         dealer = configure(ctx.socket(zmq.DEALER))
         dealer.connect(self.server.getsockopt_string(zmq.LAST_ENDPOINT))
         self.client = AsyncSocket(dealer, loop, None, batch=True)
-        self.codec = w.Codec(w.PROC_INBOX)
+        self.codec = Codec(w.PROC_INBOX)
 
     def _on_server(self, frames: list[Any]) -> None:
         self.frames.append(frames[1:])
@@ -100,10 +101,10 @@ async def test_a_full_batch_goes_out_at_once(pair: Pair) -> None:
 
 
 async def test_a_message_with_buffers_keeps_its_place(pair: Pair) -> None:
-    big = b"b" * (w.BIG_BUFFER + 1)
+    big = b"b" * (BIG_BUFFER + 1)
     for i in range(3):
         pair.client.send(pair.codec.encode(_call(i)))
-    payload, buffers = w.Codec.pack((big,), {})
+    payload, buffers = Codec.pack((big,), {})
     pair.client.send(pair.codec.encode(w.Call(3, "a", "m", payload, 0.0, False), buffers))
     for i in range(4, 7):
         pair.client.send(pair.codec.encode(_call(i)))
@@ -126,7 +127,7 @@ _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, 
 
 
 def test_a_malformed_batch_raises_a_catchable_error() -> None:
-    codec = w.Codec(w.PROC_INBOX)
+    codec = Codec(w.PROC_INBOX)
     ext = msgspec.msgpack.encode(_call(1, msgspec.msgpack.Ext(1, b"\x01\x00\x00\x00")))
     for bad in (b"\xc1", b"\xc1\x92\x01\x02", b"\xc1" + b"\x91" * 100_000, b"\xc1\x91" + ext):
         with pytest.raises(_DECODE_ERRORS):
@@ -141,7 +142,7 @@ async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
     dealer = configure(ctx.socket(zmq.DEALER))
     dealer.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
     client = AsyncSocket(dealer, asyncio.get_running_loop(), None, batch=True)
-    codec = w.Codec(w.PROC_INBOX)
+    codec = Codec(w.PROC_INBOX)
     try:
         await asyncio.sleep(0)  # the socket's first reader pass
         for i in range(3):
@@ -165,7 +166,7 @@ async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
 async def test_replies_queued_before_a_handler_raises_still_go_out() -> None:
     ctx = zmq.Context.instance()
     loop = asyncio.get_running_loop()
-    codec = w.Codec(w.PROC_INBOX)
+    codec = Codec(w.PROC_INBOX)
     seen: list[int] = []
 
     def handle(frames: list[Any]) -> None:

@@ -44,12 +44,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from zmesh import _controller
-from zmesh import _wire as w
-from zmesh._controller import AgentConn, Controller, SupervisionEvent
+from zmesh._client import controller as _controller
+from zmesh._client.controller import AgentConn, Controller, SupervisionEvent
+from zmesh._client.runtime import Runtime
 from zmesh._errors import AgentError
-from zmesh._runtime import Runtime
-from zmesh._state import MeshView, Rank, Status
+from zmesh._shared.state import MeshView, Rank, Status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 # ZMESH_PROPERTY_SCALE=20 searches twenty times longer (the suite keeps it short).
 SCALE = int(os.environ.get("ZMESH_PROPERTY_SCALE", "1"))  # deep: also pass --timeout=0
@@ -304,7 +305,7 @@ def _interleave(ctl: Controller, ops: list[tuple], final_order: Any) -> None:
         elif kind == "lost":  # as Controller._agent_lost judges it
             for mesh, rank in list(ctl.hosts):
                 ctl.judge(host, mesh, rank, Status.UNKNOWN, "agent unreachable")
-        elif kind == "stop" and op[1] in created:  # as zmesh._mesh._stop_procs does
+        elif kind == "stop" and op[1] in created:  # as zmesh._client.mesh._stop_procs does
             for rank in RANKS:
                 ctl.judge(host, op[1], rank, Status.STOPPING, "")
             in_flight += agent.stop(op[1])
@@ -355,7 +356,7 @@ class StreamMachine(RuleBasedStateMachine):
         # Ranks whose state the client set itself since the last snapshot.
         self.judged: set[tuple[str, int]] = set()
         self.silences = self.timeouts = 0
-        self.codec = w.Codec(w.STREAM)
+        self.codec = Codec(w.STREAM)
         self.ids = itertools.count(1)
         self.conn: AgentConn = self.ctl.agent(NOWHERE + "agent")
         self.conn.request = self._request  # type: ignore[method-assign]
@@ -462,7 +463,7 @@ class StreamMachine(RuleBasedStateMachine):
     def stop(self, mesh: str) -> None:
         if mesh not in self.created:
             return
-        for rank in RANKS:  # as zmesh._mesh._stop_procs does, before asking the agent
+        for rank in RANKS:  # as zmesh._client.mesh._stop_procs does, before asking the agent
             self.ctl.judge(self.conn, mesh, rank, Status.STOPPING, "")
             self.judged.add((mesh, rank))
         self._publish(self.agent.stop(mesh))

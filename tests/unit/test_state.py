@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from zmesh._state import FailureDedup, MeshView, Rank, Status, advance, mesh_status
+from zmesh._shared.state import FailureDedup, MeshView, Rank, Status, advance, mesh_status
 
 ALL = list(Status)
 TERMINAL = [Status.STOPPED, Status.FAILED, Status.TIMEOUT]

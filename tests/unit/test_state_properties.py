@@ -15,7 +15,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zmesh._state import FailureDedup, MeshView, Rank, Status, mesh_status
+from zmesh._shared.state import FailureDedup, MeshView, Rank, Status, mesh_status
 
 # ZMESH_PROPERTY_SCALE=20 searches twenty times longer (the suite keeps it short).
 SCALE = int(os.environ.get("ZMESH_PROPERTY_SCALE", "1"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from zmesh import _stats
-from zmesh._stats import BUCKETS, EndpointCounters, percentile, subtract
+from zmesh._shared import stats as _stats
+from zmesh._shared.stats import BUCKETS, EndpointCounters, percentile, subtract
 
 
 def test_counters_count_calls_errors_and_in_flight() -> None:

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from zmesh import _stats
-from zmesh import _wire as w
+from zmesh._shared import stats as _stats
+from zmesh._wire import messages as w
 from zmesh.top._app import apply_key
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
 from zmesh.top._health import base_name, find_meshes, judge

@@ -7,14 +7,15 @@ import pickle
 import msgspec
 import pytest
 
-from zmesh import _wire as w
-from zmesh import _zsock
 from zmesh._errors import EncodeError
+from zmesh._wire import messages as w
+from zmesh._wire import zsock as _zsock
+from zmesh._wire.codec import BIG_BUFFER, Codec, check_size, explain, request_of
 
 
 def roundtrip(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[object, object]:
-    codec = w.Codec(w.PROC_INBOX)
-    payload, buffers = w.Codec.pack(args, kwargs)
+    codec = Codec(w.PROC_INBOX)
+    payload, buffers = Codec.pack(args, kwargs)
     frames = codec.encode(w.Call(1, "a", "m", payload), buffers)
     msg = codec.decode(frames)
     assert isinstance(msg, w.Call)
@@ -22,7 +23,7 @@ def roundtrip(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[obje
 
 
 def test_scalars_travel_plain_without_pickle() -> None:
-    payload, buffers = w.Codec.pack((1, 2.5, "s", None, True, b"x"), {"k": 3})
+    payload, buffers = Codec.pack((1, 2.5, "s", None, True, b"x"), {"k": 3})
     assert payload.blob is None and buffers == []
     assert roundtrip((1, 2.5, "s", None, True, b"x"), {"k": 3}) == (
         (1, 2.5, "s", None, True, b"x"),
@@ -38,8 +39,8 @@ def test_containers_keep_their_python_types() -> None:
 
 
 def test_large_buffers_travel_as_their_own_frames() -> None:
-    big = b"x" * (w.BIG_BUFFER + 1)
-    payload, buffers = w.Codec.pack((big, bytearray(big), memoryview(big)), {})
+    big = b"x" * (BIG_BUFFER + 1)
+    payload, buffers = Codec.pack((big, bytearray(big), memoryview(big)), {})
     assert payload.blob is None
     assert len(buffers) == 3 and buffers[0] is big  # no copy into the envelope
     (a, b, c), _ = roundtrip((big, bytearray(big), memoryview(big)), {})
@@ -63,8 +64,8 @@ class Array:
 
 
 def test_large_out_of_band_pickle_buffer_travels_as_a_frame() -> None:
-    big = b"y" * (2 * w.BIG_BUFFER)
-    payload, buffers = w.Codec.pack(([Array(big)],), {})
+    big = b"y" * (2 * BIG_BUFFER)
+    payload, buffers = Codec.pack(([Array(big)],), {})
     assert payload.blob is not None and payload.nbuf == 1 and len(buffers) == 1
     assert len(payload.blob) < 1000  # the data is not inside the pickle
     (got,), _ = roundtrip(([Array(big)],), {})
@@ -75,12 +76,12 @@ def test_unpicklable_argument_raises_at_pack() -> None:
     import threading
 
     with pytest.raises(TypeError):
-        w.Codec.pack((threading.Lock(),), {})
+        Codec.pack((threading.Lock(),), {})
 
 
 def test_pickle_refused_from_unauthenticated_peer() -> None:
-    codec = w.Codec(w.PROC_INBOX, allow_pickle=False)
-    payload, buffers = w.Codec.pack(([1],), {})
+    codec = Codec(w.PROC_INBOX, allow_pickle=False)
+    payload, buffers = Codec.pack(([1],), {})
     frames = codec.encode(w.Call(1, "a", "m", payload), buffers)
     msg = codec.decode(frames)
     with pytest.raises(PermissionError):
@@ -93,18 +94,18 @@ def test_pickle_refused_from_unauthenticated_peer() -> None:
 )
 def test_garbage_raises_a_catchable_error(garbage: bytes) -> None:
     with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
-        w.Codec(w.PROC_INBOX).decode([garbage])
+        Codec(w.PROC_INBOX).decode([garbage])
 
 
 def test_deep_nesting_raises_a_catchable_error() -> None:
     deep = b"\x91" * 200_000 + b"\xc0"
     with pytest.raises(Exception) as info:  # RecursionError or DecodeError, never a crash
-        w.Codec(w.PROC_INBOX).decode([deep])
+        Codec(w.PROC_INBOX).decode([deep])
     assert isinstance(info.value, (RecursionError, msgspec.DecodeError, msgspec.ValidationError))
 
 
 def test_one_message_kind_per_tag() -> None:
-    codec = w.Codec(w.AGENT_INBOX)
+    codec = Codec(w.AGENT_INBOX)
     msg = w.OwnerHeartbeat("me")
     assert codec.decode(codec.encode(msg)) == msg
     assert pickle.loads(pickle.dumps(msg)) == msg
@@ -116,7 +117,7 @@ SPEC = {"owner": "o", "ranks": [0], "dims": {"procs": 1}}
 
 
 def _agent_decode(msg: list[object]) -> object:
-    return w.Codec(w.AGENT_INBOX).decode([msgspec.msgpack.encode(msg)])
+    return Codec(w.AGENT_INBOX).decode([msgspec.msgpack.encode(msg)])
 
 
 def test_a_good_spec_decodes_to_typed_structs() -> None:
@@ -142,28 +143,28 @@ def test_a_bad_spec_field_is_named_in_the_error(spec: dict[str, object], where: 
     msg = ["CreateOrUpdate", 3, "m", {**SPEC, **spec}]
     with pytest.raises(msgspec.ValidationError) as info:
         _agent_decode(msg)
-    assert where in w.explain("CreateOrUpdate", info.value)
-    assert w.request_of(msgspec.msgpack.encode(msg), w.AGENT_REQUESTS) == ("CreateOrUpdate", 3)
+    assert where in explain("CreateOrUpdate", info.value)
+    assert request_of(msgspec.msgpack.encode(msg), w.AGENT_REQUESTS) == ("CreateOrUpdate", 3)
 
 
 def test_a_bad_name_is_explained() -> None:
     with pytest.raises(msgspec.ValidationError) as info:
         _agent_decode(["Stop", 1, "../../etc"])
-    text = w.explain("Stop", info.value)
+    text = explain("Stop", info.value)
     assert "at `name`" in text and "letters, digits" in text
 
 
 def test_request_of_only_for_requests() -> None:
-    assert w.request_of(msgspec.msgpack.encode(["OwnerGone", 1]), w.AGENT_REQUESTS) is None
-    assert w.request_of(b"\xff", w.AGENT_REQUESTS) is None
-    assert w.request_of(msgspec.msgpack.encode(["Stop", "x"]), w.AGENT_REQUESTS) is None
-    assert w.request_of(msgspec.msgpack.encode(["Call", 9]), w.PROC_REQUESTS) == ("Call", 9)
+    assert request_of(msgspec.msgpack.encode(["OwnerGone", 1]), w.AGENT_REQUESTS) is None
+    assert request_of(b"\xff", w.AGENT_REQUESTS) is None
+    assert request_of(msgspec.msgpack.encode(["Stop", "x"]), w.AGENT_REQUESTS) is None
+    assert request_of(msgspec.msgpack.encode(["Call", 9]), w.PROC_REQUESTS) == ("Call", 9)
 
 
 def test_a_negative_buffer_count_is_refused() -> None:
     bad = ["Call", 1, "a", "m", [[], {}, None, -1]]
     with pytest.raises(msgspec.ValidationError):
-        w.Codec(w.PROC_INBOX).decode([msgspec.msgpack.encode(bad)])
+        Codec(w.PROC_INBOX).decode([msgspec.msgpack.encode(bad)])
 
 
 @pytest.mark.parametrize("name", ["a", "A-b_c.d", "x" * 128, ".hidden", "a.b"])
@@ -184,13 +185,13 @@ def test_a_part_over_the_size_limit_is_refused_with_the_limit_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_zsock, "MAX_MSG_SIZE", 1000)
-    codec = w.Codec(w.PROC_INBOX)
-    payload, buffers = w.Codec.pack((memoryview(bytes(1001)),), {})
+    codec = Codec(w.PROC_INBOX)
+    payload, buffers = Codec.pack((memoryview(bytes(1001)),), {})
     with pytest.raises(EncodeError, match="1,001 bytes is over the limit of 1,000 bytes"):
         codec.encode(w.Call(1, "a", "m", payload), buffers)
     with pytest.raises(EncodeError, match="ZMESH_MAX_MSG_SIZE"):
-        w.check_size(payload, buffers)
+        check_size(payload, buffers)
     with pytest.raises(EncodeError, match="over the limit"):  # a big envelope, too
         codec.encode(w.Call(1, "a", "m", w.Payload(args=("x" * 2000,))))
-    payload, buffers = w.Codec.pack((memoryview(bytes(1000)),), {})
+    payload, buffers = Codec.pack((memoryview(bytes(1000)),), {})
     assert len(codec.encode(w.Call(1, "a", "m", payload), buffers)) == 2  # at the limit: fine

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import zmq
 
-from zmesh._zsock import HWM, MAX_MSG_SIZE, AsyncSocket, configure
+from zmesh._wire.zsock import HWM, MAX_MSG_SIZE, AsyncSocket, configure
 
 pytestmark = pytest.mark.anyio
 

@@ -9,13 +9,13 @@ def main(argv: list[str] | None = None) -> None:
     """Dispatch ``zmesh <command> ...``."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {
-        "agent": "zmesh._agent",
-        "cluster": "zmesh.cli._cluster",
-        "keygen": "zmesh.cli._keygen",
-        "top": "zmesh.top",
-        "status": "zmesh.top.status",
-        "ps": "zmesh.top.ps",
-        "stack": "zmesh.top.stack",
+        "agent": ("zmesh.cli.agent", "main"),
+        "cluster": ("zmesh.cli.cluster", "main"),
+        "keygen": ("zmesh.cli.keygen", "main"),
+        "top": ("zmesh.cli.top", "top_main"),
+        "status": ("zmesh.cli.top", "status_main"),
+        "ps": ("zmesh.cli.top", "ps_main"),
+        "stack": ("zmesh.cli.top", "stack_main"),
     }
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
         print(
@@ -32,5 +32,5 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if args and args[0] in ("-h", "--help") else 2)
     import importlib
 
-    module = importlib.import_module(commands[args[0]])
-    module.main(args[1:])
+    module, func = commands[args[0]]
+    getattr(importlib.import_module(module), func)(args[1:])

@@ -9,12 +9,6 @@ Parts that do not know of each other's insides:
   filters, sorting);
 * ``_render``: pure functions from rows to a ``rich`` frame (no clock reads).
 
-``_app`` runs them interactively; ``_cli`` holds the commands (``top``,
-``status``, ``ps``, ``stack``).
+``_app`` runs them interactively; ``zmesh.cli.top`` holds the commands
+(``top``, ``status``, ``ps``, ``stack``).
 """
-
-from __future__ import annotations
-
-from zmesh.top._cli import top_main as main
-
-__all__ = ["main"]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.live import Live
 
-from zmesh import _wire as w
+from zmesh._wire import messages as w
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._render import WINDOWS, Screen, pane_rows, render
 from zmesh.top._view import KEEP, PANES, SORTS, View, derive

@@ -22,10 +22,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from zmesh import _wire as w
-from zmesh._security import secure_client
-from zmesh._stats import ProcStatistics
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._shared.stats import ProcStatistics
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
+from zmesh._wire.zsock import AsyncSocket, configure
 
 LOST_AFTER = 1.0  # seconds without a word from an agent (it heartbeats every 0.1 s)
 HISTORY = 180  # samples kept per agent (3 minutes at one a second)
@@ -103,8 +104,8 @@ class _Agent:
         self.health_asked = 0.0
         self.ended: dict[str, float] = {}
         self.futures: dict[int, asyncio.Future[Any]] = {}
-        self.codec = w.Codec(w.AGENT_REPLIES, allow_pickle=False)
-        self.stream_codec = w.Codec(w.OBSERVER_STREAM, allow_pickle=False)
+        self.codec = Codec(w.AGENT_REPLIES, allow_pickle=False)
+        self.stream_codec = Codec(w.OBSERVER_STREAM, allow_pickle=False)
         ctrl = secure_client(configure(col.ctx.socket(zmq.DEALER)), addr=address)
         ctrl.connect(address)
         self.ctrl = AsyncSocket(ctrl, col.loop, self._on_reply)

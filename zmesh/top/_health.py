@@ -29,8 +29,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from zmesh import _wire as w
-from zmesh._stats import ServiceSummary
+from zmesh._shared.stats import ServiceSummary
+from zmesh._wire import messages as w
 from zmesh.top._collect import Snapshot
 
 LIVE = ("Running", "Initializing")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zmesh._stats import ProcStatistics, percentile, subtract
+from zmesh._shared.stats import ProcStatistics, percentile, subtract
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
 from zmesh.top._health import judge
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zmesh import _local
+from zmesh._client import local as _local
 
 
 def shutdown() -> None:

@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import msgspec
 import zmq
 
-from zmesh import _wire as w
-from zmesh._controller import AGENT_TIMEOUT
+from zmesh._client.controller import AGENT_TIMEOUT
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -56,11 +55,13 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._security import secure_client
-from zmesh._zsock import BATCH_MARK, AsyncSocket, configure
+from zmesh._wire import messages as w
+from zmesh._wire.codec import BIG_BUFFER, Codec, nbytes
+from zmesh._wire.security import secure_client
+from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
 
 if TYPE_CHECKING:
-    from zmesh._controller import Controller
+    from zmesh._client.controller import Controller
 
 
 class ProcRef(msgspec.Struct, frozen=True):
@@ -76,12 +77,12 @@ class ProcRef(msgspec.Struct, frozen=True):
 
 
 # Calls sent on one proc connection and not answered yet, at most: a tenth
-# of the sockets' high-water mark (zmesh._zsock.HWM), so no pipe fills.
+# of the sockets' high-water mark (zmesh._wire.zsock.HWM), so no pipe fills.
 MAX_IN_FLIGHT = int(os.environ.get("ZMESH_MAX_IN_FLIGHT", "10000"))
 # Bytes of large messages (BIG and over) in flight on one connection, at
 # most; a message larger than this still goes, alone.
 MAX_IN_FLIGHT_BYTES = int(os.environ.get("ZMESH_MAX_IN_FLIGHT_BYTES", str(1 << 30)))
-BIG = w.BIG_BUFFER
+BIG = BIG_BUFFER
 # After a connection drops, how long its calls wait for supervision to say
 # why before they fail with ConnectionLostError: a crash is reported by the
 # agent at once, a lost host once its agent is silent for AGENT_TIMEOUT.
@@ -177,11 +178,11 @@ class Runtime:
     """The zmesh client on one event loop. Get it with ``current()``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        from zmesh._controller import Controller
+        from zmesh._client.controller import Controller
 
         self.loop = loop
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
-        self.codec = w.Codec(w.CLIENT_INBOX)
+        self.codec = Codec(w.CLIENT_INBOX)
         self._ids = itertools.count(1)
         self.conns: dict[str, ProcConn] = {}
         self.controller: Controller = Controller(self)
@@ -579,7 +580,7 @@ def _reused(c: ProcConn, mesh: str) -> SupervisionError:
 
 
 def _size(frames: list[Any]) -> int:
-    return sum(w.nbytes(f) for f in frames)
+    return sum(nbytes(f) for f in frames)
 
 
 def _over(c: ProcConn, size: int) -> bool:

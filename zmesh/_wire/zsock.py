@@ -69,7 +69,7 @@ LINGER_MS = 200
 # One frame; a larger one makes the receiver drop the connection, so senders
 # refuse it first (``zmesh._wire.Codec.encode``) with an error naming this.
 MAX_MSG_SIZE = int(os.environ.get("ZMESH_MAX_MSG_SIZE", str(1 << 31)))
-# Well above any in-flight limit zmesh applies (``zmesh._runtime``), so a
+# Well above any in-flight limit zmesh applies (``zmesh._client.runtime``), so a
 # pipe never reaches it: a full receive pipe makes libzmq stop reading the
 # connection (and meets libzmq's ``_input_stopped`` bug on reconnect).
 HWM = 100_000

@@ -54,12 +54,19 @@ from typing import Any
 import msgspec
 import zmq
 
-from zmesh import _forkserver, _janitor, _liveness, _paths, _ptree, _stacks, _stats
-from zmesh import _wire as w
 from zmesh._errors import SecurityError
-from zmesh._security import Gate, Keys, secure_server
-from zmesh._state import MeshView, Rank, Status
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._host import forkserver as _forkserver
+from zmesh._host import janitor as _janitor
+from zmesh._host import ptree as _ptree
+from zmesh._host import stacks as _stacks
+from zmesh._shared import liveness as _liveness
+from zmesh._shared import paths as _paths
+from zmesh._shared import stats as _stats
+from zmesh._shared.state import MeshView, Rank, Status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec, explain, request_of
+from zmesh._wire.security import Gate, Keys, secure_server
+from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.agent")
 
@@ -219,9 +226,9 @@ class HostAgent:
         # The welcome tells a new subscriber that its subscription is live,
         # so it can take a snapshot without missing the events after it.
         welcome = w.Heartbeat(seq=-1, epoch=self.epoch, agent=self.label, time=0.0)
-        pub.setsockopt(zmq.XPUB_WELCOME_MSG, w.Codec(w.STREAM).encode(welcome)[0])
+        pub.setsockopt(zmq.XPUB_WELCOME_MSG, Codec(w.STREAM).encode(welcome)[0])
         self.stream_addr = _bind(pub, stream)
-        self._codec = w.Codec(w.AGENT_INBOX)
+        self._codec = Codec(w.AGENT_INBOX)
         self._ctrl = AsyncSocket(ctrl, loop, self._on_control, router=True)
         self._pub = AsyncSocket(pub, loop, None)  # subscriptions are read and ignored
         stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys, stats)
@@ -294,9 +301,9 @@ class HostAgent:
             msg = self._codec.decode(frames[1:])
         except Exception as exc:  # bad input must never kill the agent
             self._drop(f"undecodable message: {exc!r}")
-            req = w.request_of(frames[1], w.AGENT_REQUESTS)
+            req = request_of(frames[1], w.AGENT_REQUESTS)
             if req is not None:  # a request: its sender learns why, and waits for nothing
-                self._reply(ident, w.Ack(req[1], ok=False, error=w.explain(req[0], exc)))
+                self._reply(ident, w.Ack(req[1], ok=False, error=explain(req[0], exc)))
             return
         try:
             self._handle(ident, msg)
@@ -451,7 +458,7 @@ class HostAgent:
         if popen is None:
             with os.fdopen(_paths.open_private(log_path), "ab") as out:
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", "zmesh._proc"],
+                    [sys.executable, "-m", "zmesh._host.proc"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -936,54 +943,3 @@ def _bind(sock: zmq.Socket, addr: str) -> str:
     if path:  # the directory keeps others out; the file's mode says so too
         os.chmod(path, 0o600)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``zmesh agent``: run one host agent in the foreground."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="zmesh agent", description=main.__doc__)
-    parser.add_argument(
-        "--bind",
-        default="ipc://",
-        help="control address: ipc:// (default: a socket only this user can reach) "
-        "or tcp://ADDR:PORT (needs --keys)",
-    )
-    parser.add_argument("--label", default=None, help="this host's name")
-    parser.add_argument("--log-dir", default=None, help="where proc logs go")
-    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--keys", default=None, help="a 'zmesh keygen' directory: use CURVE")
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow a TCP bind without keys (anyone who reaches it runs code as you)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        keys = Keys.load(args.keys) if args.keys else None
-        agent = HostAgent(
-            args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid,
-            keys=keys, insecure=args.insecure,
-        )  # fmt: skip
-    except SecurityError as exc:
-        parser.error(str(exc))
-    if keys is None and args.bind.startswith("tcp://"):
-        print(
-            f"\n*** WARNING: zmesh agent on {args.bind} WITHOUT authentication (--insecure).\n"
-            "*** Anyone who can reach this address can run any code as this user\n"
-            "*** (on loopback that is every local user): what it sends is unpickled.\n"
-            "*** Use 'zmesh keygen DIR' and '--keys DIR' instead.\n",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def ready(info: dict[str, Any]) -> None:
-        # One machine-readable line, for whoever started us and waits for it.
-        print("ZMESH-AGENT-READY " + json.dumps(info), flush=True)
-
-    try:
-        agent.run(ready)
-    except SecurityError as exc:  # a socket or log directory that is not ours alone
-        print(f"zmesh agent: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None

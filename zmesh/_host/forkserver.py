@@ -1,6 +1,6 @@
 """A warm interpreter that forks an agent's procs (a forkserver).
 
-A proc started as a fresh ``python -m zmesh._proc`` spends ~0.2 s of CPU
+A proc started as a fresh ``python -m zmesh._host.proc`` spends ~0.2 s of CPU
 importing asyncio, pyzmq and msgspec before it can serve. On 2 cores that put
 cold start (4 procs) at ~1 s and 64 procs at ~10 s. So an agent starts one
 forkserver next to itself: an interpreter that has imported all of that, has
@@ -134,7 +134,7 @@ class ForkServer:
             return None
         try:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "zmesh._forkserver", str(os.getpid())],
+                [sys.executable, "-m", "zmesh._host.forkserver", str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
@@ -228,7 +228,7 @@ def serve(agent_pid: int) -> None:
     _set_name(b"zmesh-fork")
     # Warm up: everything a proc imports before it knows its spec. None of
     # these modules starts a thread or reads ZMESH_* settings at import.
-    import zmesh._proc  # noqa: F401
+    import zmesh._host.proc  # noqa: F401
 
     os.write(1, b'{"ready": true}\n')
     buf = b""
@@ -290,9 +290,9 @@ def _become_proc(req: dict[str, Any]) -> NoReturn:
         os.environ.update(req["env"])
         if req.get("cwd"):
             os.chdir(req["cwd"])
-        from zmesh import _proc
+        from zmesh._host import proc as _proc
 
-        sys.argv = [_proc.__file__ or "zmesh._proc"]
+        sys.argv = [_proc.__file__ or "zmesh._host.proc"]
         sys.path[0] = os.getcwd()  # as `python -m` sets it
         # The middle child exits right after forking us; wait for the agent
         # to adopt us, so the proc's parent checks see the agent.

@@ -6,7 +6,7 @@ reaching ``pickle.loads``. So nothing zmesh binds accepts a peer that has
 neither filesystem permission nor a key:
 
 * ipc:// sockets (the default on one host) live in a directory only this
-  user may enter (``zmesh._paths``); they use no CURVE.
+  user may enter (``zmesh._shared.paths``); they use no CURVE.
 * Every TCP socket is a CURVE server with a ZAP handler over an allow-list of
   client public keys, fail-closed. Keyless TCP needs ``--insecure``.
 
@@ -310,7 +310,7 @@ def throwaway_keys(name: str) -> Keys:
 
     The directory is private to this user; whoever made it removes it.
     """
-    from zmesh._paths import private_dir, runtime_dir
+    from zmesh._shared.paths import private_dir, runtime_dir
 
     return keygen(private_dir(os.path.join(runtime_dir(), name)))
 

@@ -20,14 +20,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zmesh import _runtime
-from zmesh import _wire as w
+from zmesh._client import runtime as _runtime
+from zmesh._client.future import Future
+from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
 from zmesh._errors import EncodeError
-from zmesh._future import Future
-from zmesh._runtime import ProcRef, Runtime, Sink, resolve
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec, check_size
 
 if TYPE_CHECKING:
-    from zmesh._mesh import ActorMesh, ValueMesh
+    from zmesh._client.mesh import ActorMesh, ValueMesh
 
 R = TypeVar("R")
 _rotation = itertools.count()
@@ -103,7 +104,7 @@ class EndpointRef(Generic[R]):
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         try:
-            payload, buffers = w.Codec.pack(args, kwargs)
+            payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(
                 f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
@@ -113,7 +114,7 @@ class EndpointRef(Generic[R]):
             # Refused here, in the caller's thread, before anything goes out
             # (the runtime checks the encoded message again).
             try:
-                w.check_size(payload, buffers)
+                check_size(payload, buffers)
             except EncodeError as exc:
                 raise EncodeError(
                     f"arguments of {self._name!r} cannot be sent: {exc.message}",
@@ -187,7 +188,7 @@ class EndpointRef(Generic[R]):
         The first failure (an ``ActorError``, ``SupervisionError``, ...) fails
         the whole future.
         """
-        from zmesh._mesh import ValueMesh
+        from zmesh._client.mesh import ValueMesh
 
         mesh = self._mesh
         refs = mesh._refs

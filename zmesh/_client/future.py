@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from zmesh._errors import CallTimeoutError
 
 if TYPE_CHECKING:
-    from zmesh._runtime import ProcRef
+    from zmesh._client.runtime import ProcRef
 
 T = TypeVar("T")
 

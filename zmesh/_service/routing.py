@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from zmesh._service import Service
+    from zmesh._service.service import Service
 
 HEALTHY, RECOVERING, UNHEALTHY, STOPPED = "HEALTHY", "RECOVERING", "UNHEALTHY", "STOPPED"
 LATENCY_WINDOW = 60.0  # seconds of latencies behind p50/p99

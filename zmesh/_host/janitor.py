@@ -27,7 +27,7 @@ if __name__ == "__main__":
     # one that imports the zmesh package): its module sits next to us.
     import _ptree
 else:
-    from zmesh import _ptree
+    from zmesh._host import ptree as _ptree
 
 if TYPE_CHECKING:
     import subprocess

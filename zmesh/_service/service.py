@@ -28,11 +28,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from zmesh import _local
-from zmesh import _wire as w
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
-from zmesh._adverbs import submit
-from zmesh._controller import SupervisionEvent
+from zmesh._client import local as _local
+from zmesh._client.adverbs import submit
+from zmesh._client.controller import SupervisionEvent
+from zmesh._client.future import Future
+from zmesh._client.mesh import ActorMesh, _stop_procs, spawn_owned_mesh
+from zmesh._client.runtime import Runtime
 from zmesh._errors import (
     ActorStoppedError,
     CallTimeoutError,
@@ -44,9 +46,8 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._future import Future
-from zmesh._mesh import ActorMesh, _stop_procs, spawn_owned_mesh
-from zmesh._routing import (
+from zmesh._service.endpoint import ServiceEndpoint, _run_on
+from zmesh._service.routing import (
     HEALTHY,
     LATENCY_WINDOW,
     RECOVERING,
@@ -58,9 +59,9 @@ from zmesh._routing import (
     Session,
     make_router,
 )
-from zmesh._runtime import Runtime
-from zmesh._service_endpoint import ServiceEndpoint, _run_on
-from zmesh._stats import ServiceSummary
+from zmesh._shared.stats import ServiceSummary
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 log = logging.getLogger("zmesh.service")
 R = TypeVar("R")
@@ -414,7 +415,7 @@ class Service:
                 last_failure=next((r.last_failure for r in st.replicas if r.last_failure), ""),
                 state=st.state,
             )
-            frames = w.Codec(w.AGENT_INBOX).encode(w.ServiceReport(summary))
+            frames = Codec(w.AGENT_INBOX).encode(w.ServiceReport(summary))
             agents = {ref.agent for r in self._replicas if r.mesh for ref in r.mesh._refs}
             for addr in agents:
                 self.rt.controller.agent(addr).ctrl.send(frames)
@@ -433,7 +434,7 @@ class Service:
 
         self.rt.send(
             mesh._refs,
-            lambda i: w.Call(i, mesh.actor, "__health__", w.Codec.pack((), {})[0]),
+            lambda i: w.Call(i, mesh.actor, "__health__", Codec.pack((), {})[0]),
             [],
             deliver,
             self.config.health_timeout,
@@ -452,7 +453,7 @@ class Service:
     ) -> asyncio.Future[Any]:
         """Make a request and dispatch it; runs on the service's loop."""
         try:
-            payload, buffers = w.Codec.pack(args, kwargs)
+            payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(
                 f"arguments of {endpoint!r} cannot be sent: {type(exc).__name__}: {exc}",

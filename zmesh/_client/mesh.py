@@ -18,16 +18,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from zmesh import _local, _runtime, _security, _spawnprep
-from zmesh import _wire as w
 from zmesh._actor import Actor, Options, Point, endpoints_of
-from zmesh._adverbs import EndpointRef, submit
-from zmesh._controller import SupervisionEvent
+from zmesh._client import local as _local
+from zmesh._client import runtime as _runtime
+from zmesh._client import spawnprep as _spawnprep
+from zmesh._client.adverbs import EndpointRef, submit
+from zmesh._client.controller import SupervisionEvent
+from zmesh._client.future import Future
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._client.spawnprep import preparation
 from zmesh._errors import AgentError, EndpointError, SecurityError, SpawnError, ZmeshError
-from zmesh._future import Future
-from zmesh._runtime import ProcRef, Runtime
-from zmesh._spawnprep import preparation
-from zmesh._state import Rank, Status, mesh_status
+from zmesh._shared.state import Rank, Status, mesh_status
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+from zmesh._wire.codec import Codec
 
 A = TypeVar("A", bound=Actor)
 T = TypeVar("T")
@@ -238,13 +242,13 @@ def _ask_agents(mesh: str, refs: list[ProcRef]) -> dict[int, Rank]:
     """
     import zmq
 
-    from zmesh._security import secure_client
-    from zmesh._zsock import configure
+    from zmesh._wire.security import secure_client
+    from zmesh._wire.zsock import configure
 
     by_agent: dict[str, list[ProcRef]] = {}
     for ref in refs:
         by_agent.setdefault(ref.agent, []).append(ref)
-    codec = w.Codec(w.AGENT_REPLIES)
+    codec = Codec(w.AGENT_REPLIES)
     ctx: zmq.Context[Any] = zmq.Context.instance()
     socks = {}
     for addr in by_agent:
@@ -718,7 +722,7 @@ async def _spawn_actors(
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     try:
         blob = pickle.dumps(cls)
-        payload, buffers = w.Codec.pack(args, kwargs)
+        payload, buffers = Codec.pack(args, kwargs)
     except Exception as exc:
         raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc
     fut: asyncio.Future[None] = rt.loop.create_future()

@@ -1,6 +1,6 @@
 """The actor process: one OS process hosting one or more actors.
 
-Started by an agent as ``python -m zmesh._proc`` with its spec in the
+Started by an agent as ``python -m zmesh._host.proc`` with its spec in the
 ``ZMESH_PROC`` variable. It binds a ROUTER for calls, says hello to its agent,
 heartbeats from its event loop (so a hung loop is noticed), and runs each
 actor's messages one at a time in arrival order. Sync endpoints run in worker
@@ -32,11 +32,13 @@ from typing import Any, NoReturn
 
 import zmq
 
-from zmesh import _security, _stats
-from zmesh import _wire as w
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
-from zmesh._zsock import BATCH_MARK, AsyncSocket, configure
+from zmesh._shared import stats as _stats
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+from zmesh._wire.codec import NONE, Codec, explain, request_of
+from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
 
 log = logging.getLogger("zmesh.proc")
 
@@ -46,7 +48,7 @@ STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
 # ``concurrent`` ones), at most: past this the proc stops reading its socket
 # until half have gone, so callers meet TCP backpressure instead of this
 # process's memory growing without bound. Each caller also keeps at most
-# zmesh._runtime.MAX_IN_FLIGHT calls in flight to one proc.
+# zmesh._client.runtime.MAX_IN_FLIGHT calls in flight to one proc.
 MAX_BACKLOG = int(os.environ.get("ZMESH_PROC_MAX_BACKLOG", "100000"))
 
 
@@ -231,7 +233,7 @@ class ProcServer:
         self.generation: int = spec["generation"]
         self.host: str = spec.get("host", "")
         self.actors: dict[str, _Mailbox] = {}
-        self.codec = w.Codec(w.PROC_INBOX)
+        self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
         self.backlog = 0  # see MAX_BACKLOG
@@ -254,7 +256,7 @@ class ProcServer:
             log.exception("cannot report statistics")
 
     async def serve(self) -> None:
-        from zmesh import _runtime
+        from zmesh._client import runtime as _runtime
 
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
@@ -334,9 +336,9 @@ class ProcServer:
             msg = self.codec.decode(frames[1:])
         except Exception as exc:  # never fatal: count, log once, drop
             self._drop(repr(exc))
-            req = w.request_of(env, w.PROC_REQUESTS)
+            req = request_of(env, w.PROC_REQUESTS)
             if req is not None:  # its sender gets an answer, not a wait
-                why = w.explain(req[0], exc)
+                why = explain(req[0], exc)
                 f = w.Failure(req[1], "endpoint", type(exc).__name__, why)
                 self.router.send([ident, *self.codec.encode(f)])
             return None
@@ -371,7 +373,7 @@ class ProcServer:
             box = self.actors.pop(msg.actor, None)
             if box is not None:
                 box.close()
-            self.router.send([ident, *self.codec.encode(w.Reply(msg.id, w.NONE))])
+            self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
@@ -414,7 +416,7 @@ class ProcServer:
         if old is not None:
             old.close()
         self.actors[msg.actor] = _Mailbox(self, msg.actor, instance, point)
-        self.router.send([ident, *self.codec.encode(w.Reply(msg.id, w.NONE))])
+        self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
 
     # ------------------------------------------------------------ handling
 
@@ -478,7 +480,7 @@ class ProcServer:
         if call.oneway:
             return
         try:
-            payload, buffers = w.Codec.pack_value(result)
+            payload, buffers = Codec.pack_value(result)
             frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
         except Exception as exc:
             counters.errors += 1
@@ -665,8 +667,9 @@ def main() -> None:
         level=logging.INFO,
         format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
     )
-    from zmesh import _controller, _stacks
-    from zmesh._spawnprep import prepare
+    from zmesh._client import controller as _controller
+    from zmesh._client.spawnprep import prepare
+    from zmesh._host import stacks as _stacks
 
     try:  # first, so that even a hang while importing the user's code can be shown
         _stacks.install(spec["log_path"])  # SIGUSR1 dumps every thread's stack (zmesh stack)
@@ -681,7 +684,7 @@ def main() -> None:
     if not os.environ.get("ZMESH_AGENTS"):
         # Meshes spawned by an actor go to this proc's own agent by default,
         # never to a private embedded agent of the proc.
-        from zmesh import _local
+        from zmesh._client import local as _local
 
         _local.configure([spec["agent"]])
     prepare(spec.get("main") or {})

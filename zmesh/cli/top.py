@@ -12,9 +12,11 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from zmesh import _local, _paths, _security
-from zmesh import _wire as w
+from zmesh._client import local as _local
 from zmesh._errors import ZmeshError
+from zmesh._shared import paths as _paths
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, judge
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render

@@ -12,14 +12,15 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zmesh import _wire as w
+from zmesh._client.future import Future
+from zmesh._client.runtime import Runtime
 from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
-from zmesh._future import Future
-from zmesh._routing import _SESSION, HEALTHY, Session
-from zmesh._runtime import Runtime
+from zmesh._service.routing import _SESSION, HEALTHY, Session
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
-    from zmesh._service import Service
+    from zmesh._service.service import Service
 
 R = TypeVar("R")
 
@@ -126,7 +127,7 @@ class ServiceEndpoint(Generic[R]):
         """Send to every healthy replica (all its ranks); no reply, no retry."""
         svc = self._svc
         try:
-            payload, buffers = w.Codec.pack(args, kwargs)
+            payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(f"arguments of {self._name!r} cannot be sent: {exc}") from exc
         name = self._name

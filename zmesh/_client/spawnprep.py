@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from zmesh._wire import MainSpec
+from zmesh._wire.messages import MainSpec
 
 
 def preparation() -> MainSpec:

@@ -19,7 +19,7 @@ import os
 import socket
 
 from zmesh._errors import SecurityError
-from zmesh._security import PUBLIC_FILE, authorize, keygen, keygen_client, read_public
+from zmesh._wire.security import PUBLIC_FILE, authorize, keygen, keygen_client, read_public
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from zmesh import _wire as w
 from zmesh._errors import (
     ActorStoppedError,
     AgentError,
@@ -44,12 +43,14 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._security import secure_client
-from zmesh._state import FailureDedup, MeshView, Rank, Status
-from zmesh._zsock import AsyncSocket, configure
+from zmesh._shared.state import FailureDedup, MeshView, Rank, Status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
+from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
-    from zmesh._runtime import ProcRef, Runtime
+    from zmesh._client.runtime import ProcRef, Runtime
 
 log = logging.getLogger("zmesh")
 
@@ -65,7 +66,7 @@ ANSWERED_SINCE = 0.5
 # Released meshes remembered (how each rank ended), for calls on stale handles.
 # Older ones are forgotten; their agents still know (or say they do not).
 TOMBSTONES = 1024
-# Set by zmesh._proc: inside a proc, a failure of a mesh the proc spawned that
+# Set by zmesh._host.proc: inside a proc, a failure of a mesh the proc spawned that
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
 ESCALATE_UNHANDLED = False
 
@@ -135,8 +136,8 @@ class AgentConn:
         ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)), addr=addr)
         ctrl.connect(addr)
         self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
-        self.codec = w.Codec(w.AGENT_REPLIES)
-        self.stream_codec = w.Codec(w.STREAM)
+        self.codec = Codec(w.AGENT_REPLIES)
+        self.stream_codec = Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._rejoin_task: asyncio.Task[None] | None = None

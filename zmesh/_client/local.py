@@ -29,10 +29,12 @@ from typing import Any
 
 import zmq
 
-from zmesh import _liveness, _security
-from zmesh import _wire as w
 from zmesh._errors import AgentError
-from zmesh._security import secure_client
+from zmesh._shared import liveness as _liveness
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
 
 OWNER_HEARTBEAT_INTERVAL = 0.5
 AGENT_START_TIMEOUT = 30.0
@@ -135,7 +137,7 @@ def agents(hosts: int) -> list[str]:
 
 
 def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
-    from zmesh import _paths
+    from zmesh._shared import paths as _paths
 
     label = f"local{index}" if index else "local"
     log_dir = _paths.new_run_dir(f"{label}-{os.getpid()}")
@@ -191,7 +193,7 @@ def launch_agent(
     Raises:
         SecurityError: ``log_dir`` belongs to another user.
     """
-    from zmesh import _paths
+    from zmesh._shared import paths as _paths
 
     _paths.private_dir(log_dir, strict=False)
     log_path = os.path.join(log_dir, "agent.log")
@@ -273,7 +275,7 @@ class _OwnerHeart(threading.Thread):
     def run(self) -> None:
         ctx: zmq.Context[Any] = zmq.Context.instance()
         socks: dict[str, zmq.Socket] = {}
-        codec = w.Codec(w.AGENT_INBOX)
+        codec = Codec(w.AGENT_INBOX)
         try:
             while True:
                 self.wake.wait(OWNER_HEARTBEAT_INTERVAL)
@@ -313,7 +315,7 @@ def _ensure_heart() -> _OwnerHeart:
 
 def release_all() -> None:
     """Stop everything this process owns: tell agents, stop embedded ones."""
-    from zmesh import _runtime
+    from zmesh._client import runtime as _runtime
 
     if _heart is not None:
         _heart.stopping.set()
@@ -325,7 +327,7 @@ def release_all() -> None:
         _embedded.clear()
     embedded_addrs = {a for _, a in embedded}
     ctx: zmq.Context[Any] = zmq.Context.instance()
-    codec = w.Codec(w.AGENT_INBOX)
+    codec = Codec(w.AGENT_INBOX)
     for addr in used:
         if addr in embedded_addrs:
             continue  # stopping the agent stops its procs

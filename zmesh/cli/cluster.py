@@ -15,8 +15,9 @@ import shutil
 import signal
 import threading
 
-from zmesh import _paths, _security
 from zmesh._errors import ZmeshError
+from zmesh._shared import paths as _paths
+from zmesh._wire import security as _security
 from zmesh.testing import AgentProcess, start_agent, stop_agent
 
 

@@ -1,0 +1,10 @@
+"""The user's process: the runtime, its meshes and the calls it makes.
+
+* ``runtime``: sockets to procs, requests in flight, and their fates;
+* ``controller``: agents' supervision streams turned into mesh state;
+* ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles and spawning;
+* ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
+* ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
+* ``local``: this process as an owner (its agents, heartbeats, exit);
+* ``spawnprep``, ``shutdown``: the script's ``__main__`` in procs, ``zmesh.shutdown()``.
+"""

@@ -1,0 +1,8 @@
+"""Services: replicated, self-healing actor meshes behind one handle.
+
+Runs in the process that owns the service.
+
+* ``service``: the ``Service`` handle and its orchestrator;
+* ``routing``: settings, statistics, routers and sessions;
+* ``endpoint``: ``svc.endpoint``'s adverbs, from any thread.
+"""

@@ -1,0 +1,398 @@
+"""Wire messages: what crosses a socket between zmesh's processes.
+
+Every message is a ``msgspec`` tagged, frozen ``Struct`` encoded as msgpack.
+Each socket decodes with one decoder over the union of what it may receive
+(``PROC_INBOX``, ``CLIENT_INBOX``, ...). Anything that fails to decode is
+counted by the receiver and dropped, never fatal. How user values travel
+inside a message is ``codec``'s business.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from zmesh._shared.stats import HostStatistics, ProcStatistics, ServiceSummary
+
+
+class Message(msgspec.Struct, tag=True, tag_field="msg", frozen=True, array_like=True):
+    """The base of every wire message: a msgpack array tagged by its class name."""
+
+
+# ------------------------------------------------------ field constraints
+#
+# Every field of every message an agent or a proc receives is checked when
+# it is decoded, so a handler only ever sees values of the right type and
+# range (a message that fails is answered with an error, or dropped). Names
+# end up in file names (a proc's log is ``<mesh>.<rank>.g<gen>.log``), so
+# they are restricted to a safe set of characters, without "..".
+
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9_.-]{1,128}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+NAME_RULE = "1-128 letters, digits, '_', '.' or '-', without '..'"
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, description=NAME_RULE)]
+# GetState's name may be empty: every mesh.
+NameOrAll = Annotated[str, msgspec.Meta(pattern=r"^$|" + NAME_PATTERN)]
+# Text that becomes a path, an argument or an environment entry: no NUL.
+Text = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", max_length=4096)]
+Id = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", min_length=1, max_length=256)]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[^=\x00]+$", max_length=1024)]
+EnvValue = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", max_length=1 << 20)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Size = Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
+RankNo = Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]
+Dims = Annotated[dict[Name, Size], msgspec.Meta(max_length=16)]
+MAX_RANKS_PER_HOST = 4096
+
+
+def check_name(name: object, what: str, reserve: int = 0) -> str:
+    """Return ``name`` if it is a safe name, else raise before anything is sent.
+
+    Args:
+        reserve: characters zmesh appends to it (a mesh gets ``-<8 hex>``).
+
+    Raises:
+        ValueError: ``name`` is not a ``str`` of 1-128 letters, digits,
+            ``_``, ``.`` or ``-`` (and has no ``..``).
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 128 - reserve:
+        rule = NAME_RULE if not reserve else NAME_RULE.replace("128", str(128 - reserve))
+        raise ValueError(f"{what} {name!r} is not a valid name: use {rule}")
+    return name
+
+
+# --------------------------------------------------------------- payloads
+
+
+class Payload(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """User values: plain ``args``/``kwargs`` or one pickle ``blob``."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    blob: bytes | None = None
+    nbuf: Count = 0  # out-of-band pickle buffers, in frames after the envelope
+
+
+# ------------------------------------------------------ client <-> proc
+
+
+class Call(Message, frozen=True):
+    """Run ``actor.method(*args, **kwargs)``; reply unless ``oneway``."""
+
+    id: int
+    actor: str
+    method: str
+    payload: Payload
+    deadline: float = 0.0  # wall clock; 0 = none. The proc skips late requests.
+    oneway: bool = False
+    request: str = ""  # a service request id, the same across retries
+
+
+class SpawnActor(Message, frozen=True):
+    """Construct an actor in this proc."""
+
+    id: int
+    actor: Name
+    cls: bytes  # pickled class, by reference
+    payload: Payload
+    mesh: Name
+    dims: Dims
+    rank: RankNo
+
+
+class StopActor(Message, frozen=True):
+    id: int
+    actor: str
+
+
+class Reply(Message, frozen=True):
+    id: int
+    payload: Payload
+
+
+class Failure(Message, frozen=True):
+    """A request failed at the proc.
+
+    ``kind`` is one of ``actor`` (the endpoint raised), ``endpoint`` (unknown
+    endpoint or bad arguments), ``encode`` (value cannot be sent), ``spawn``
+    (``__init__`` raised), ``deadline`` (the request arrived too late),
+    ``stopped`` (the actor is gone).
+    """
+
+    id: int
+    kind: str
+    type: str
+    message: str
+    traceback: str = ""
+    exc: bytes | None = None  # the pickled exception, when it pickles
+    endpoint: str = ""
+
+
+# ------------------------------------------------------ client <-> agent
+
+
+class MainSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """How a proc re-creates the client's ``__main__`` (see ``zmesh._client.spawnprep``)."""
+
+    sys_path: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
+    dir: Text = ""  # the client's cwd: the proc's cwd
+    init_main_from_name: Text = ""  # ``python -m pkg.mod``: import it by name
+    init_main_from_path: Text = ""  # ``python script.py``: run it as __mp_main__
+
+
+class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """What an agent needs to start the procs of one host slice of a mesh."""
+
+    owner: Id
+    # Global ranks of this slice, one proc each (distinct: checked by the agent).
+    ranks: Annotated[list[RankNo], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+    dims: Dims
+    host_index: Count = 0
+    main: MainSpec = MainSpec()
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=4096)] = {}
+
+
+class CreateOrUpdate(Message, frozen=True):
+    id: int
+    name: Name
+    spec: ProcSpec
+    secret: Text = ""  # the owner's proof (see _local.owner_secret); never published
+
+
+class GetState(Message, frozen=True):
+    id: int
+    name: NameOrAll = ""  # "" = every mesh
+
+
+class Stop(Message, frozen=True):
+    id: int
+    name: Name
+    secret: Text = ""  # only the mesh's owner may stop it
+
+
+class ListMeshes(Message, frozen=True):
+    id: int
+
+
+class Describe(Message, frozen=True):
+    """Ask an agent who it is and where its event stream is."""
+
+    id: int
+
+
+class AgentInfo(Message, frozen=True):
+    id: int
+    label: str
+    control: str
+    stream: str
+    epoch: str
+    pid: int
+    hostname: str
+
+
+class OwnerHeartbeat(Message, frozen=True):
+    """The owner is alive. ``machine``/``pid``/``start`` let an agent on the
+    same machine watch the owner process itself (see ``_liveness.watch_owner``)."""
+
+    owner: Id
+    machine: Text = ""  # boot id and pid namespace; "" = not watchable
+    pid: Count = 0
+    start: Count = 0  # the process's start time, in clock ticks after boot
+    secret: Text = ""  # the owner's proof (see HostAgent._is_owner)
+
+
+class OwnerGone(Message, frozen=True):
+    """The owner is exiting: stop everything it owns now."""
+
+    owner: Id
+    secret: Text = ""
+
+
+class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
+    rank: int
+    status: str
+    generation: int
+    reason: str = ""
+    pid: int = 0
+    addr: str = ""
+    log_path: str = ""
+    exit_code: int | None = None
+
+
+class MeshState(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    owner: str
+    status: str
+    ranks: list[RankState]
+    dims: dict[str, int] = {}
+
+
+class Ack(Message, frozen=True):
+    id: int
+    ok: bool = True
+    error: str = ""
+    denied: bool = False  # refused because the sender may not do it (not the owner)
+
+
+class StateReply(Message, frozen=True):
+    id: int
+    agent: str
+    epoch: str
+    seq: int
+    meshes: list[MeshState]
+
+
+class GetStack(Message, frozen=True):
+    """Ask an agent for the Python stack of every thread of one of its procs
+    (``zmesh stack``); the agent answers within about a second."""
+
+    id: int
+    mesh: str
+    rank: int
+
+
+class StackReply(Message, frozen=True):
+    id: int
+    ok: bool = True
+    text: str = ""  # faulthandler's dump, cut at a bound
+    error: str = ""
+    pid: int = 0
+    truncated: bool = False
+
+
+class GetHealth(Message, frozen=True):
+    """Ask an agent what ``GetState`` does not say about its meshes (``zmesh status``)."""
+
+    id: int
+
+
+class HealthReply(Message, frozen=True):
+    id: int
+    # Meshes stopped on request: by their owner, or for their owner (it
+    # exited, or went silent). A failed rank of such a mesh is history.
+    stopped: list[str] = []
+
+
+# -------------------------------------------------------- proc -> agent
+
+
+class ProcHello(Message, frozen=True):
+    mesh: Name
+    rank: RankNo
+    generation: Count
+    addr: Text
+    pid: Count
+
+
+class ProcHeartbeat(Message, frozen=True):
+    mesh: str  # looked up, never used in a path: no pattern on this frequent message
+    rank: RankNo
+    generation: Count
+
+
+# ------------------------------------------------------- agent PUB stream
+
+
+class Event(Message, frozen=True):
+    """A rank transition, published on the agent's stream."""
+
+    seq: int
+    epoch: str
+    agent: str
+    mesh: str
+    owner: str
+    state: RankState
+    time: float
+
+
+class Heartbeat(Message, frozen=True):
+    seq: int  # the last event sequence number, so a subscriber sees gaps
+    epoch: str
+    agent: str
+    time: float
+
+
+# ------------------------------------------------------------ statistics
+
+
+class ProcStats(Message, frozen=True):
+    """A proc's statistics, sent to its agent about once a second."""
+
+    stats: ProcStatistics
+
+
+class ServiceReport(Message, frozen=True):
+    """A service's replica table, sent by its orchestrator to its agents
+    about once a second, so that ``zmesh top`` can show it."""
+
+    summary: ServiceSummary
+
+
+class GetStats(Message, frozen=True):
+    """Ask an agent for its latest ``Stats`` at once (a fresh observer)."""
+
+    id: int
+
+
+class Stats(Message, frozen=True):
+    """An agent's host and procs, published about once a second.
+
+    It goes on a stats stream of its own (its address is in ``StatsReply``),
+    next to the event stream, so supervision subscribers never receive it.
+    ``meshes`` is the agent's view (as ``GetState`` gives it), so one message
+    is enough to draw the agent's part of a dashboard.
+    """
+
+    agent: str
+    epoch: str
+    seq: int
+    time: float
+    interval: float
+    host: HostStatistics
+    control: str = ""
+    meshes: list[MeshState] = []
+    procs: list[ProcStatistics] = []
+    services: list[ServiceSummary] = []
+
+
+class StatsReply(Message, frozen=True):
+    id: int
+    stats: Stats
+    stream: str = ""  # where the agent publishes ``Stats`` about once a second
+
+
+# Messages that carry a request id in their first field and expect an
+# answer: one that fails to decode is answered with an error naming why.
+AGENT_REQUESTS = frozenset(
+    {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats"}
+)
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor"})
+
+PROC_INBOX: Any = Call | SpawnActor | StopActor
+CLIENT_INBOX: Any = Reply | Failure
+AGENT_INBOX: Any = (
+    CreateOrUpdate
+    | GetState
+    | Stop
+    | ListMeshes
+    | Describe
+    | OwnerHeartbeat
+    | OwnerGone
+    | ProcHello
+    | ProcHeartbeat
+    | ProcStats
+    | ServiceReport
+    | GetStats
+    | GetStack
+    | GetHealth
+)
+AGENT_REPLIES: Any = Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply
+STREAM: Any = Event | Heartbeat
+# What an observer (``zmesh top``) decodes from an agent's two streams.
+OBSERVER_STREAM: Any = Event | Heartbeat | Stats
+
+
+# Message classes by tag, for ``codec.explain`` and for fuzzing.
+KINDS: dict[str, type[msgspec.Struct]] = {c.__name__: c for c in Message.__subclasses__()}
