@@ -19,27 +19,15 @@ import pytest
 import zmesh
 from zmesh.testing import AgentProcess, local_cluster
 
+from _helpers import live_processes
+
 SESSION_TAG = uuid.uuid4().hex
 os.environ["ZMESH_TEST_SESSION"] = SESSION_TAG
 
 
 def tagged_pids() -> list[int]:
     """Live processes (other than us) started by this test session."""
-    needle = f"ZMESH_TEST_SESSION={SESSION_TAG}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and state != b"Z":
-            found.append(int(entry))
-    return found
+    return [p.pid for p in live_processes(f"ZMESH_TEST_SESSION={SESSION_TAG}")]
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from zmesh._shared.paths import pid_exists
+
 # A private range that nothing on a test machine should be using.
 SUBNET = "10.213.{net}"
 PREFIX = "zmn"  # names: zmn<pid>h<i> (netns), zv<pid>h<i> (veth), zb<pid> (bridge)
@@ -61,25 +63,15 @@ def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.Com
     return done
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale() -> None:
     """Remove namespaces, veths and bridges left by runs whose process is gone."""
     for line in _ip("netns", "list").stdout.splitlines():
         m = re.match(rf"{PREFIX}(\d+)h\d+", line.split()[0] if line.split() else "")
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_exists(int(m.group(1))):
             _ip("netns", "delete", m.group(0), check=False)
     for line in _ip("-o", "link", "show").stdout.splitlines():
         m = re.search(r"\d+: (z[vb](\d+)[^:@ ]*)", line)
-        if m and not _alive(int(m.group(2))):
+        if m and not pid_exists(int(m.group(2))):
             _ip("link", "delete", m.group(1), check=False)
 
 

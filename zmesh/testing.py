@@ -21,6 +21,9 @@ As a pytest fixture::
 The agents listen on ipc:// sockets private to this user, as the embedded
 default does; ``local_cluster(n, tcp=True)`` puts them on loopback TCP with
 CURVE keys made for the block instead.
+
+``pid_alive(pid)`` tells whether a process (say, a proc your test killed
+with ``os.kill(mesh_pid, SIGKILL)``) still runs; a zombie counts as gone.
 """
 
 from __future__ import annotations
@@ -54,6 +57,16 @@ class AgentProcess:
         """Send ``sig`` to the agent (its procs die with it)."""
         with contextlib.suppress(ProcessLookupError):
             self.popen.send_signal(sig)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
 
 
 def start_agent(

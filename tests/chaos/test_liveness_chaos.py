@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from zmesh._client import runtime as _runtime
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster, stop_agent
+
+from _helpers import latency, pid_alive, read_line, status_of, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -66,33 +68,6 @@ class Hog(zmesh.Actor):
 
 
 # ------------------------------------------------------------ helpers
-
-
-def latency(what: str, seconds: float) -> None:
-    print(f"\nLATENCY {what}: {seconds * 1000:.0f} ms")
-
-
-async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
-    """Poll ``cond`` until it is true; return how long it took, or fail."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
-def status_of(mesh: zmesh.ActorMesh[Any], rank: int) -> Status:
-    return mesh.state().ranks[rank].status
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def hold_gil(seconds: float, least: float) -> float:
@@ -226,18 +201,6 @@ if __name__ == "__main__":
 """
 
 
-def _read_line(popen: subprocess.Popen[str], timeout: float) -> str:
-    import select
-
-    assert popen.stdout is not None
-    ready, _, _ = select.select([popen.stdout], [], [], timeout)
-    if not ready:
-        popen.kill()
-        out, err = popen.communicate(timeout=10)
-        raise AssertionError(f"no line within {timeout}s; stdout={out!r} stderr={err!r}")
-    return popen.stdout.readline()
-
-
 def test_killed_local_owner_loses_its_procs_at_once(tmp_path: Path) -> None:
     """An owner on the agent's machine is watched by pidfd: its death is seen at once,
     not after the (generous) heartbeat grace."""
@@ -251,7 +214,7 @@ def test_killed_local_owner_loses_its_procs_at_once(tmp_path: Path) -> None:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         try:
-            pids = json.loads(_read_line(popen, 60))
+            pids = json.loads(read_line(popen, 60))
             assert len(pids) == 2 and all(pid_alive(p) for p in pids)
             killed = time.monotonic()
             os.kill(popen.pid, signal.SIGKILL)

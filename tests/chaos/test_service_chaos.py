@@ -16,13 +16,15 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import zmesh
+
+from _helpers import latency, outcome, pid_alive, replica_pids, session_pids, wait_gone, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -65,10 +67,6 @@ class Worker(zmesh.Actor):
 # ------------------------------------------------------------ helpers
 
 
-def latency(what: str, seconds: float) -> None:
-    print(f"\nLATENCY {what}: {seconds * 1000:.0f} ms")
-
-
 @contextlib.asynccontextmanager
 async def running(cls: type[zmesh.Actor], **options: Any) -> AsyncIterator[Any]:
     """A service of ``cls`` for the block; stopped at the end."""
@@ -77,37 +75,6 @@ async def running(cls: type[zmesh.Actor], **options: Any) -> AsyncIterator[Any]:
         yield svc
     finally:
         await svc.stop()
-
-
-async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
-    """Poll ``cond`` until it is true; return how long it took, or fail."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
-async def outcome(fut: zmesh.Future[Any]) -> tuple[float, bool, Any]:
-    """(when it resolved, ok, value or exception): never raises."""
-    try:
-        value = await fut
-        return time.monotonic(), True, value
-    except Exception as exc:
-        return time.monotonic(), False, exc
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-async def replica_pids(svc: Any) -> list[int]:
-    return [await svc.replica(i).pid.options(timeout=10).call_one() for i in range(len(svc))]
 
 
 def replica(svc: Any, i: int) -> zmesh.ReplicaStatistics:
@@ -355,18 +322,11 @@ async def test_a_replica_fails_whole_when_one_of_its_ranks_dies() -> None:
         )
         new = (await svc.replica(0).pid.call()).values()
         assert not set(new) & set(old)  # every rank of the replica replaced
-        await asyncio.to_thread(_wait_gone, old, 10.0)
+        await asyncio.to_thread(wait_gone, old, 10.0)
         stats = svc.statistics()
         assert stats.retried >= 1 and stats.failed == 0
         assert stats.replicas[0].restarts == 1 and stats.replicas[1].restarts == 0
         no_send_after_failure(svc)
-
-
-def _wait_gone(pids: Sequence[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while any(pid_alive(p) for p in pids):
-        assert time.monotonic() < deadline, f"still alive: {[p for p in pids if pid_alive(p)]}"
-        time.sleep(0.02)
 
 
 # ------------------------------------------------------------ restarts
@@ -462,34 +422,12 @@ async def test_stop_during_a_respawn_leaves_no_proc() -> None:
     await asyncio.sleep(0.15)  # into the respawn (about 0.2-0.7 s of process start)
     await svc.stop()
     assert [r.state for r in svc.statistics().replicas] == ["STOPPED", "STOPPED"]
-    from_this_test = _worker_procs()
+    from_this_test = session_pids("proc")
     deadline = time.monotonic() + 10.0
     while from_this_test:
         assert time.monotonic() < deadline, f"procs left after stop(): {from_this_test}"
         await asyncio.sleep(0.05)
-        from_this_test = _worker_procs()
-
-
-def _worker_procs() -> list[int]:
-    """Live actor procs of this test session (the test runs one service at a time)."""
-    tag = f"ZMESH_TEST_SESSION={os.environ['ZMESH_TEST_SESSION']}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{entry}/comm", "rb") as f:
-                comm = f.read().strip()  # forked procs are named zmesh-proc
-        except OSError:
-            continue
-        is_proc = b"zmesh._host.proc" in cmd or comm == b"zmesh-proc"
-        if tag in env and is_proc and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+        from_this_test = session_pids("proc")
 
 
 async def test_a_service_whose_every_replica_gave_up_fails_calls_at_once() -> None:

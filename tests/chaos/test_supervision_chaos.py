@@ -34,6 +34,8 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
 
+from _helpers import latency, outcome, pid_alive, status_of, wait_until
+
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
 
@@ -70,44 +72,6 @@ class Worker(zmesh.Actor):
 
 
 # ------------------------------------------------------------ helpers
-
-
-def latency(what: str, seconds: float) -> None:
-    print(f"\nLATENCY {what}: {seconds * 1000:.0f} ms")
-
-
-async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
-    """Poll ``cond`` until it is true; return how long it took, or fail."""
-    start = time.monotonic()
-    deadline = start + timeout
-    while True:
-        if cond():
-            return time.monotonic() - start
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
-
-
-def status_of(mesh: zmesh.ActorMesh[Any], rank: int) -> Status:
-    return mesh.state().ranks[rank].status
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-async def outcome(fut: zmesh.Future[Any]) -> tuple[float, bool, Any]:
-    """(when it resolved, ok, value or exception) — never raises."""
-    try:
-        value = await fut
-        return time.monotonic(), True, value
-    except Exception as exc:
-        return time.monotonic(), False, exc
 
 
 async def force_resync(mesh: zmesh.ActorMesh[Any]) -> None:

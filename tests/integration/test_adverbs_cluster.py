@@ -7,10 +7,11 @@ import os
 import uuid
 
 import pytest
-from _fabric import Notebook
 
 import zmesh
 from zmesh.testing import AgentProcess
+
+from integration._fabric import Notebook
 
 
 class Placed(Notebook):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -265,26 +265,45 @@ def _mutate(rng: Any, msg: Any, depth: int = 0) -> Any:
     return msg
 
 
+def _send_mutations(
+    sock: zmq.Socket, rng: Any, seeds: list[Any], answered: Callable[[Any], bool]
+) -> set[int]:
+    """Send 2000 mutations of ``seeds``; the ids of those that must be answered.
+
+    A mutation that is still a request (``answered(msg)``, with an int id) gets
+    a fresh id, to count the answers.
+    """
+    asked: set[int] = set()
+    for n in range(2000):
+        msg = _mutate(rng, rng.choice(seeds))
+        if type(msg[1]) is int and answered(msg):
+            msg[1] = 10_000 + n
+            asked.add(msg[1])
+        sock.send_multipart([ENC.encode(msg)])
+    return asked
+
+
+def _expect_answers(
+    sock: zmq.Socket, asked: set[int], ids: Callable[[list[bytes]], list[int]]
+) -> None:
+    """Read answers (``ids`` of each message) until every one ``asked`` came, or fail."""
+    answered: set[int] = set()
+    deadline = time.monotonic() + 30
+    while not asked <= answered and time.monotonic() < deadline:
+        if sock.poll(500):
+            answered.update(ids(sock.recv_multipart()))
+    assert asked <= answered, f"{len(asked - answered)} requests got no answer"
+
+
 @pytest.mark.stress
 def test_mutated_fields_to_an_agent_are_each_answered_or_dropped(agent: AgentProcess) -> None:
     import random
 
     rng = random.Random(11)
     sock = _dealer(agent.control)
-    asked: set[int] = set()
     try:
-        for n in range(2000):
-            msg = _mutate(rng, rng.choice(AGENT_SEEDS))
-            if msg[0] in w.AGENT_REQUESTS and type(msg[1]) is int:
-                msg[1] = 10_000 + n  # a fresh id per request, to count the answers
-                asked.add(msg[1])
-            sock.send_multipart([ENC.encode(msg)])
-        answered: set[int] = set()
-        deadline = time.monotonic() + 30
-        while not asked <= answered and time.monotonic() < deadline:
-            if sock.poll(500):
-                answered.add(REPLIES.decode(sock.recv_multipart()).id)
-        assert asked <= answered, f"{len(asked - answered)} requests got no answer"
+        asked = _send_mutations(sock, rng, AGENT_SEEDS, lambda msg: msg[0] in w.AGENT_REQUESTS)
+        _expect_answers(sock, asked, lambda frames: [REPLIES.decode(frames).id])
         _still_serves(sock)
         for name in ("fuzz",):  # a mutation may have been a valid spawn
             _ask(sock, [ENC.encode(["Stop", 1, name])])
@@ -305,25 +324,17 @@ def test_mutated_fields_to_a_proc_are_each_answered_or_dropped() -> None:
     ]
     sock = _dealer(mesh._refs[0].addr)
     codec = Codec(w.CLIENT_INBOX)
-    asked: set[int] = set()
+
+    def ids(frames: list[bytes]) -> list[int]:
+        if frames[0][:1] == b"\xc1":  # a proc batches its answers
+            return [m.id for m in codec.decode_batch(frames[0])]
+        return [codec.decode(frames).id]
+
     try:
-        for n in range(2000):
-            msg = _mutate(rng, rng.choice(seeds))
-            oneway = msg[0] == "Call" and len(msg) > 6 and msg[6] is True
-            if type(msg[1]) is int and not oneway:
-                msg[1] = 10_000 + n
-                asked.add(msg[1])
-            sock.send_multipart([ENC.encode(msg)])
-        answered: set[int] = set()
-        deadline = time.monotonic() + 30
-        while not asked <= answered and time.monotonic() < deadline:
-            if sock.poll(500):
-                frames = sock.recv_multipart()
-                if frames[0][:1] == b"\xc1":  # a proc batches its answers
-                    answered.update(m.id for m in codec.decode_batch(frames[0]))
-                else:
-                    answered.add(codec.decode(frames).id)
-        assert asked <= answered, f"{len(asked - answered)} requests got no answer"
+        asked = _send_mutations(
+            sock, rng, seeds, lambda msg: not (msg[0] == "Call" and len(msg) > 6 and msg[6] is True)
+        )
+        _expect_answers(sock, asked, ids)
         assert mesh.echo.call_one(7).get(timeout=10) == 7
     finally:
         sock.close()

@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _fabric import alive, wait_for
 
 import zmesh
+
+from _helpers import pid_alive, wait_for
 
 
 class Fatal(BaseException):
@@ -147,7 +148,7 @@ def test_system_exit_fails_the_call_then_the_proc_exits_visibly(endpoint: str) -
         with pytest.raises(zmesh.ActorError, match="SystemExit") as info:
             getattr(mesh, endpoint).call_one(3).get(timeout=10)
         assert info.value.remote_type == "SystemExit"
-        wait_for(lambda: not alive(pid), 10, "the proc to exit")
+        wait_for(lambda: not pid_alive(pid), 10, "the proc to exit")
         # Later calls fail at once with the reason; none of them hangs.
         t0 = time.monotonic()
         with pytest.raises(zmesh.SupervisionError, match="exited with code 3"):

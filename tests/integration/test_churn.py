@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from _fabric import wait_for
-from _light import Echo
 
 import zmesh
 from zmesh._client import controller as _controller
 from zmesh._client import runtime as _runtime
+
+from _helpers import wait_for
+from integration._light import Echo
 
 CYCLES = 1100
 

@@ -9,11 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from _fabric import read_line, session_pids, wait_for
 
 import zmesh
 from zmesh._client import local as _local
 from zmesh._wire import security as _security
+
+from _helpers import read_line, session_pids, wait_for
 
 
 class Host(zmesh.Actor):

@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _fabric import alive, wait_for, wait_gone
 
 import zmesh
 from zmesh.testing import AgentProcess, local_cluster
+
+from _helpers import live_processes, pid_alive, wait_for, wait_gone
 
 
 class Spawner(zmesh.Actor):
@@ -81,14 +82,14 @@ def _start_all(mesh: zmesh.ActorMesh[Spawner], bare: bool = True) -> list[int]:
     pids += mesh.tree.call_one().get(timeout=10)
     if bare:
         pids.append(mesh.bare_child.call_one().get(timeout=10))
-    assert all(alive(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     return pids
 
 
 def _kill(pids: list[int]) -> None:
     """Clean up after a failed test: only these pids, which the test started."""
     for p in pids:
-        if alive(p):
+        if pid_alive(p):
             os.kill(p, signal.SIGKILL)
 
 
@@ -103,7 +104,7 @@ def test_descendants_live_while_their_proc_lives(agent: AgentProcess) -> None:
     pids = _start_all(mesh)
     try:
         time.sleep(1.0)  # the agent looks for orphans every 100 ms: give it ten looks
-        assert all(alive(p) for p in pids), [p for p in pids if not alive(p)]
+        assert all(pid_alive(p) for p in pids), [p for p in pids if not pid_alive(p)]
         mesh.stop().get(timeout=10)
         wait_gone(pids, 5, "the stopped proc's descendants")
     finally:
@@ -158,7 +159,7 @@ def test_nothing_of_a_stopped_mesh_is_left_after_churn(agent: AgentProcess) -> N
             m.stop().get(timeout=10)
             wait_gone(started[i], 5, f"mesh {i}'s descendants")
             later = [p for ps in started[i + 1 :] for p in ps]
-            wait_for(lambda later=later: all(alive(p) for p in later), 1, "the others to stay")
+            wait_for(lambda later=later: all(pid_alive(p) for p in later), 1, "the others to stay")
     finally:
         _kill([p for ps in started for p in ps])
 
@@ -184,7 +185,7 @@ def test_a_forking_storm_is_stopped_whole(how: str) -> None:
             wait_for(lambda: not _with_epoch(epoch), 10, "every process of the storm to go")
         finally:
             _kill(sorted(_with_epoch(epoch)))
-        assert not alive(storm)
+        assert not pid_alive(storm)
 
 
 def _epoch_of_proc(pid: int) -> str:
@@ -195,18 +196,5 @@ def _epoch_of_proc(pid: int) -> str:
 
 def _with_epoch(epoch: str) -> set[int]:
     """Live ``sh`` and ``sleep`` processes whose environment carries ``epoch``."""
-    needle = f"ZMESH_AGENT_EPOCH={epoch}".encode()
-    out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/comm", "rb") as f:
-                comm = f.read().strip()
-        except OSError:
-            continue
-        if needle in env and comm in (b"sleep", b"sh") and alive(int(entry)):
-            out.add(int(entry))
-    return out
+    found = live_processes(f"ZMESH_AGENT_EPOCH={epoch}")
+    return {p.pid for p in found if p.comm in (b"sleep", b"sh")}

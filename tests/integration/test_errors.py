@@ -17,11 +17,12 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from _fabric import session_pids, wait_for
 
 import zmesh
 from zmesh._wire import messages as w
 from zmesh._wire.codec import NONE, Codec
+
+from _helpers import session_pids, wait_for
 
 THIS_FILE = os.path.basename(__file__)
 

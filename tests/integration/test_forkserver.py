@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 import zmq
-from _fabric import alive, session_pids, wait_for, wait_gone
 
 import zmesh
 from zmesh import testing
 from zmesh._client import local as _local
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+
+from _helpers import pid_alive, session_pids, wait_for, wait_gone
 
 
 def _comm(pid: int) -> str:
@@ -135,7 +136,7 @@ def test_an_orphan_a_proc_left_behind_is_reaped(agent: testing.AgentProcess) -> 
     wait_for(lambda: sleeper in _children_of(agent.pid), 10, "the agent to adopt the orphan")
     os.kill(sleeper, signal.SIGKILL)
     wait_for(lambda: not os.path.exists(f"/proc/{sleeper}"), 10, "the orphan to be reaped")
-    assert not alive(pid)
+    assert not pid_alive(pid)
 
 
 def test_without_a_forkserver_procs_are_fresh_interpreters(
@@ -168,7 +169,7 @@ def test_a_forkserver_that_stops_answering_costs_no_spawn(agent: testing.AgentPr
         # The agent gave up on it, and killed it so it cannot fork late.
         wait_gone([fork], 10, "the hung forkserver")
     finally:
-        if alive(fork):
+        if pid_alive(fork):
             os.kill(fork, signal.SIGCONT)
 
 

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _fabric import Notebook
 
 import zmesh
+
+from integration._fabric import Notebook
 
 
 class Target(Notebook):

@@ -10,10 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from _fabric import wait_for, wait_gone
 
 import zmesh
 from zmesh.testing import AgentProcess
+
+from _helpers import wait_for, wait_gone
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fabric import alive, read_line, session_pids, wait_for, wait_gone
 
 import zmesh
+
+from _helpers import pid_alive, read_line, session_pids, wait_for, wait_gone
 
 # ------------------------------------------------- a script's __main__
 
@@ -161,7 +162,7 @@ def _start_client(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], lis
     procs, agents = info["procs"], info["agents"]
     assert len(procs) == 2 and len(agents) == 1
     assert agents[0] != popen.pid  # the embedded agent is a process of its own
-    assert all(alive(p) for p in procs + agents)
+    assert all(pid_alive(p) for p in procs + agents)
     return popen, procs, agents
 
 

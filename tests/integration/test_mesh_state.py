@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fabric import wait_for
 
 import zmesh
+
+from _helpers import wait_for
 
 
 class Pid(zmesh.Actor):

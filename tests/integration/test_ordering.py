@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fabric import wait_for
 
 import zmesh
+
+from _helpers import wait_for
 
 N = 1000
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import zmq
-from _fabric import alive, wait_for, wait_gone
 
 import zmesh
 from zmesh._client import local as _local
@@ -28,6 +27,8 @@ from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
+
+from _helpers import pid_alive, wait_for, wait_gone
 
 
 def test_keygen_writes_a_private_secret_and_authorises_the_public_key(tmp_path: Path) -> None:
@@ -520,7 +521,7 @@ def test_only_the_owner_can_stop_its_mesh(tmp_path: Path) -> None:
         assert out["stop"].startswith("SecurityError: ") and "not the owner" in out["stop"], out
         assert "not the owner" in out["raw_stop"] and "not the owner" in out["owner_gone"], out
         # Nothing was stopped: the procs live and answer, their owner was told nothing.
-        assert all(alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
         assert mesh.echo.call(5).get(timeout=10).values() == [5, 5]
         state = _ask(agents[0].control, w.GetState(2, procs.name)).meshes[0]
         assert [r.status for r in state.ranks] == ["Running", "Running"]

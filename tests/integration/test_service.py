@@ -14,13 +14,14 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
-from _fabric import alive, wait_gone
 
 import zmesh
+
+from _helpers import pid_alive, replica_pids, wait_gone, wait_until
 
 
 class Echo(zmesh.Actor):
@@ -93,21 +94,6 @@ async def running(cls: type[zmesh.Actor], *args: Any, **options: Any) -> AsyncIt
         yield svc
     finally:
         await svc.stop()
-
-
-async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
-    """Poll ``cond`` until it is true; return how long it took, or fail."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
-async def replica_pids(svc: Any) -> list[int]:
-    """The pid of each replica's (single) proc, in replica order."""
-    return [await svc.replica(i).pid.options(timeout=10).call_one() for i in range(len(svc))]
 
 
 def states(svc: Any) -> list[str]:
@@ -460,7 +446,7 @@ async def test_statistics_and_stop() -> None:
             assert 0 < r.p50 <= r.p99 < 5.0
             assert r.last_failure == ""
         pids = await replica_pids(svc)
-        assert all(alive(p) for p in pids)
+        assert all(pid_alive(p) for p in pids)
     stats = svc.statistics()
     assert states(svc) == ["STOPPED", "STOPPED"]
     assert stats.state != "OK"

@@ -11,10 +11,11 @@ import sys
 import time
 
 import pytest
-from _fabric import alive, wait_for, wait_gone
 
 import zmesh
 from zmesh._client import local as _local
+
+from _helpers import pid_alive, wait_for, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ def test_stack_names_the_function_each_proc_is_stuck_in() -> None:
     assert "in spinning_in_pure_python" in done.stdout
     assert "parked_in_a_distinctive_sleep" not in done.stdout
     # SIGUSR1 no longer kills a proc: both are alive and still Running.
-    assert all(alive(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     assert all(r.status.value == "Running" for r in mesh.state().ranks.values())
     mesh.stop().get(timeout=30)
 

@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from _fabric import alive, wait_for, wait_gone
 
 import zmesh
 from zmesh import testing
 from zmesh.testing import AgentProcess
+
+from _helpers import pid_alive, wait_for, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -196,7 +197,7 @@ class Tmux:
 
     def close(self) -> None:
         self("kill-server")
-        if self.server_pid and alive(self.server_pid):
+        if self.server_pid and pid_alive(self.server_pid):
             os.kill(self.server_pid, signal.SIGKILL)
         if self.server_pid:
             wait_gone([self.server_pid], 10, "the tmux server")

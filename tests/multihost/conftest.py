@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-from netns_cluster import NetnsCluster, available
-
 from zmesh._wire.security import Keys, authorize, keygen, keygen_client
+
+from _helpers import connected
+from netns_cluster import NetnsCluster, available
 
 REASON = available()
 
@@ -45,17 +42,8 @@ def client_keys(keys_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def netns3(keys_dir: str, client_keys: str) -> Iterator[NetnsCluster]:
     """Three hosts, each a namespace with its own IP and a CURVE-keyed agent."""
-    import zmesh
-    from zmesh._client import local as _local
-    from zmesh._wire import security as _security
-
     # Owner heartbeats cannot cross a cut link: give owners a grace longer than
     # the partitions these tests make, so the cut procs survive to be healed.
     with NetnsCluster(3, keys=keys_dir, env={"ZMESH_OWNER_GRACE": "15"}) as cluster:
-        zmesh.connect(cluster.controls, keys=client_keys)
-        try:
+        with connected(cluster.controls, keys=client_keys):
             yield cluster
-        finally:
-            zmesh.shutdown()
-            _local.configure(None)
-            _security.use(None)

@@ -7,9 +7,10 @@ import threading
 import time
 
 import pytest
-from netns_cluster import NetnsCluster
 
 import zmesh
+
+from netns_cluster import NetnsCluster
 
 
 class Where(zmesh.Actor):

@@ -19,6 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from zmesh._host.ptree import children
+
+from _helpers import pid_alive
 from netns_cluster import NetnsCluster
 
 GRACE = 2.0
@@ -47,22 +51,6 @@ def short_grace(keys_dir: str) -> Iterator[NetnsCluster]:
         yield cluster
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
 def test_a_dead_remote_owner_loses_its_procs_after_the_grace(
     short_grace: NetnsCluster, keys_dir: str, tmp_path: Path
 ) -> None:
@@ -82,16 +70,16 @@ def test_a_dead_remote_owner_loses_its_procs_after_the_grace(
             popen.kill()
             pytest.fail(f"the owner did not start: {popen.communicate(timeout=10)}")
         pids = json.loads(line)
-        assert all(_alive(p) for p in pids)
-        (owner,) = _children(popen.pid)  # the owner: pid 1 of its own pid namespace
+        assert all(pid_alive(p) for p in pids)
+        (owner,) = children(popen.pid)  # the owner: pid 1 of its own pid namespace
 
         os.kill(owner, signal.SIGKILL)  # and with it, everything in its namespace
         killed = time.monotonic()
         # Its last heartbeat was at most 0.5 s before: the grace has not run out.
         while time.monotonic() < killed + GRACE - 0.7:
-            assert all(_alive(p) for p in pids), "reaped before the grace: not judged remote"
+            assert all(pid_alive(p) for p in pids), "reaped before the grace: not judged remote"
             time.sleep(0.05)
-        while any(_alive(p) for p in pids):
+        while any(pid_alive(p) for p in pids):
             assert time.monotonic() < killed + GRACE + 3.0, "procs outlived the grace"
             time.sleep(0.02)
         took = time.monotonic() - killed

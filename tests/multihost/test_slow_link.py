@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from netns_cluster import NetnsCluster
 
 import zmesh
+
+from _helpers import connected
+from netns_cluster import NetnsCluster
 
 MIB = 1 << 20
 
@@ -37,18 +39,10 @@ class Sink(zmesh.Actor):
 
 @pytest.fixture
 def slow_host(keys_dir: str) -> Iterator[NetnsCluster]:
-    from zmesh._client import local as _local
-    from zmesh._wire import security as _security
-
     with NetnsCluster(1, keys=keys_dir) as cluster:
         cluster.limit_rate(0, "100mbit")
-        zmesh.connect(cluster.controls, keys=keys_dir)
-        try:
+        with connected(cluster.controls, keys=keys_dir):
             yield cluster
-        finally:
-            zmesh.shutdown()
-            _local.configure(None)
-            _security.use(None)
 
 
 @pytest.mark.slow

@@ -30,6 +30,8 @@ from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import BATCH_MARK, configure
 from zmesh.testing import local_cluster
 
+from _helpers import pid_alive
+
 pytestmark = pytest.mark.stress
 
 SEED = int(os.environ.get("ZMESH_FUZZ_SEED", "1107"))
@@ -60,15 +62,6 @@ def rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 class Peer:
@@ -198,7 +191,7 @@ def test_fuzzed_agent_and_proc_stay_alive_and_serving() -> None:
             assert (after.status, after.pid, after.generation) == (
                 Status.RUNNING, before.pid, before.generation,
             ), f"the proc did not survive (seed {SEED}): {after}"  # fmt: skip
-            assert alive(before.pid) and alive(agent.pid)
+            assert pid_alive(before.pid) and pid_alive(agent.pid)
             # Nothing escaped to the loop (a reader that raised would stall).
             for path in (before.log_path, os.path.join(agent.log_dir, "agent.log")):
                 with open(path, errors="replace") as f:

@@ -131,7 +131,7 @@ def agent_socket_dir() -> str:
     base = runtime_dir()
     for entry in os.listdir(base):
         m = re.fullmatch(r"a(\d+)", entry)
-        if m and (int(m.group(1)) == os.getpid() or not _alive(int(m.group(1)))):
+        if m and (int(m.group(1)) == os.getpid() or not pid_exists(int(m.group(1)))):
             shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
     return private_dir(os.path.join(base, f"a{os.getpid()}"))
 
@@ -147,7 +147,7 @@ def local_agents() -> list[str]:
     for entry in entries:
         m = re.fullmatch(r"a(\d+)", entry)
         control = os.path.join(base, entry, "c")
-        if m and _alive(int(m.group(1))) and os.path.exists(control):
+        if m and pid_exists(int(m.group(1))) and os.path.exists(control):
             found.append(f"ipc://{control}")
     return found
 
@@ -218,7 +218,7 @@ def prune_runs(root: str, keep: int = KEEP_RUNS, max_age: float = MAX_RUN_AGE) -
             mtime = os.stat(path).st_mtime
         except (OSError, ValueError):
             continue  # not a run directory (an agent's own --label dir, say)
-        if pid and _alive(pid):
+        if pid and pid_exists(pid):
             continue
         runs.append((mtime, path))
     runs.sort(reverse=True)
@@ -239,7 +239,8 @@ def open_private(path: str, *, append: bool = True) -> int:
     return fd
 
 
-def _alive(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (ours or not; a zombie still exists)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,0 +1,204 @@
+"""Helpers shared by zmesh's own tests: waiting, outcomes, and OS processes.
+
+Everything here looks at real processes through ``/proc``; nothing is
+mocked. ``tests/`` is on ``sys.path`` (``pythonpath`` in the pytest config),
+so a test imports these as ``from _helpers import wait_for``.
+
+* waiting: ``wait_for`` (blocking, returns the condition's value) and
+  ``wait_until`` (async, returns how long it took); both fail with ``what``
+  after a deadline, never sleep blindly;
+* outcomes: ``outcome(fut)`` (when and how a future resolved, never raises),
+  ``latency`` (print a measurement as ``LATENCY ...``; ``pytest -s`` shows it);
+* processes: ``pid_alive``, ``wait_gone``, ``live_processes`` (the ``/proc``
+  scan by environment tag), ``session_pids`` (this test session's zmesh
+  processes, by kind), ``read_line`` (a child's stdout line with a deadline);
+* meshes and services: ``status_of``, ``replica_pids``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+
+import zmesh
+from zmesh.testing import pid_alive
+
+__all__ = [
+    "ProcEntry",
+    "connected",
+    "latency",
+    "live_processes",
+    "outcome",
+    "pid_alive",
+    "read_line",
+    "replica_pids",
+    "session_pids",
+    "status_of",
+    "wait_for",
+    "wait_gone",
+    "wait_until",
+]
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------ waiting
+
+
+def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+async def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> float:
+    """Poll ``cond`` on the event loop until it is true; return how long it took, or fail."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+# ------------------------------------------------------------ outcomes
+
+
+async def outcome(fut: zmesh.Future[Any]) -> tuple[float, bool, Any]:
+    """(when it resolved, ok, value or exception): never raises."""
+    try:
+        value = await fut
+        return time.monotonic(), True, value
+    except Exception as exc:
+        return time.monotonic(), False, exc
+
+
+def latency(what: str, seconds: float) -> None:
+    """Print a measured latency (``pytest -s`` shows it) as ``LATENCY what: N ms``."""
+    print(f"\nLATENCY {what}: {seconds * 1000:.0f} ms")
+
+
+def status_of(mesh: zmesh.ActorMesh[Any], rank: int) -> zmesh.Status:
+    """The supervision status the client holds for ``rank`` of ``mesh``."""
+    return mesh.state().ranks[rank].status
+
+
+async def replica_pids(svc: Any) -> list[int]:
+    """The pid of each replica's (single) proc, in replica order (``Actor.pid`` endpoint)."""
+    return [await svc.replica(i).pid.options(timeout=10).call_one() for i in range(len(svc))]
+
+
+# ------------------------------------------------------------ processes
+
+
+def wait_gone(pids: Iterable[int], timeout: float, what: str = "processes") -> None:
+    """Wait until none of ``pids`` is alive."""
+    pids = list(pids)
+    try:
+        wait_for(lambda: not any(pid_alive(p) for p in pids), timeout, f"{what} {pids} to exit")
+    except AssertionError:
+        left = [p for p in pids if pid_alive(p)]
+        raise AssertionError(f"{what} still alive after {timeout}s: {left}") from None
+
+
+@dataclass(frozen=True)
+class ProcEntry:
+    """One live process as ``/proc`` shows it."""
+
+    pid: int
+    environ: list[bytes]
+    cmdline: list[bytes]
+    comm: bytes
+
+
+def live_processes(env: str) -> list[ProcEntry]:
+    """Live processes (not zombies, not this one) whose environment holds ``env`` (``K=V``)."""
+    needle = env.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            if needle not in environ:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if pid_alive(int(entry)):
+            found.append(ProcEntry(int(entry), environ, cmdline, comm))
+    return found
+
+
+def session_pids(kind: str | None = None) -> set[int]:
+    """Live processes started by this test session (tagged by tests/conftest.py).
+
+    Args:
+        kind: ``"proc"`` for actor processes, ``"agent"`` for agents,
+            ``"forkserver"`` for agents' forkservers, ``None`` for all.
+    """
+    found = set()
+    for p in live_processes(f"ZMESH_TEST_SESSION={os.environ['ZMESH_TEST_SESSION']}"):
+        # A proc forked by its agent's forkserver keeps the forkserver's
+        # command line; its name says what it is.
+        is_proc = b"zmesh._host.proc" in p.cmdline or p.comm == b"zmesh-proc"
+        if kind == "proc" and not is_proc:
+            continue
+        if kind == "forkserver" and p.comm != b"zmesh-fork":
+            continue
+        if kind == "agent" and not (b"zmesh" in p.cmdline and b"agent" in p.cmdline):
+            continue
+        found.add(p.pid)
+    return found
+
+
+def read_line(popen: subprocess.Popen[str], timeout: float) -> str:
+    """One line of a child's stdout, within ``timeout`` seconds (or fail with its output)."""
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([popen.stdout], [], [], 0.05)
+        if ready:
+            line = popen.stdout.readline()
+            if line:
+                return line
+            break  # EOF: the child exited
+        if popen.poll() is not None:
+            break
+    popen.kill()
+    out, err = popen.communicate(timeout=10)
+    raise AssertionError(f"child printed no line within {timeout}s; stdout={out!r} stderr={err!r}")
+
+
+@contextlib.contextmanager
+def connected(controls: list[str], keys: str | None = None) -> Iterator[None]:
+    """Point zmesh at ``controls`` for the block; stop its meshes and forget them after."""
+    from zmesh._client import local as _local
+    from zmesh._wire import security as _security
+
+    zmesh.connect(controls, keys=keys)
+    try:
+        yield
+    finally:
+        zmesh.shutdown()
+        _local.configure(None)
+        _security.use(None)
