@@ -41,9 +41,16 @@ def states(svc: zmesh.Service) -> str:
     return " ".join(f"{r.state}/g{r.generation}" for r in svc.statistics().replicas)
 
 
+def replica(svc: zmesh.Service, index: int) -> zmesh.ActorMesh[Scorer]:
+    """Replica ``index``'s mesh (the replicas this example calls are up)."""
+    mesh = svc.replica(index)
+    assert mesh is not None, f"replica {index} is down"
+    return mesh
+
+
 async def main() -> int:
     svc = await Scorer.options(replicas=3).as_service()
-    pids = [await svc.replica(i).pid.call_one() for i in range(len(svc))]
+    pids = [await replica(svc, i).pid.call_one() for i in range(len(svc))]
     print(f"{svc}: replica pids {pids}")
 
     sent = succeeded = wrong = lost = 0
@@ -81,7 +88,7 @@ async def main() -> int:
                 continue
             index = healthy[turn % len(healthy)]
             turn += 1
-            pid = await svc.replica(index).pid.call_one()
+            pid = await replica(svc, index).pid.call_one()
             os.kill(pid, signal.SIGKILL)
             print(f"t={time.monotonic() - start:4.1f}s  SIGKILL replica {index} (pid {pid})")
 

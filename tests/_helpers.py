@@ -25,7 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 
@@ -54,8 +54,10 @@ T = TypeVar("T")
 # ------------------------------------------------------------ waiting
 
 
-def wait_for(cond: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_for(
+    cond: Callable[[], T | Literal[False] | None], timeout: float, what: str, interval: float = 0.02
+) -> T:
+    """Poll ``cond`` until it returns something truthy (and return it); fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()

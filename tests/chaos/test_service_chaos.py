@@ -17,6 +17,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,11 @@ async def running(cls: type[zmesh.Actor], **options: Any) -> AsyncIterator[Any]:
 
 def replica(svc: Any, i: int) -> zmesh.ReplicaStatistics:
     return svc.statistics().replicas[i]
+
+
+def healthy_at(svc: Any, i: int, generation: int) -> bool:
+    """Whether replica ``i`` is healthy in ``generation``."""
+    return (replica(svc, i).generation, replica(svc, i).state) == (generation, "HEALTHY")
 
 
 def all_healthy(svc: Any) -> bool:
@@ -342,9 +348,7 @@ async def test_restart_intensity_limit_leaves_the_replica_down() -> None:
             pid = await svc.replica(0).pid.call_one()
             os.kill(pid, signal.SIGKILL)
             await wait_until(
-                lambda g=generation: (
-                    (replica(svc, 0).generation, replica(svc, 0).state) == (g, "HEALTHY")
-                ),
+                partial(healthy_at, svc, 0, generation),
                 15.0,
                 f"replica 0 in generation {generation}",
             )

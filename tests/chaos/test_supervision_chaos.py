@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -174,7 +175,7 @@ class CloneSubscriber(threading.Thread):
             self.finished = True
 
     def _run(self) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         sub = ctx.socket(zmq.SUB)
         ctl = ctx.socket(zmq.DEALER)
         try:
@@ -305,7 +306,7 @@ async def second_client(mesh: zmesh.ActorMesh[Any], n: int) -> asyncio.subproces
 
 def describe(control: str) -> w.AgentInfo:
     """Ask an agent who it is, with the raw wire message."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     try:
@@ -364,7 +365,7 @@ async def test_exactly_one_failure_event_per_rank() -> None:
         iters.append(asyncio.ensure_future(collect(mesh, seen_c)))  # joins after the fact
         await wait_until(lambda: len(seen_c) >= n, 2.0, "late iterator replays failures")
         for sub in (early, late, latest):
-            await wait_until(lambda sub=sub: sub.finished, 15.0, "subscriber done")
+            await wait_until(partial(getattr, sub, "finished"), 15.0, "subscriber done")
         # the client's own controller after its resync, and a last wait for
         # anything in the sockets: still one event per rank
         await force_resync(mesh)

@@ -37,7 +37,7 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
 
 
 def _dealer(addr: str) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
+    s: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(addr)
     return s
@@ -224,7 +224,7 @@ def test_a_bad_name_is_refused_before_anything_is_sent(name: str) -> None:
 
 
 def test_a_class_name_that_is_no_safe_name_gets_a_safe_default() -> None:
-    cls = type("Zähler", (Echo,), {})
+    cls: type[Echo] = type("Zähler", (Echo,), {})
     opts = cls.options()
     assert opts.name and all(c.isascii() for c in opts.name)
     assert os.sep not in opts.name

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 
 import pytest
 
@@ -171,6 +171,7 @@ async def test_system_exit_is_a_supervision_event() -> None:
         ev = await asyncio.wait_for(events.__anext__(), 10)
         assert ev.status == zmesh.Status.FAILED and ev.exit_code == 0
         assert "exited with code 0" in ev.reason
+        assert isinstance(events, AsyncGenerator)  # so that it can be closed early
         await events.aclose()
     finally:
         await mesh.stop()

@@ -12,6 +12,8 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -146,11 +148,7 @@ def test_a_service_that_keeps_respawning_replicas_leaks_nothing() -> None:
             pid = rep.pid.call_one().get(timeout=10)
             gen = svc.statistics().replicas[k % 2].generation
             os.kill(pid, signal.SIGKILL)
-            wait_for(
-                lambda i=k % 2, g=gen: svc.statistics().replicas[i].generation > g
-                and svc.statistics().state == "OK",
-                30, f"replica {k % 2} respawned",
-            )  # fmt: skip
+            wait_for(partial(respawned, svc, k % 2, gen), 30, f"replica {k % 2} respawned")
             assert svc.echo.call_one(k).get(timeout=10) == k
         wait_for(lambda: fds() <= base_fds + 8, 10, "sockets of dead replicas closed")
         counts = _on_loop(rt, lambda: footprint(rt))
@@ -159,6 +157,13 @@ def test_a_service_that_keeps_respawning_replicas_leaks_nothing() -> None:
         assert counts["hosts"] <= 2 and counts["dedup"] <= 2 and counts["listeners"] <= 2, counts
     finally:
         svc.stop().get(timeout=30)
+
+
+def respawned(svc: Any, index: int, generation: int) -> bool:
+    """Whether replica ``index`` is past ``generation`` and the service is whole again."""
+    return svc.statistics().replicas[index].generation > generation and (
+        svc.statistics().state == "OK"
+    )
 
 
 def _on_loop(rt: _runtime.Runtime, fn: Callable[[], dict[str, int]]) -> dict[str, int]:
@@ -181,6 +186,7 @@ async def test_a_handle_whose_address_now_serves_another_mesh_fails_fast() -> No
     stale_ref = _runtime.ProcRef(
         "gone-0000", 0, 1, ref.addr, ref.agent, ref.host, "/nonexistent.log"
     )
+    stale: zmesh.ActorMesh[Echo]
     stale = zmesh.ActorMesh("echo", "Echo", live.endpoints, live._shape, [stale_ref])
     with pytest.raises(zmesh.SupervisionError, match=f"now serves mesh {live.proc_mesh}"):
         await asyncio.wait_for(_aw(stale.echo.call_one(2)), 5)

@@ -7,6 +7,7 @@ import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_cluster_command_serves_hosts_until_ctrl_c(transport: str) -> None:
                 pipe.close()
 
 
-def test_hostfile_lists_agents(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_hostfile_lists_agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two hosts\ntcp://127.0.0.1:7001\n\ntcp://127.0.0.1:7002  # b\n")
     monkeypatch.delenv("ZMESH_AGENTS", raising=False)

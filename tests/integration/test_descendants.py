@@ -14,6 +14,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -27,7 +29,7 @@ class Spawner(zmesh.Actor):
     """Starts processes that outlive the call that started them."""
 
     def __init__(self) -> None:
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.children: list[subprocess.Popen[Any]] = []
 
     @zmesh.endpoint
     def child(self) -> int:
@@ -159,7 +161,7 @@ def test_nothing_of_a_stopped_mesh_is_left_after_churn(agent: AgentProcess) -> N
             m.stop().get(timeout=10)
             wait_gone(started[i], 5, f"mesh {i}'s descendants")
             later = [p for ps in started[i + 1 :] for p in ps]
-            wait_for(lambda later=later: all(pid_alive(p) for p in later), 1, "the others to stay")
+            wait_for(partial(all_alive, later), 1, "the others to stay")
     finally:
         _kill([p for ps in started for p in ps])
 
@@ -186,6 +188,10 @@ def test_a_forking_storm_is_stopped_whole(how: str) -> None:
         finally:
             _kill(sorted(_with_epoch(epoch)))
         assert not pid_alive(storm)
+
+
+def all_alive(pids: list[int]) -> bool:
+    return all(pid_alive(p) for p in pids)
 
 
 def _epoch_of_proc(pid: int) -> str:

@@ -210,7 +210,7 @@ def test_unknown_endpoint_raises_at_attribute_access(faulty: zmesh.ActorMesh[Fau
 
 def test_unknown_endpoint_on_the_wire(faulty: zmesh.ActorMesh[Faulty]) -> None:
     # An EndpointRef made by hand gets past the client: the actor refuses it.
-    ref = zmesh.EndpointRef(faulty.slice(procs=0), "vanished")
+    ref: zmesh.EndpointRef[Any] = zmesh.EndpointRef(faulty.slice(procs=0), "vanished")
     with pytest.raises(zmesh.EndpointError, match="vanished"):
         ref.call_one().get(timeout=10)
     assert faulty.slice(procs=0).add.call_one(1, 1).get(timeout=10) == 2
@@ -346,7 +346,7 @@ def _garbage() -> list[list[bytes]]:
 
 
 def _raw_dealer(addr: str) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
+    s: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(addr)
     return s

@@ -177,7 +177,7 @@ def test_a_hello_from_another_pid_does_not_take_over_a_rank(agent: testing.Agent
     """Only the process the agent started speaks for a rank; strangers are not killed."""
     mesh = Probe.options(procs=1).as_actor().get(timeout=60)
     ref = mesh._refs[0]
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(agent.control)
     try:

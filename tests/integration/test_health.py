@@ -56,7 +56,9 @@ def test_status_is_1_while_a_service_heals_and_0_once_it_has(
     svc = Echo.options(replicas=2, backoff_initial=6.0).as_service().get(timeout=60)
     try:
         wait_status(agents, 0, 30, "a healthy service")
-        pid = svc.replica(0).pid.call_one().get(timeout=10)
+        replica = svc.replica(0)
+        assert replica is not None
+        pid = replica.pid.call_one().get(timeout=10)
         os.kill(pid, signal.SIGKILL)  # a replica proc of ours, by the pid it reported
         wait_gone([pid], 10, "the killed replica proc")
         out = wait_status(agents, 1, 20, "status to see the replica being replaced")

@@ -95,7 +95,7 @@ class Echo(zmesh.Actor):
 
 def _answers(addr: str, curve: tuple[bytes, bytes, bytes] | None, msg: list[bytes]) -> bool:
     """Whether a raw DEALER (NULL, or CURVE with ``curve``) gets any reply in 1.5 s."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     if curve is not None:
@@ -183,7 +183,7 @@ def _plan(attack_dir: str, control: str, stream: str, proc: str, mesh: str) -> l
     create = Codec(w.AGENT_INBOX).encode(
         w.CreateOrUpdate(
             1, "pwn", w.ProcSpec(owner="mallory:1:0", ranks=[0], dims={"procs": 1},
-                                 main={"init_main_from_path": evil}),
+                                 main=w.MainSpec(init_main_from_path=evil)),
         )
     )  # fmt: skip
     spawn = Codec(w.PROC_INBOX).encode(
@@ -201,7 +201,7 @@ def _plan(attack_dir: str, control: str, stream: str, proc: str, mesh: str) -> l
 
 def _ask(control: str, msg: Any) -> Any:
     """One control request to an agent, as its owner (same user, same keys)."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     s = _security.secure_client(ctx.socket(zmq.DEALER), addr=control)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(control)
@@ -478,6 +478,7 @@ import json, pickle, sys
 import zmq
 import zmesh
 from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 procs = pickle.loads(bytes.fromhex(sys.argv[1]))  # another client's ProcMesh handle
 owner = sys.argv[2]

@@ -292,8 +292,8 @@ async def test_session_keeps_calls_on_one_replica() -> None:
 
         async with svc.session("my-id") as named:
             assert named.id == "my-id"
-            got = {await svc.pid.call_one() for _ in range(10)}
-            assert len(got) == 1
+            pids = {await svc.pid.call_one() for _ in range(10)}
+            assert len(pids) == 1
             assert named.rebinds == 0
         assert_clean(svc)
 

@@ -26,7 +26,7 @@ class Pair:
     """A batching DEALER (under test) and a plain ROUTER peer, both on ``loop``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         self.server = configure(ctx.socket(zmq.ROUTER))
         self.server.bind("tcp://127.0.0.1:*")
         self.frames: list[list[Any]] = []  # each message the ROUTER got, without identity
@@ -136,7 +136,7 @@ def test_a_malformed_batch_raises_a_catchable_error() -> None:
 
 async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
     """A caller that computes between sends (not yielding) still gets them out."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     server = configure(ctx.socket(zmq.ROUTER))  # read without the loop, which stays busy
     server.bind("tcp://127.0.0.1:*")
     dealer = configure(ctx.socket(zmq.DEALER))
@@ -164,7 +164,7 @@ async def test_a_batch_does_not_wait_behind_a_caller_computing() -> None:
 
 
 async def test_replies_queued_before_a_handler_raises_still_go_out() -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     loop = asyncio.get_running_loop()
     codec = Codec(w.PROC_INBOX)
     seen: list[int] = []

@@ -225,7 +225,7 @@ class Observer:
                 # The agent does not know it (it restarted): failed, or never
                 # begun (generation 0: not created yet, or stopped by the
                 # client before it was).
-                never = (Status.NOT_EXIST, Status.STOPPING)
+                never: tuple[Status, ...] = (Status.NOT_EXIST, Status.STOPPING)
                 if unknown_ok:
                     # The stream model creates meshes outside the request
                     # channel, so a restart can race a creation the client

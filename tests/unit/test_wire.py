@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any, SupportsIndex
 
 import msgspec
 import pytest
@@ -13,7 +14,7 @@ from zmesh._wire import zsock as _zsock
 from zmesh._wire.codec import BIG_BUFFER, Codec, check_size, explain, request_of
 
 
-def roundtrip(args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[object, object]:
+def roundtrip(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
     codec = Codec(w.PROC_INBOX)
     payload, buffers = Codec.pack(args, kwargs)
     frames = codec.encode(w.Call(1, "a", "m", payload), buffers)
@@ -35,7 +36,7 @@ def test_containers_keep_their_python_types() -> None:
     args = ((1, 2), {3, 4}, {"a": [1, (2,)]}, frozenset({5}))
     got_args, _ = roundtrip(args, {})
     assert got_args == args
-    assert type(got_args[0]) is tuple  # type: ignore[index]
+    assert type(got_args[0]) is tuple
 
 
 def test_large_buffers_travel_as_their_own_frames() -> None:
@@ -55,7 +56,7 @@ class Array:
     def __init__(self, data: bytes) -> None:
         self.data = data
 
-    def __reduce_ex__(self, protocol: int) -> object:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         return (Array._rebuild, (pickle.PickleBuffer(self.data),))
 
     @staticmethod
@@ -69,7 +70,7 @@ def test_large_out_of_band_pickle_buffer_travels_as_a_frame() -> None:
     assert payload.blob is not None and payload.nbuf == 1 and len(buffers) == 1
     assert len(payload.blob) < 1000  # the data is not inside the pickle
     (got,), _ = roundtrip(([Array(big)],), {})
-    assert got[0].data == big  # type: ignore[index]
+    assert got[0].data == big
 
 
 def test_unpicklable_argument_raises_at_pack() -> None:

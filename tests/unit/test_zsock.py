@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import zmq
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_part_that_cannot_be_sent_is_refused_before_any_part_goes() -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     server = configure(ctx.socket(zmq.ROUTER))
     server.bind("tcp://127.0.0.1:*")
     dealer = configure(ctx.socket(zmq.DEALER))
@@ -35,7 +36,7 @@ async def test_a_part_that_cannot_be_sent_is_refused_before_any_part_goes() -> N
 
 
 async def test_a_paused_socket_reads_nothing_until_resumed_and_loses_nothing() -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     loop = asyncio.get_running_loop()
     got: list[bytes] = []
     server = configure(ctx.socket(zmq.ROUTER), data=True)
@@ -60,7 +61,7 @@ async def test_a_paused_socket_reads_nothing_until_resumed_and_loses_nothing() -
 
 
 async def test_a_dropped_connection_is_reported_by_the_monitor() -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     loop = asyncio.get_running_loop()
     server = configure(ctx.socket(zmq.ROUTER), data=True)
     server.bind("tcp://127.0.0.1:*")
@@ -80,7 +81,7 @@ async def test_a_dropped_connection_is_reported_by_the_monitor() -> None:
 
 
 def test_call_sockets_have_no_zmtp_heartbeats_and_control_sockets_do() -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     data = configure(ctx.socket(zmq.DEALER), data=True)
     control = configure(ctx.socket(zmq.DEALER))
     try:
