@@ -11,7 +11,8 @@ so a test imports these as ``from _helpers import wait_for``.
   ``latency`` (print a measurement as ``LATENCY ...``; ``pytest -s`` shows it);
 * processes: ``pid_alive``, ``wait_gone``, ``live_processes`` (the ``/proc``
   scan by environment tag), ``session_pids`` (this test session's zmesh
-  processes, by kind), ``read_line`` (a child's stdout line with a deadline);
+  processes, by kind), ``read_line`` (a child's stdout line with a deadline),
+  ``run_python`` (a script run to its end with a deadline);
 * meshes and services: ``status_of``, ``replica_pids``.
 """
 
@@ -41,6 +42,7 @@ __all__ = [
     "pid_alive",
     "read_line",
     "replica_pids",
+    "run_python",
     "session_pids",
     "status_of",
     "wait_for",
@@ -204,3 +206,26 @@ def connected(controls: list[str], keys: str | None = None) -> Iterator[None]:
         zmesh.shutdown()
         _local.configure(None)
         _security.use(None)
+
+
+def run_python(
+    args: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` to the end within ``timeout`` seconds; fail with its output if not.
+
+    The child sees this tree's zmesh (``PYTHONPATH`` as this process's
+    ``sys.path``), and ``env`` on top of this process's environment.
+    """
+    import sys
+
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
+    try:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+            env=full, cwd=cwd, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+        raise AssertionError(
+            f"python {' '.join(args)} ran over {timeout}s; output:\n{out}"
+        ) from exc
