@@ -1,5 +1,15 @@
 """Helpers for testing code that uses zmesh (and for zmesh's own tests).
 
+``local_mesh(Cls, *args, procs=n)`` runs actors as instances in this
+process behind a handle with a real mesh's adverbs, futures and errors (no
+agent, no process), for fast unit tests of actor logic::
+
+    from zmesh.testing import local_mesh
+
+    def test_counter():
+        with local_mesh(Counter, 10, procs=4) as mesh:
+            assert mesh.incr.call(1).get(timeout=5).values() == [11] * 4
+
 ``local_cluster(n)`` starts ``n`` real agents on this machine, each its own
 "host", points zmesh at them, and stops them (and every proc they run) when
 the block ends::
@@ -36,8 +46,11 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from zmesh._actor import Actor
 from zmesh._client import local as _local
+from zmesh._client.inprocess import LocalEndpoint, LocalMesh, LocalStream, spawn
 from zmesh._shared import paths as _paths
 from zmesh._wire import security as _security
 
@@ -57,6 +70,21 @@ class AgentProcess:
         """Send ``sig`` to the agent (its procs die with it)."""
         with contextlib.suppress(ProcessLookupError):
             self.popen.send_signal(sig)
+
+
+__all__ = [
+    "AgentProcess",
+    "LocalEndpoint",
+    "LocalMesh",
+    "LocalStream",
+    "local_cluster",
+    "local_mesh",
+    "pid_alive",
+    "start_agent",
+    "stop_agent",
+]
+
+A = TypeVar("A", bound=Actor)
 
 
 def pid_alive(pid: int) -> bool:
@@ -140,3 +168,49 @@ def local_cluster(n: int = 1, *, tcp: bool = False) -> Iterator[list[AgentProces
         if keys is not None:
             _security.use(before.dir if before is not None else None)
             shutil.rmtree(keys.dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- local_mesh
+#
+# An in-process stand-in for a mesh, as httpx's MockTransport stands in for
+# the network: the handle has the same adverbs, futures, values and errors
+# as a real ActorMesh, but every actor is an instance in this process, run
+# on one event loop in a thread of its own (sync endpoints in a thread pool,
+# as in a proc). Arguments and results still go through the wire codec, so
+# an actor gets copies and what cannot be sent fails as it would for real.
+
+
+def local_mesh(
+    cls: type[A], *args: Any, procs: int = 1, hosts: int = 1, **kwargs: Any
+) -> LocalMesh[A]:
+    """Make ``hosts x procs`` instances of ``cls`` in this process; their mesh handle.
+
+    The handle has ``ActorMesh``'s adverbs (``call``, ``call_one``,
+    ``broadcast``, ``choose``, ``stream``, ``slice``, ``options(timeout=)``),
+    awaitable or ``.get()``-able ``zmesh.Future``\\ s, ``zmesh.ValueMesh``
+    results and zmesh's errors: ``ActorError`` for an exception in an
+    endpoint, ``EndpointError`` for an unknown endpoint or arguments that do
+    not fit, ``EncodeError`` for a value that cannot be sent,
+    ``CallTimeoutError``, ``ActorStoppedError`` after ``stop()``, and
+    ``SupervisionError`` for a rank you ``kill()``\\ ed (or that raised
+    ``SystemExit``). Inside an endpoint ``zmesh.current_rank()`` works.
+    No agent, no process, no socket: for unit tests of actor logic.
+
+    Use it as a context manager, or call ``stop()``::
+
+        with local_mesh(Counter, 10, procs=4) as mesh:
+            assert mesh.incr.call(1).get(timeout=5).values() == [11, 11, 11, 11]
+
+    Args:
+        cls: the actor class.
+        *args: arguments of ``cls.__init__`` (each instance gets its own copy).
+        procs: actors per host.
+        hosts: hosts.
+        **kwargs: keyword arguments of ``cls.__init__``.
+
+    Raises:
+        ValueError: a size below 1.
+        EncodeError: an argument cannot be sent.
+        SpawnError: ``__init__`` raised (nothing is left running).
+    """
+    return spawn(cls, args, kwargs, {"hosts": hosts, "procs": procs})
