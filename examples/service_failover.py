@@ -12,6 +12,7 @@ Run: python examples/service_failover.py
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -128,4 +129,5 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(format="%(message)s")  # show the service's WARNINGs (on stderr)
     sys.exit(asyncio.run(main()))

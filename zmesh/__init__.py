@@ -23,6 +23,7 @@ their endpoints with adverbs::
 # mapping below is the public face; the imports under TYPE_CHECKING are the
 # same names for type checkers and editors.
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import Actor, Endpoint, Options, Point, current_rank, current_request, endpoint
@@ -98,6 +99,11 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read on first use: importlib.metadata costs a proc's start
+        from zmesh._version import version
+
+        globals()[name] = value = version()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'zmesh' has no attribute {name!r}")
@@ -107,7 +113,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
 
 
 __all__ = [
@@ -157,4 +163,6 @@ __all__ = [
     "this_host",
 ]
 
-__version__ = "0.1.0"
+# A library's loggers get no handler but this one: the application decides
+# where zmesh's records go (logging.basicConfig(), or its own handlers).
+logging.getLogger("zmesh").addHandler(logging.NullHandler())
