@@ -43,6 +43,7 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
+from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
@@ -106,17 +107,17 @@ class _Ranks:
             _CURRENT.set(Point(rank, dict(self.dims)))
             _CURRENT_ACTOR.set(instance)
             if ep.info.is_async:
-                result = await _call(ep, instance, args, kwargs)
+                result = await invoke(ep.fn, instance, args, kwargs)
             else:
                 ctx = contextvars.copy_context()
                 result = await self.loop.run_in_executor(
-                    self.pool, ctx.run, _call_sync, ep, instance, args, kwargs
+                    self.pool, ctx.run, invoke_sync, ep.fn, instance, args, kwargs
                 )
-                if isinstance(result, _Raised):
+                if isinstance(result, Raised):
                     raise result.exc
         except ZmeshError:
             raise
-        except _BadArguments as exc:
+        except BadArguments as exc:
             msg = f"endpoint {method!r}: bad arguments: {exc.__cause__}"
             raise EndpointError(msg, **self.context(rank=rank)) from exc.__cause__
         except BaseException as exc:
@@ -451,37 +452,3 @@ def _actor_error(exc: BaseException, method: str, context: dict[str, Any]) -> Ac
     qual, mod = type(exc).__qualname__, type(exc).__module__
     name = qual if mod == "builtins" else f"{mod}.{qual}"
     return ActorError(name, str(exc), tb, endpoint=method, cause=cause, **context)
-
-
-class _BadArguments(Exception):
-    """The arguments did not fit the endpoint's signature."""
-
-
-class _Raised:
-    """A ``BaseException`` from a sync endpoint, carried out of the worker thread."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-async def _call(ep: Endpoint[Any, Any], instance: Any, args: Any, kwargs: Any) -> Any:
-    return await _invoke(ep, instance, args, kwargs)
-
-
-def _call_sync(ep: Endpoint[Any, Any], instance: Any, args: Any, kwargs: Any) -> Any:
-    try:
-        return _invoke(ep, instance, args, kwargs)
-    except Exception:
-        raise
-    except BaseException as exc:
-        return _Raised(exc)
-
-
-def _invoke(ep: Endpoint[Any, Any], instance: Any, args: Any, kwargs: Any) -> Any:
-    try:
-        return ep.fn(instance, *args, **kwargs)
-    except TypeError as exc:
-        tb = exc.__traceback__
-        if tb is not None and tb.tb_next is None:  # it never entered the endpoint
-            raise _BadArguments() from exc
-        raise
