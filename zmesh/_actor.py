@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import inspect
 import re
@@ -20,6 +21,11 @@ R = TypeVar("R")
 A = TypeVar("A", bound="Actor")
 
 
+# A streaming endpoint's producer runs at most this many items ahead of its
+# consumer, unless ``@endpoint(window=...)`` or ``ref.options(window=...)`` says.
+DEFAULT_WINDOW = 64
+
+
 @dataclass(frozen=True)
 class EndpointInfo:
     """How an endpoint runs."""
@@ -28,6 +34,8 @@ class EndpointInfo:
     is_async: bool
     concurrent: bool = False  # may run while other messages to the actor run
     retry: bool = True  # a service may re-send it to another replica
+    stream: bool = False  # a generator: its items stream back (zmesh._client.streams)
+    window: int = DEFAULT_WINDOW  # a stream's items in flight ahead of its consumer, at most
 
 
 class Endpoint(Generic[P, R]):
@@ -37,18 +45,29 @@ class Endpoint(Generic[P, R]):
     handle, ``mesh.method`` offers the adverbs (``call``, ``call_one``, ...).
     """
 
-    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False, retry: bool = True):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        concurrent: bool = False,
+        retry: bool = True,
+        window: int = DEFAULT_WINDOW,
+    ):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int, not {window!r}")
         self.fn = fn
         self.info = EndpointInfo(
             name=fn.__name__,
             is_async=inspect.iscoroutinefunction(fn),
             concurrent=concurrent,
             retry=retry,
+            stream=inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn),
+            window=window,
         )
         functools.update_wrapper(self, fn)
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.info = EndpointInfo(name, self.info.is_async, self.info.concurrent, self.info.retry)
+        self.info = dataclasses.replace(self.info, name=name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -68,10 +87,14 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
 def endpoint(
-    *, concurrent: bool = False, retry: bool = True
+    *, concurrent: bool = False, retry: bool = True, window: int = DEFAULT_WINDOW
 ) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
 def endpoint(
-    fn: Callable[..., Any] | None = None, *, concurrent: bool = False, retry: bool = True
+    fn: Callable[..., Any] | None = None,
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
 ) -> Any:
     """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
 
@@ -86,6 +109,9 @@ def endpoint(
         retry: whether a service may re-send a request that was in flight on
             a replica that died (at-least-once). With ``False`` the caller gets
             ``SupervisionError`` instead.
+        window: for a generator endpoint (``def`` with ``yield``, or an
+            async generator), how many items its producer may run ahead of
+            the consumer (credit-based flow control; see docs/streams.md).
 
     Example::
 
@@ -94,8 +120,8 @@ def endpoint(
             async def incr(self, by: int = 1) -> int: ...
     """
     if fn is None:
-        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry)
-    return Endpoint(fn, concurrent=concurrent, retry=retry)
+        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry, window=window)
+    return Endpoint(fn, concurrent=concurrent, retry=retry, window=window)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointInfo]:

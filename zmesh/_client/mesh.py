@@ -359,8 +359,10 @@ class ActorMesh(_MeshBase, Generic[A]):
         *,
         owns_procs: bool = False,
         full_dims: dict[str, int] | None = None,
+        streams: dict[str, int] | None = None,
     ) -> None:
         self.actor = actor
+        self.streams = streams or {}  # generator endpoints and their windows
         self.full_dims = dict(full_dims if full_dims is not None else shape.dims)
         self.cls_name = cls_name
         self.endpoints = endpoints
@@ -391,7 +393,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         by_rank = {r.rank: r for r in self._refs}
         return ActorMesh(
             self.actor, self.cls_name, self.endpoints, shape,
-            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims,
+            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims, streams=self.streams,
         )  # fmt: skip
 
     def points(self) -> list[Point]:
@@ -409,7 +411,8 @@ class ActorMesh(_MeshBase, Generic[A]):
         return (
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
-             self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims),
+             self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
+             self.streams),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -425,10 +428,11 @@ def _rebuild_actor_mesh(
     ranks: list[int],
     refs: list[bytes],
     full: dict[str, int],
+    streams: dict[str, int] | None = None,
 ) -> ActorMesh[Any]:
     return ActorMesh(
         actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
-        [pickle.loads(r) for r in refs], full_dims=full,
+        [pickle.loads(r) for r in refs], full_dims=full, streams=streams,
     )  # fmt: skip
 
 
@@ -769,8 +773,12 @@ async def _spawn_actors(
                 host=err.host, log_path=err.log_path,
             ) from err  # fmt: skip
         raise err
-    eps = frozenset(endpoints_of(cls))
-    return ActorMesh(name, cls.__qualname__, eps, _Shape(dims, procs._shape.ranks), procs._refs)
+    infos = endpoints_of(cls)
+    streams = {n: i.window for n, i in infos.items() if i.stream}  # generator endpoints
+    return ActorMesh(
+        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
+        streams=streams,
+    )  # fmt: skip
 
 
 def stop_request(name: str) -> Callable[[int], w.Stop]:
