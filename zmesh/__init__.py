@@ -44,6 +44,7 @@ from zmesh._errors import (
 )
 
 if TYPE_CHECKING:
+    from zmesh._client.accumulate import Accumulator
     from zmesh._client.adverbs import EndpointRef, Stream
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.future import Future
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         this_host,
     )
     from zmesh._client.shutdown import shutdown
+    from zmesh._client.streams import ItemStream
     from zmesh._service.endpoint import ServiceEndpoint
     from zmesh._service.routing import (
         LeastLoadedRouter,
@@ -71,6 +73,8 @@ if TYPE_CHECKING:
     from zmesh._shared.state import Rank, Status
 
 _LAZY = {
+    "ItemStream": "zmesh._client.streams",
+    "Accumulator": "zmesh._client.accumulate",
     "EndpointRef": "zmesh._client.adverbs",
     "Stream": "zmesh._client.adverbs",
     "SupervisionEvent": "zmesh._client.controller",
@@ -111,6 +115,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
@@ -124,6 +129,7 @@ __all__ = [
     "EndpointRef",
     "Future",
     "HostMesh",
+    "ItemStream",
     "LeastLoadedRouter",
     "MeshState",
     "Options",

@@ -99,6 +99,9 @@ class _Shape:
         return _Shape(keep_dims, out)
 
 
+_NO_INITIAL: Any = object()
+
+
 class ValueMesh(Generic[T]):
     """The values of a ``call``, one per actor, in rank order."""
 
@@ -123,6 +126,16 @@ class ValueMesh(Generic[T]):
 
     def __getitem__(self, index: int) -> T:
         return self._values[index]
+
+    def reduce(self, fn: Callable[[Any, T], Any], initial: Any = _NO_INITIAL) -> Any:
+        """Fold the values in rank order: ``fn(...fn(initial, v0)..., vN)``.
+
+        Without ``initial`` the first value starts the fold (an empty mesh
+        then raises ``TypeError``, as ``functools.reduce`` does).
+        """
+        if initial is _NO_INITIAL:
+            return functools.reduce(fn, self._values)
+        return functools.reduce(fn, self._values, initial)
 
     def __repr__(self) -> str:
         return f"ValueMesh({self.dims}, {self._values!r})"
