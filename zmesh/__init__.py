@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         connect,
         this_host,
     )
+    from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.shutdown import shutdown
     from zmesh._client.streams import ItemStream
     from zmesh._service.endpoint import ServiceEndpoint
@@ -73,6 +74,10 @@ if TYPE_CHECKING:
     from zmesh._shared.state import Rank, Status
 
 _LAZY = {
+    "send": "zmesh._client.ports",
+    "PortReceiver": "zmesh._client.ports",
+    "Port": "zmesh._client.ports",
+    "Channel": "zmesh._client.ports",
     "ItemStream": "zmesh._client.streams",
     "Accumulator": "zmesh._client.accumulate",
     "EndpointRef": "zmesh._client.adverbs",
@@ -122,6 +127,7 @@ __all__ = [
     "ActorStoppedError",
     "AgentError",
     "CallTimeoutError",
+    "Channel",
     "ConnectionLostError",
     "EncodeError",
     "Endpoint",
@@ -135,6 +141,8 @@ __all__ = [
     "Options",
     "OverloadedError",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "Rank",
     "ReplicaStatistics",
@@ -159,6 +167,7 @@ __all__ = [
     "current_rank",
     "current_request",
     "endpoint",
+    "send",
     "shutdown",
     "this_host",
 ]

@@ -36,6 +36,7 @@ class EndpointInfo:
     retry: bool = True  # a service may re-send it to another replica
     stream: bool = False  # a generator: its items stream back (zmesh._client.streams)
     window: int = DEFAULT_WINDOW  # a stream's items in flight ahead of its consumer, at most
+    port: bool = False  # takes a response port first (``explicit_response_port``)
 
 
 class Endpoint(Generic[P, R]):
@@ -52,6 +53,7 @@ class Endpoint(Generic[P, R]):
         concurrent: bool = False,
         retry: bool = True,
         window: int = DEFAULT_WINDOW,
+        explicit_response_port: bool = False,
     ):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, not {window!r}")
@@ -63,6 +65,7 @@ class Endpoint(Generic[P, R]):
             retry=retry,
             stream=inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn),
             window=window,
+            port=explicit_response_port,
         )
         functools.update_wrapper(self, fn)
 
@@ -87,7 +90,11 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
 def endpoint(
-    *, concurrent: bool = False, retry: bool = True, window: int = DEFAULT_WINDOW
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: bool = False,
 ) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
 def endpoint(
     fn: Callable[..., Any] | None = None,
@@ -95,12 +102,15 @@ def endpoint(
     concurrent: bool = False,
     retry: bool = True,
     window: int = DEFAULT_WINDOW,
+    explicit_response_port: bool = False,
 ) -> Any:
     """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
 
     Async endpoints run on the proc's event loop. Sync endpoints run in a
     worker thread, so one that blocks for seconds never stalls the proc's
-    I/O, its heartbeats, or the other actors in the proc.
+    I/O, its heartbeats, or the other actors in the proc. A generator (or
+    async generator) endpoint streams its items to the caller as it yields
+    them; while its stream is open it is the actor's message in progress.
 
     Args:
         fn: the method.
@@ -112,6 +122,9 @@ def endpoint(
         window: for a generator endpoint (``def`` with ``yield``, or an
             async generator), how many items its producer may run ahead of
             the consumer (credit-based flow control; see docs/streams.md).
+        explicit_response_port: the method takes a ``Port`` first and answers
+            through it (``port.send(value)``), later or several times, as
+            in Monarch; callers use the adverbs as for any endpoint.
 
     Example::
 
@@ -119,9 +132,13 @@ def endpoint(
             @zmesh.endpoint
             async def incr(self, by: int = 1) -> int: ...
     """
+    opts: dict[str, Any] = {
+        "concurrent": concurrent, "retry": retry, "window": window,
+        "explicit_response_port": explicit_response_port,
+    }  # fmt: skip
     if fn is None:
-        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry, window=window)
-    return Endpoint(fn, concurrent=concurrent, retry=retry, window=window)
+        return lambda f: Endpoint(f, **opts)
+    return Endpoint(fn, **opts)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointInfo]:

@@ -94,8 +94,9 @@ class EndpointRef(Generic[R]):
         self._timeout = timeout
         self._block = block
         # A generator endpoint's window (see zmesh._client.streams); 0: not one.
-        streams = getattr(mesh, "streams", None) or {}
-        self._window = (window or streams[name]) if name in streams else 0
+        # -1: an explicit response port endpoint (zmesh._client.ports).
+        mode = (getattr(mesh, "modes", None) or {}).get(name)
+        self._window = 0 if mode is None else (window or mode) if mode else -1
 
     def options(
         self, *, timeout: float | None = None, block: bool = True, window: int | None = None
@@ -160,6 +161,10 @@ class EndpointRef(Generic[R]):
                 "use call(), choose() or slice the mesh"
             )
         if self._window:
+            if self._window < 0:
+                from zmesh._client.ports import explicit_call
+
+                return explicit_call(self, args, kwargs, whole=False)
             return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
         return self._one(refs[0], args, kwargs)
 
@@ -178,7 +183,7 @@ class EndpointRef(Generic[R]):
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
-        if self._window:  # a generator endpoint: the items of one rank's
+        if self._window > 0:  # a generator endpoint: the items of one rank's
             rt, _ = _runtime.current()
             return self._stream([_least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
         payload, buffers = self._pack(args, kwargs)
@@ -226,6 +231,10 @@ class EndpointRef(Generic[R]):
 
         mesh = self._mesh
         if self._window:
+            if self._window < 0:
+                from zmesh._client.ports import explicit_call
+
+                return explicit_call(self, args, kwargs, whole=True)
             return self._stream(mesh._refs, args, kwargs, mesh.points())  # type: ignore[return-value]
         refs = mesh._refs
         payload, buffers = self._pack(args, kwargs)

@@ -372,10 +372,12 @@ class ActorMesh(_MeshBase, Generic[A]):
         *,
         owns_procs: bool = False,
         full_dims: dict[str, int] | None = None,
-        streams: dict[str, int] | None = None,
+        modes: dict[str, int] | None = None,
     ) -> None:
         self.actor = actor
-        self.streams = streams or {}  # generator endpoints and their windows
+        # Endpoints that do not just return: a generator's window (> 0), or 0
+        # for an explicit response port (zmesh._client.streams, ports).
+        self.modes = modes or {}
         self.full_dims = dict(full_dims if full_dims is not None else shape.dims)
         self.cls_name = cls_name
         self.endpoints = endpoints
@@ -406,7 +408,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         by_rank = {r.rank: r for r in self._refs}
         return ActorMesh(
             self.actor, self.cls_name, self.endpoints, shape,
-            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims, streams=self.streams,
+            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims, modes=self.modes,
         )  # fmt: skip
 
     def points(self) -> list[Point]:
@@ -425,7 +427,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
              self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
-             self.streams),
+             self.modes),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -441,11 +443,11 @@ def _rebuild_actor_mesh(
     ranks: list[int],
     refs: list[bytes],
     full: dict[str, int],
-    streams: dict[str, int] | None = None,
+    modes: dict[str, int] | None = None,
 ) -> ActorMesh[Any]:
     return ActorMesh(
         actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
-        [pickle.loads(r) for r in refs], full_dims=full, streams=streams,
+        [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
 
 
@@ -787,10 +789,10 @@ async def _spawn_actors(
             ) from err  # fmt: skip
         raise err
     infos = endpoints_of(cls)
-    streams = {n: i.window for n, i in infos.items() if i.stream}  # generator endpoints
+    modes = {n: i.window if i.stream else 0 for n, i in infos.items() if i.stream or i.port}
     return ActorMesh(
         name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
-        streams=streams,
+        modes=modes,
     )  # fmt: skip
 
 

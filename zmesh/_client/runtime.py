@@ -187,6 +187,7 @@ class Runtime:
         self.conns: dict[str, ProcConn] = {}
         self.controller: Controller = Controller(self)
         self.closed = False
+        self.closers: list[Callable[[], None]] = []  # more sockets to close (ports)
 
     # ------------------------------------------------------------ connections
 
@@ -583,6 +584,8 @@ class Runtime:
             return
         self.closed = True
         self.controller.close()
+        for close in self.closers:
+            close()
         for c in self.conns.values():
             if c.sock is not None:
                 c.sock.close()

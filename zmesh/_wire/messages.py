@@ -175,6 +175,17 @@ class Cancel(Message, frozen=True):
     id: int
 
 
+# ------------------------------------------------ ports (any -> receiver)
+
+
+class PortSend(Message, frozen=True):
+    """A value for port ``port`` of the receiving process (``zmesh._client.ports``)."""
+
+    port: int
+    rank: int  # the sending actor's rank; -1 for a sender that is no actor
+    payload: Payload
+
+
 # ------------------------------------------------------ client <-> agent
 
 
@@ -417,6 +428,7 @@ PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
 
 PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel
 CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive
+PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (
     CreateOrUpdate
     | GetState
