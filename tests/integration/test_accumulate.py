@@ -40,9 +40,9 @@ async def test_accumulate_over_a_2x4_mesh_equals_the_local_fold(
     assert len(values) == 8
     total = await zmesh.Accumulator(mesh.value, 0, operator.add).accumulate(3)
     assert total == sum(values)
-    seen = await zmesh.Accumulator(mesh.value, frozenset(), lambda s, v: s | {v}).accumulate(
-        scale=2
-    )
+    seen: frozenset[int] = await zmesh.Accumulator(
+        mesh.value, frozenset(), lambda s, v: s | {v}
+    ).accumulate(scale=2)
     assert seen == {2 * v for v in (await mesh.value.call(1)).values()}
     half = mesh.slice(hosts=1)
     assert await zmesh.Accumulator(half.value, 0, operator.add).accumulate() == sum(

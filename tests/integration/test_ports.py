@@ -96,7 +96,7 @@ async def test_a_port_whose_receiver_is_gone_never_blocks_its_sender(relays: Any
     port, receiver = Channel.open()
     del receiver  # nobody receives: the values are dropped where they arrive
     assert await relays.slice(procs=0).burst.call_one(port, 20_000) < 5.0
-    dead = Port("ipc:///nonexistent/zmesh-port", 1)  # a receiving process that is gone
+    dead: Port[int] = Port("ipc:///nonexistent/zmesh-port", 1)  # a receiving process that is gone
     assert await relays.slice(procs=1).burst.call_one(dead, 20_000) < 5.0
     dead.send(1)  # from here too: dropped, not waiting
 

@@ -128,7 +128,7 @@ async def test_ten_thousand_items_arrive_in_order(gen: Any, endpoint: str) -> No
 
 
 def test_a_stream_reads_with_plain_for_in_sync_code() -> None:
-    mesh = Gen.options().as_actor().get(timeout=30)
+    mesh: Any = Gen.options().as_actor().get(timeout=30)  # (call_one is typed as a Future)
     try:
         assert list(mesh.count.call_one(10_000)) == list(range(10_000))
         assert list(mesh.acount.call_one(5)) == [0, 1, 2, 3, 4]
@@ -151,7 +151,7 @@ async def test_an_error_arrives_after_the_items_before_it(
 
 
 async def test_a_mesh_call_yields_point_item_pairs_from_every_rank() -> None:
-    mesh = await Gen.options(procs=4).as_actor()
+    mesh: Any = await Gen.options(procs=4).as_actor()
     try:
         pairs = [(p.rank, x) async for p, x in mesh.ranked.call(50)]
         assert sorted(pairs) == sorted((r, r * 1000 + i) for r in range(4) for i in range(50))
@@ -217,7 +217,7 @@ async def test_aclose_reaches_a_generator_that_is_awaiting(gen: Any) -> None:
 
 
 def test_break_in_sync_code_runs_the_generators_finally() -> None:
-    mesh = Gen.options().as_actor().get(timeout=30)
+    mesh: Any = Gen.options().as_actor().get(timeout=30)
     try:
         for x in mesh.count.call_one(1_000_000, "sync"):
             if x == 2:
@@ -288,7 +288,9 @@ async def test_a_stream_from_a_dead_rank_fails_before_sending(gen: Any) -> None:
 
 async def test_a_generator_endpoint_called_without_streaming_says_so(gen: Any) -> None:
     # A handle that does not know the endpoint streams sends a plain call.
-    blind = zmesh.ActorMesh(gen.actor, gen.cls_name, gen.endpoints, gen._shape, gen._refs)
+    blind: zmesh.ActorMesh[Gen] = zmesh.ActorMesh(
+        gen.actor, gen.cls_name, gen.endpoints, gen._shape, gen._refs
+    )
     with pytest.raises(zmesh.EndpointError, match="generator endpoint"):
         await blind.count.call_one(3)
     assert [x async for x in gen.count.call_one(3)] == [0, 1, 2]

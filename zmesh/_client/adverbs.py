@@ -149,6 +149,9 @@ class EndpointRef(Generic[R]):
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of this mesh; a future of its value.
 
+        On a generator endpoint: an ``ItemStream`` of its items, read with
+        ``async for`` or ``for`` (see docs/streams.md).
+
         Raises:
             ValueError: at once, before sending, when the mesh is not exactly
                 one actor (slice it first).

@@ -167,7 +167,7 @@ class Channel(Generic[R]):
     """Monarch's ``Channel``: ``Channel.open()`` makes a connected port and receiver."""
 
     @staticmethod
-    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+    def open(once: bool = False) -> tuple[Port[Any], PortReceiver[Any]]:
         """A new ``(Port, PortReceiver)`` pair, received in this process.
 
         Args:
@@ -176,7 +176,7 @@ class Channel(Generic[R]):
         return _open(once, ranked=False)
 
     @staticmethod
-    def open_ranked(once: bool = False) -> tuple[Port[R], PortReceiver[tuple[int, R]]]:
+    def open_ranked(once: bool = False) -> tuple[Port[Any], PortReceiver[tuple[int, Any]]]:
         """As ``open``, but ``recv()`` gives ``(rank, value)``: the rank of the
         actor that sent it (``-1`` for a sender that is no actor)."""
         return _open(once, ranked=True)
