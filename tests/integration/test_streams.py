@@ -63,6 +63,11 @@ class Gen(zmesh.Actor):
             yield b"x" * size
 
     @zmesh.endpoint
+    async def sleepy(self) -> AsyncIterator[int]:
+        await asyncio.sleep(30)
+        yield 0
+
+    @zmesh.endpoint
     async def fail_after(self, n: int) -> AsyncIterator[int]:
         for i in range(n):
             yield i
@@ -74,10 +79,16 @@ class Gen(zmesh.Actor):
         raise KeyError("sync")
 
     @zmesh.endpoint
-    async def ranked(self, n: int) -> AsyncIterator[int]:
+    async def ranked(self, n: int, fail_rank: int = -1) -> AsyncIterator[int]:
         me = zmesh.current_rank().rank
-        for i in range(n):
-            yield me * 1000 + i
+        try:
+            for i in range(n):
+                if me == fail_rank and i == 2:
+                    raise RuntimeError(f"rank {me} fails")
+                yield me * 1000 + i
+                await asyncio.sleep(0.01)
+        finally:
+            self.closed.append(f"ranked{me}")
 
     @zmesh.endpoint(concurrent=True)  # runs while a stream holds the actor
     async def made_so_far(self) -> int:
@@ -157,6 +168,21 @@ async def test_a_mesh_call_yields_point_item_pairs_from_every_rank() -> None:
         assert sorted(pairs) == sorted((r, r * 1000 + i) for r in range(4) for i in range(50))
         for r in range(4):  # each rank's items in its order
             assert [x for q, x in pairs if q == r] == [r * 1000 + i for i in range(50)]
+    finally:
+        await mesh.stop()
+
+
+async def test_one_ranks_error_ends_a_mesh_stream_and_closes_the_others() -> None:
+    mesh: Any = await Gen.options(procs=3).as_actor()
+    try:
+        got = []
+        with pytest.raises(zmesh.ActorError, match="rank 1 fails") as info:
+            async for point, x in mesh.ranked.call(10_000, 1):
+                got.append((point.rank, x))
+        assert info.value.rank == 1
+        assert [x for r, x in got if r == 1] == [1000, 1001]  # its items before the error
+        for r in (0, 2):  # the others' generators closed: their finally ran
+            assert await mesh.slice(procs=r).closed_tags.call_one() == [f"ranked{r}"]
     finally:
         await mesh.stop()
 
@@ -271,6 +297,19 @@ async def test_kill_9_of_the_producer_ends_the_stream_with_supervision_error(gen
             pass
     assert time.monotonic() - t0 < 0.5
     assert info.value.rank == 0 and info.value.log_path
+
+
+async def test_a_timeout_bounds_the_wait_for_the_first_item(gen: Any) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.CallTimeoutError):
+        async for _ in gen.acount.options(timeout=0.5).call_one(3, "slow", 30.0):
+            pass  # the first item comes at once; the second after 30 s
+    assert time.monotonic() - t0 < 0.5 + 5.0
+    assert await gen.closed_tags.call_one() == ["slow"]  # the generator closed
+    with pytest.raises(zmesh.CallTimeoutError):
+        async for _ in gen.sleepy.options(timeout=0.3).call_one():
+            pass
+    assert time.monotonic() - t0 < 0.8 + 5.0
 
 
 async def test_a_stream_from_a_dead_rank_fails_before_sending(gen: Any) -> None:

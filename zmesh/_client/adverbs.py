@@ -106,7 +106,8 @@ class EndpointRef(Generic[R]):
         Args:
             timeout: seconds until the call fails with ``CallTimeoutError``.
                 The request carries this deadline, and a proc that receives
-                it too late does not run it.
+                it too late does not run it. For a generator endpoint: how
+                long the reader waits for each item.
             block: what a call does when this caller already has the limit of
                 calls in flight to the proc (``ZMESH_MAX_IN_FLIGHT``, 10,000):
                 wait its turn, in order (the default), or fail at once with

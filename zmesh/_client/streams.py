@@ -77,7 +77,7 @@ class _Source:
     Only ever touched on the runtime's loop.
     """
 
-    __slots__ = ("conn", "ended", "id", "inbox", "index", "rt", "started", "timer")
+    __slots__ = ("conn", "ended", "id", "inbox", "index", "rt")
 
     def __init__(self, rt: Runtime, inbox: _Inbox, index: int) -> None:
         self.rt = rt
@@ -86,8 +86,6 @@ class _Source:
         self.conn: ProcConn | None = None
         self.id = 0
         self.ended = False
-        self.started = False  # an item arrived
-        self.timer: asyncio.TimerHandle | None = None
 
     # The future interface the runtime settles a request's sink with.
 
@@ -102,11 +100,8 @@ class _Source:
             self._end(END, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        if self.ended:
-            return
-        if isinstance(exc, CallTimeoutError):  # the proc may be producing still
-            self.cancel()
-        self._end(ERROR, exc)
+        if not self.ended:
+            self._end(ERROR, exc)
 
     def on_message(self, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]) -> None:
         """A stream message of this source's request (which the runtime popped)."""
@@ -114,10 +109,6 @@ class _Source:
         if kind is w.StreamItem:
             conn.pending[msg.id] = req  # the request stays in flight until the end
             req.size = 0  # its arguments have arrived
-            if not self.started:
-                self.started = True
-                if self.timer is not None:
-                    self.timer.cancel()
             try:
                 payload = msg.payload
                 value = payload.args[0] if payload.blob is None else (
@@ -135,8 +126,6 @@ class _Source:
 
     def _end(self, kind: int, value: Any) -> None:
         self.ended = True
-        if self.timer is not None:
-            self.timer.cancel()
         self.inbox.put(self.index, kind, value)
 
     # Called by the consumer, on the loop.
@@ -151,8 +140,6 @@ class _Source:
         if self.ended:
             return
         self.ended = True
-        if self.timer is not None:
-            self.timer.cancel()
         c = self.conn
         if c is None:
             return
@@ -163,13 +150,6 @@ class _Source:
         # the proc ignores a cancel of a request it never sees.
         if c.sock is not None and c.broken is None:
             c.sock.send(self.rt.codec.encode(w.Cancel(self.id)))
-
-    def expire(self, timeout: float) -> None:
-        if not self.started and not self.ended:
-            ctx: dict[str, Any] = self.conn.context() if self.conn is not None else {}
-            self.cancel()
-            self.ended = False
-            self._end(ERROR, CallTimeoutError(f"no item within {timeout}s", **ctx))
 
 
 class ItemStream(Generic[T]):
@@ -185,7 +165,9 @@ class ItemStream(Generic[T]):
     of the loop) closes the generator in the actor.
     """
 
-    def __init__(self, rt: Runtime, home: bool, n: int, window: int, points: Any) -> None:
+    def __init__(
+        self, rt: Runtime, home: bool, n: int, window: int, points: Any, timeout: float | None
+    ) -> None:
         self._rt = rt
         self._home = home
         self._inbox = _Inbox(home)
@@ -195,6 +177,8 @@ class ItemStream(Generic[T]):
         self._done = n == 0
         self._unacked = [0] * n
         self._threshold = max(1, window // 2)
+        self._timeout = timeout  # for each item the reader waits for
+        self._context: dict[str, Any] = {}  # for errors: the rank, for one
 
     # ------------------------------------------------------------ reading
 
@@ -239,11 +223,19 @@ class ItemStream(Generic[T]):
             if self._open == 0:
                 self._done = True
                 raise StopAsyncIteration
-            waiter = self._inbox.waiter = self._rt.loop.create_future()
+            loop = self._rt.loop
+            waiter = self._inbox.waiter = loop.create_future()
+            timer = None if self._timeout is None else loop.call_later(
+                self._timeout, _expire, waiter
+            )  # fmt: skip
             try:
-                await waiter
+                late = await waiter
             finally:
                 self._inbox.waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if late:
+                raise self._timed_out()
 
     def _next_or_end(self) -> Any:
         try:
@@ -266,9 +258,18 @@ class ItemStream(Generic[T]):
             if self._open == 0:
                 self._done = True
                 raise StopIteration
-            value = self._take(sq.get())
+            try:
+                entry = sq.get(timeout=self._timeout)
+            except queue.Empty:
+                raise self._timed_out() from None
+            value = self._take(entry)
             if value is not _NOTHING:
                 return value
+
+    def _timed_out(self) -> CallTimeoutError:
+        """No item within the timeout: the stream ends (its generators close)."""
+        self._finish()
+        return CallTimeoutError(f"no item within {self._timeout}s", **self._context)
 
     # ------------------------------------------------------------ closing
 
@@ -326,10 +327,16 @@ def open_stream(
     ``points`` (one per ref) makes the items ``(point, item)`` pairs.
     """
     rt, home = _runtime.current()
-    stream: ItemStream[Any] = ItemStream(rt, home, len(refs), window, points)
+    stream: ItemStream[Any] = ItemStream(rt, home, len(refs), window, points, timeout)
+    if len(refs) == 1:
+        r = refs[0]
+        stream._context = {"mesh": r.mesh, "rank": r.rank, "host": r.host,
+                           "log_path": r.log_path or None}  # fmt: skip
+    elif refs:
+        stream._context = {"mesh": refs[0].mesh}
     deadline = time.time() + timeout if timeout is not None else 0.0
     sources = stream._sources
-    start = (sources, refs, actor, method, payload, buffers, deadline, window, timeout, block)
+    start = (sources, refs, actor, method, payload, buffers, deadline, window, block)
     if home:
         _start(rt, *start)
     else:
@@ -347,7 +354,6 @@ def _start(
     buffers: list[Any],
     deadline: float,
     window: int,
-    timeout: float | None,
     block: bool,
 ) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
@@ -363,8 +369,6 @@ def _start(
             msg = w.StreamCall(req_id, actor, method, payload, deadline, window=window)
             frames = rt.codec.encode(msg, buffers)
             size = sum(nbytes(f) for f in frames) if buffers or len(frames[0]) >= BIG else 0
-            if timeout is not None:
-                src.timer = rt.loop.call_later(timeout, src.expire, timeout)
             rt.post(c, frames, OneRequest(req_id, c, src, size), block)  # type: ignore[arg-type]
         except EncodeError as exc:
             ctx = src.conn.context() if src.conn is not None else {}
@@ -373,3 +377,8 @@ def _start(
             )
         except Exception as exc:  # a runtime that is closing: the stream says so
             src.set_exception(exc)
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)  # late: ``_Inbox.put`` sets None
