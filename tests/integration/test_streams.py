@@ -187,6 +187,21 @@ async def test_one_ranks_error_ends_a_mesh_stream_and_closes_the_others() -> Non
         await mesh.stop()
 
 
+class Reader(zmesh.Actor):
+    @zmesh.endpoint
+    async def total(self, producer: Any, n: int) -> int:
+        """Read a stream from another actor, inside an actor."""
+        return sum([x async for x in producer.acount.call_one(n)])
+
+
+async def test_an_actor_reads_a_stream_from_another_actor(gen: Any) -> None:
+    reader = await Reader.options().as_actor()
+    try:
+        assert await reader.total.call_one(gen, 1000) == sum(range(1000))
+    finally:
+        await reader.stop()
+
+
 # ------------------------------------------------------------ flow control
 
 

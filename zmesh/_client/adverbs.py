@@ -187,6 +187,11 @@ class EndpointRef(Generic[R]):
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
+        if self._window < 0:
+            raise TypeError(
+                f"{self._name!r} answers through a response port: use call_one() on a "
+                "slice, call(), or zmesh.send(..., selection='choose')"
+            )
         if self._window > 0:  # a generator endpoint: the items of one rank's
             rt, _ = _runtime.current()
             return self._stream([_least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
