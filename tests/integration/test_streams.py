@@ -63,6 +63,13 @@ class Gen(zmesh.Actor):
             yield b"x" * size
 
     @zmesh.endpoint
+    async def prefilled(self, n: int, delay: float) -> AsyncIterator[int]:
+        await asyncio.sleep(delay)  # the first item takes a while
+        for i in range(n):
+            yield i
+            await asyncio.sleep(0.01)
+
+    @zmesh.endpoint
     async def sleepy(self) -> AsyncIterator[int]:
         await asyncio.sleep(30)
         yield 0
@@ -348,3 +355,43 @@ async def test_a_generator_endpoint_called_without_streaming_says_so(gen: Any) -
     with pytest.raises(zmesh.EndpointError, match="generator endpoint"):
         await blind.count.call_one(3)
     assert [x async for x in gen.count.call_one(3)] == [0, 1, 2]
+
+
+# ------------------------------------------------------------ failover (for services)
+
+
+def _failover_stream(first: Any, then: Any, *args: Any) -> Any:
+    """A stream of ``first.prefilled(*args)`` that moves to ``then`` if ``first`` dies
+    before its first item: the building block a service's generator endpoint uses."""
+    from zmesh._client.streams import open_stream
+    from zmesh._wire.codec import Codec
+
+    payload, buffers = Codec.pack(args, {})
+    left = [(then._refs[0], then.actor)]
+    return open_stream(
+        first._refs, first.actor, "prefilled", payload, buffers, window=64, timeout=None,
+        block=True, points=None, failover=lambda dead: left.pop() if left else None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_producer_dying_moves_the_stream_only_before_its_first_item(when: str) -> None:
+    first, then = [await Gen.options().as_actor() for _ in range(2)]
+    try:
+        pid = await first.pid.call_one()
+        if when == "before":
+            stream = _failover_stream(first, then, 5, 0.5)
+            await asyncio.sleep(0.1)
+            os.kill(pid, signal.SIGKILL)  # while it prefills
+            assert [x async for x in stream] == [0, 1, 2, 3, 4]  # all of them, from ``then``
+        else:
+            stream = _failover_stream(first, then, 10**6, 0.0)
+            assert await stream.__anext__() == 0
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(zmesh.SupervisionError, match="not moved") as info:
+                async for _ in stream:
+                    pass
+            assert "item(s)" in str(info.value)
+    finally:
+        await first.stop()
+        await then.stop()

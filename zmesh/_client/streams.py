@@ -26,19 +26,22 @@ import asyncio
 import queue
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from zmesh._actor import Point
 from zmesh._client import runtime as _runtime
 from zmesh._client.runtime import BIG, OneRequest, ProcConn, ProcRef, Runtime
-from zmesh._errors import CallTimeoutError, EncodeError
+from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, SupervisionError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
 
 T = TypeVar("T")
 
 ITEM, END, ERROR = 0, 1, 2
+# Given the ref whose producer died before its first item: another
+# ``(ref, actor)`` to run the call on, or ``None``.
+Failover = Callable[[ProcRef | None], tuple[ProcRef, str] | None]
 _NOTHING: Any = object()
 
 
@@ -77,7 +80,7 @@ class _Source:
     Only ever touched on the runtime's loop.
     """
 
-    __slots__ = ("conn", "ended", "id", "inbox", "index", "rt")
+    __slots__ = ("conn", "ended", "failover", "id", "inbox", "index", "items", "launch", "rt")
 
     def __init__(self, rt: Runtime, inbox: _Inbox, index: int) -> None:
         self.rt = rt
@@ -86,6 +89,11 @@ class _Source:
         self.conn: ProcConn | None = None
         self.id = 0
         self.ended = False
+        self.items = 0  # delivered so far
+        # Where to go when the producer dies before its first item (see
+        # ``open_stream``), and how to start there.
+        self.failover: Failover | None = None
+        self.launch: Callable[[_Source, ProcRef, str], None] | None = None
 
     # The future interface the runtime settles a request's sink with.
 
@@ -100,8 +108,26 @@ class _Source:
             self._end(END, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        if not self.ended:
-            self._end(ERROR, exc)
+        if self.ended:
+            return
+        if self.failover is not None and isinstance(exc, SupervisionError | ConnectionLostError):
+            if not self.items:  # nothing delivered: the request moves on, unseen
+                c = self.conn
+                nxt = self.failover(c.ref if c is not None else None)
+                if nxt is not None and self.launch is not None:
+                    self.conn = None
+                    self.launch(self, *nxt)
+                    return
+            else:  # re-running it would repeat items the reader has
+                err = SupervisionError(
+                    f"the producer died after {self.items} item(s); the stream is not moved "
+                    f"to another replica, as its items would repeat: {exc.message}",
+                    reason=exc.reason, mesh=exc.mesh, rank=exc.rank, host=exc.host,
+                    log_path=exc.log_path,
+                )  # fmt: skip
+                err.__cause__ = exc
+                exc = err
+        self._end(ERROR, exc)
 
     def on_message(self, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]) -> None:
         """A stream message of this source's request (which the runtime popped)."""
@@ -118,6 +144,7 @@ class _Source:
                 self.cancel()
                 self._end(ERROR, EncodeError(f"cannot decode an item: {exc!r}", **conn.context()))
                 return
+            self.items += 1
             self.inbox.put(self.index, ITEM, value)
         elif kind is w.StreamEnd:
             self._end(END, None)
@@ -321,10 +348,17 @@ def open_stream(
     timeout: float | None,
     block: bool,
     points: list[Point] | None,
+    failover: Failover | None = None,
 ) -> ItemStream[Any]:
     """Start ``method``'s generator on every proc of ``refs``; the stream of its items.
 
     ``points`` (one per ref) makes the items ``(point, item)`` pairs.
+
+    ``failover`` (one ref only; for services): when the producer dies
+    (``SupervisionError``, ``ConnectionLostError``) before its first item, it
+    is asked for another ``(ref, actor)`` to start the same call on, or
+    ``None`` to fail. After the first item a dead producer fails the stream
+    with a ``SupervisionError`` that says why it was not moved.
     """
     rt, home = _runtime.current()
     stream: ItemStream[Any] = ItemStream(rt, home, len(refs), window, points, timeout)
@@ -336,6 +370,11 @@ def open_stream(
         stream._context = {"mesh": refs[0].mesh}
     deadline = time.time() + timeout if timeout is not None else 0.0
     sources = stream._sources
+    for src in sources:
+        src.failover = failover
+        src.launch = lambda src, ref, actor: _launch(
+            rt, src, ref, actor, method, payload, buffers, deadline, window, block
+        )
     start = (sources, refs, actor, method, payload, buffers, deadline, window, block)
     if home:
         _start(rt, *start)
@@ -358,25 +397,40 @@ def _start(
 ) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
     for src, ref in zip(sources, refs, strict=True):
-        if src.ended:  # closed before it started
-            continue
-        try:
-            c = src.conn = rt.conn(ref)
-            if c.broken is not None:
-                src.set_exception(c.broken)
-                continue
-            src.id = req_id = rt.next_id()
-            msg = w.StreamCall(req_id, actor, method, payload, deadline, window=window)
-            frames = rt.codec.encode(msg, buffers)
-            size = sum(nbytes(f) for f in frames) if buffers or len(frames[0]) >= BIG else 0
-            rt.post(c, frames, OneRequest(req_id, c, src, size), block)  # type: ignore[arg-type]
-        except EncodeError as exc:
-            ctx = src.conn.context() if src.conn is not None else {}
-            src.set_exception(
-                EncodeError(f"arguments of {method!r} cannot be sent: {exc.message}", **ctx)
-            )
-        except Exception as exc:  # a runtime that is closing: the stream says so
-            src.set_exception(exc)
+        if not src.ended:  # (closed before it started)
+            _launch(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
+
+
+def _launch(
+    rt: Runtime,
+    src: _Source,
+    ref: ProcRef,
+    actor: str,
+    method: str,
+    payload: w.Payload,
+    buffers: list[Any],
+    deadline: float,
+    window: int,
+    block: bool,
+) -> None:
+    """Send the ``StreamCall`` of ``src`` to ``ref``'s proc (on the runtime's loop)."""
+    try:
+        c = src.conn = rt.conn(ref)
+        if c.broken is not None:
+            src.set_exception(c.broken)
+            return
+        src.id = req_id = rt.next_id()
+        msg = w.StreamCall(req_id, actor, method, payload, deadline, window=window)
+        frames = rt.codec.encode(msg, buffers)
+        size = sum(nbytes(f) for f in frames) if buffers or len(frames[0]) >= BIG else 0
+        rt.post(c, frames, OneRequest(req_id, c, src, size), block)  # type: ignore[arg-type]
+    except EncodeError as exc:
+        ctx = src.conn.context() if src.conn is not None else {}
+        src.set_exception(
+            EncodeError(f"arguments of {method!r} cannot be sent: {exc.message}", **ctx)
+        )
+    except Exception as exc:  # a runtime that is closing: the stream says so
+        src.set_exception(exc)
 
 
 def _expire(waiter: asyncio.Future[Any]) -> None:
