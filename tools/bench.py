@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import operator
 import os
 import platform
 import statistics
@@ -35,6 +36,7 @@ import tempfile
 import textwrap
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
@@ -77,6 +79,12 @@ class BenchActor(zmesh.Actor):
     @zmesh.endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+    @zmesh.endpoint
+    async def items(self, n: int) -> AsyncIterator[bytes]:
+        """A generator endpoint: ``n`` items of the echo's payload size."""
+        for _ in range(n):
+            yield PAYLOAD
 
 
 # ---------------------------------------------------------------- helpers
@@ -282,6 +290,16 @@ async def pipelined(start: Any, total: int, window: int = WINDOW) -> float:
         if sent < total:
             inflight.append(start())
             sent += 1
+    return total / (time.perf_counter() - t)
+
+
+async def streamed(ref: Any, total: int) -> float:
+    """Items per second from one generator endpoint, read with ``async for``."""
+    t = time.perf_counter()
+    got = 0
+    async for _ in ref.items.call_one(total):
+        got += 1
+    assert got == total
     return total / (time.perf_counter() - t)
 
 
@@ -521,6 +539,7 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
                     keep("raw_pipelined_per_s", await pipelined(raw_call, cfg["pipe_n"]))
                 else:
                     keep("zmesh_pipelined_per_s", await pipelined(zm_call, cfg["pipe_n"]))
+                    keep("stream_items_per_s", await streamed(ref, cfg["pipe_n"]))
             for side in order:
                 if side == "raw":
                     raw.copy = False
@@ -589,6 +608,16 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
 
                 s = await lat_async(bcast, cfg["fan_n"])
                 keep(f"bcast{n}_p50_us", pct(s, 50))
+                if n == 16:  # a reduction: folded as replies arrive, or call then fold
+                    acc = zmesh.Accumulator(m.ping, 0, operator.add)
+                    s = await lat_async(acc.accumulate, cfg["fan_n"])
+                    keep("accumulate16_p50_us", pct(s, 50))
+
+                    async def call_fold(m: Any = m) -> int:
+                        return sum((await m.ping.call()).values())
+
+                    s = await lat_async(call_fold, cfg["fan_n"])
+                    keep("call_fold16_p50_us", pct(s, 50))
                 # The send side alone: how long broadcast() blocks the caller.
                 s = []
                 for _ in range(cfg["fan_n"]):
@@ -631,6 +660,16 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
         }  # fmt: skip
         results[f"broadcast_fanout{n}_p50_us"] = {"zmesh": m[f"bcast{n}_p50_us"]}
         results[f"broadcast_send{n}_p50_us"] = {"zmesh": m[f"bcast{n}_send_p50_us"]}
+    # Against zmesh itself, in the same run (``base``: what it is measured against).
+    results["stream_items_per_s"] = {
+        "zmesh": m["stream_items_per_s"], "base": m["zmesh_pipelined_per_s"],
+    }  # fmt: skip
+    results["accumulate16_p50_us"] = {
+        "zmesh": m["accumulate16_p50_us"], "base": m["call_fold16_p50_us"],
+    }  # fmt: skip
+    for key in ("stream_items_per_s", "accumulate16_p50_us"):
+        v = results[key]
+        v["ratio_vs_base"] = v["zmesh"] / v["base"] if v["base"] else float("nan")
     for k, v in cold.items():
         results[f"cold_{k}"] = {"zmesh": v}
     results["spawn1_s"] = {"zmesh": res["spawn1_s"]}
@@ -664,6 +703,8 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
                0.8, "x raw"),
         target("fan-out call to 64 p50", r["call_fanout64_p50_us"]["zmesh"] / 1000, "<=", 5.0,
                "ms"),
+        target("streamed items/s vs pipelined call_one", r["stream_items_per_s"]["ratio_vs_base"],
+               ">=", 0.8, "x calls"),
         target("cold start (main -> first reply)", cold["main_to_first_reply_s"], "<=", 1.0, "s"),
         target("idle proc RSS", rss["proc_idle"], "<=", 60.0, "MB"),
         target("agent RSS", rss["agent_idle"], "<=", 60.0, "MB"),
@@ -766,6 +807,23 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
     row("RSS agent's forkserver (raw: echo server)", "rss_forkserver_idle_mb", mb)
     row("RSS proc after the load", "rss_proc_after_load_mb", mb)
     console.print(table)
+
+    if "stream_items_per_s" in r:
+        st = new_table(title="streams and reductions (against zmesh, same run)")
+        for col in ("metric", "zmesh", "against", "ratio"):
+            st.add_column(col, justify="left" if col == "metric" else "right")
+        for label, key, fmt, against in (
+            ("items/s from one generator endpoint", "stream_items_per_s",
+             lambda v: f"{v:,.0f}/s", "pipelined call_one"),
+            ("Accumulator over 16 actors, p50", "accumulate16_p50_us", us,
+             "call() then a local fold"),
+        ):  # fmt: skip
+            v = r[key]
+            st.add_row(
+                label, fmt(v["zmesh"]), f"{fmt(v['base'])} ({against})",
+                f"{v['ratio_vs_base']:.2f}x",
+            )  # fmt: skip
+        console.print(st)
 
     if "skipped" in report["ray"]:
         console.print(report["ray"]["skipped"].split(" [ray")[0], markup=False)

@@ -45,6 +45,7 @@ from zmesh._errors import (
 )
 
 if TYPE_CHECKING:
+    from zmesh._client.accumulate import Accumulator
     from zmesh._client.adverbs import EndpointRef, Stream
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.future import Future
@@ -57,7 +58,9 @@ if TYPE_CHECKING:
         connect,
         this_host,
     )
+    from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.shutdown import shutdown
+    from zmesh._client.streams import ItemStream
     from zmesh._service.endpoint import ServiceEndpoint
     from zmesh._service.routing import (
         LeastLoadedRouter,
@@ -72,6 +75,12 @@ if TYPE_CHECKING:
     from zmesh._shared.state import Rank, Status
 
 _LAZY = {
+    "send": "zmesh._client.ports",
+    "PortReceiver": "zmesh._client.ports",
+    "Port": "zmesh._client.ports",
+    "Channel": "zmesh._client.ports",
+    "ItemStream": "zmesh._client.streams",
+    "Accumulator": "zmesh._client.accumulate",
     "EndpointRef": "zmesh._client.adverbs",
     "Stream": "zmesh._client.adverbs",
     "SupervisionEvent": "zmesh._client.controller",
@@ -117,12 +126,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
     "ActorStoppedError",
     "AgentError",
     "CallTimeoutError",
+    "Channel",
     "ConnectionLostError",
     "EncodeError",
     "Endpoint",
@@ -130,11 +141,14 @@ __all__ = [
     "EndpointRef",
     "Future",
     "HostMesh",
+    "ItemStream",
     "LeastLoadedRouter",
     "MeshState",
     "Options",
     "OverloadedError",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "Rank",
     "ReplicaStatistics",
@@ -159,6 +173,7 @@ __all__ = [
     "current_rank",
     "current_request",
     "endpoint",
+    "send",
     "shutdown",
     "this_host",
 ]

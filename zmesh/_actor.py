@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import inspect
 import re
@@ -20,6 +21,11 @@ R = TypeVar("R")
 A = TypeVar("A", bound="Actor")
 
 
+# A streaming endpoint's producer runs at most this many items ahead of its
+# consumer, unless ``@endpoint(window=...)`` or ``ref.options(window=...)`` says.
+DEFAULT_WINDOW = 64
+
+
 @dataclass(frozen=True)
 class EndpointInfo:
     """How an endpoint runs."""
@@ -28,6 +34,9 @@ class EndpointInfo:
     is_async: bool
     concurrent: bool = False  # may run while other messages to the actor run
     retry: bool = True  # a service may re-send it to another replica
+    stream: bool = False  # a generator: its items stream back (zmesh._client.streams)
+    window: int = DEFAULT_WINDOW  # a stream's items in flight ahead of its consumer, at most
+    port: bool = False  # takes a response port first (``explicit_response_port``)
 
 
 class Endpoint(Generic[P, R]):
@@ -37,18 +46,31 @@ class Endpoint(Generic[P, R]):
     handle, ``mesh.method`` offers the adverbs (``call``, ``call_one``, ...).
     """
 
-    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False, retry: bool = True):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        concurrent: bool = False,
+        retry: bool = True,
+        window: int = DEFAULT_WINDOW,
+        explicit_response_port: bool = False,
+    ):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int, not {window!r}")
         self.fn = fn
         self.info = EndpointInfo(
             name=fn.__name__,
             is_async=inspect.iscoroutinefunction(fn),
             concurrent=concurrent,
             retry=retry,
+            stream=inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn),
+            window=window,
+            port=explicit_response_port,
         )
         functools.update_wrapper(self, fn)
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.info = EndpointInfo(name, self.info.is_async, self.info.concurrent, self.info.retry)
+        self.info = dataclasses.replace(self.info, name=name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -68,16 +90,27 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
 def endpoint(
-    *, concurrent: bool = False, retry: bool = True
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: bool = False,
 ) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
 def endpoint(
-    fn: Callable[..., Any] | None = None, *, concurrent: bool = False, retry: bool = True
+    fn: Callable[..., Any] | None = None,
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: bool = False,
 ) -> Any:
     """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
 
     Async endpoints run on the proc's event loop. Sync endpoints run in a
     worker thread, so one that blocks for seconds never stalls the proc's
-    I/O, its heartbeats, or the other actors in the proc.
+    I/O, its heartbeats, or the other actors in the proc. A generator (or
+    async generator) endpoint streams its items to the caller as it yields
+    them; while its stream is open it is the actor's message in progress.
 
     Args:
         fn: the method.
@@ -86,6 +119,12 @@ def endpoint(
         retry: whether a service may re-send a request that was in flight on
             a replica that died (at-least-once). With ``False`` the caller gets
             ``SupervisionError`` instead.
+        window: for a generator endpoint (``def`` with ``yield``, or an
+            async generator), how many items its producer may run ahead of
+            the consumer (credit-based flow control; see docs/streams.md).
+        explicit_response_port: the method takes a ``Port`` first and answers
+            through it (``port.send(value)``), later or several times, as
+            in Monarch; callers use the adverbs as for any endpoint.
 
     Example::
 
@@ -93,9 +132,13 @@ def endpoint(
             @zmesh.endpoint
             async def incr(self, by: int = 1) -> int: ...
     """
+    opts: dict[str, Any] = {
+        "concurrent": concurrent, "retry": retry, "window": window,
+        "explicit_response_port": explicit_response_port,
+    }  # fmt: skip
     if fn is None:
-        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry)
-    return Endpoint(fn, concurrent=concurrent, retry=retry)
+        return lambda f: Endpoint(f, **opts)
+    return Endpoint(fn, **opts)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointInfo]:

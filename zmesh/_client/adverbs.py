@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
+from zmesh._client.streams import ItemStream, open_stream
 from zmesh._errors import EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
@@ -78,29 +79,46 @@ def _on_runtime(
 class EndpointRef(Generic[R]):
     """``mesh.endpoint``: the adverbs for one endpoint of one mesh (or slice)."""
 
-    __slots__ = ("_block", "_mesh", "_name", "_timeout")
+    __slots__ = ("_block", "_mesh", "_name", "_timeout", "_window")
 
     def __init__(
-        self, mesh: ActorMesh[Any], name: str, timeout: float | None = None, block: bool = True
+        self,
+        mesh: ActorMesh[Any],
+        name: str,
+        timeout: float | None = None,
+        block: bool = True,
+        window: int | None = None,
     ) -> None:
         self._mesh = mesh
         self._name = name
         self._timeout = timeout
         self._block = block
+        # A generator endpoint's window (see zmesh._client.streams); 0: not one.
+        # -1: an explicit response port endpoint (zmesh._client.ports).
+        mode = (getattr(mesh, "modes", None) or {}).get(name)
+        self._window = 0 if mode is None else (window or mode) if mode else -1
 
-    def options(self, *, timeout: float | None = None, block: bool = True) -> EndpointRef[R]:
+    def options(
+        self, *, timeout: float | None = None, block: bool = True, window: int | None = None
+    ) -> EndpointRef[R]:
         """The same endpoint with per-call options.
 
         Args:
             timeout: seconds until the call fails with ``CallTimeoutError``.
                 The request carries this deadline, and a proc that receives
-                it too late does not run it.
+                it too late does not run it. For a generator endpoint: how
+                long the reader waits for each item.
             block: what a call does when this caller already has the limit of
                 calls in flight to the proc (``ZMESH_MAX_IN_FLIGHT``, 10,000):
                 wait its turn, in order (the default), or fail at once with
                 ``OverloadedError`` (``block=False``).
+            window: for a generator endpoint, how many items its producer
+                may run ahead of this caller (default: the endpoint's own,
+                64 unless ``@endpoint(window=...)`` says).
         """
-        return EndpointRef(self._mesh, self._name, timeout, block)
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int, not {window!r}")
+        return EndpointRef(self._mesh, self._name, timeout, block, window)
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         try:
@@ -132,6 +150,9 @@ class EndpointRef(Generic[R]):
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of this mesh; a future of its value.
 
+        On a generator endpoint: an ``ItemStream`` of its items, read with
+        ``async for`` or ``for`` (see docs/streams.md).
+
         Raises:
             ValueError: at once, before sending, when the mesh is not exactly
                 one actor (slice it first).
@@ -143,13 +164,37 @@ class EndpointRef(Generic[R]):
                 f"call_one() needs exactly one actor, but {self._mesh!r} has {len(refs)}; "
                 "use call(), choose() or slice the mesh"
             )
+        if self._window:
+            if self._window < 0:
+                from zmesh._client.ports import explicit_call
+
+                return explicit_call(self, args, kwargs, whole=False)
+            return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
         return self._one(refs[0], args, kwargs)
+
+    def _stream(
+        self, refs: list[ProcRef], args: tuple[Any, ...], kwargs: dict[str, Any], points: Any
+    ) -> ItemStream[Any]:
+        """A generator endpoint's items from ``refs`` (``(point, item)`` pairs with ``points``)."""
+        payload, buffers = self._pack(args, kwargs)
+        return open_stream(
+            refs, self._mesh.actor, self._name, payload, buffers, window=self._window,
+            timeout=self._timeout, block=self._block, points=points,
+        )  # fmt: skip
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of this mesh, the least loaded from this caller."""
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
+        if self._window < 0:
+            raise TypeError(
+                f"{self._name!r} answers through a response port: use call_one() on a "
+                "slice, call(), or zmesh.send(..., selection='choose')"
+            )
+        if self._window > 0:  # a generator endpoint: the items of one rank's
+            rt, _ = _runtime.current()
+            return self._stream([_least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
         payload, buffers = self._pack(args, kwargs)
         actor, name, timeout, block = self._mesh.actor, self._name, self._timeout, self._block
         deadline = time.time() + timeout if timeout is not None else 0.0
@@ -187,10 +232,19 @@ class EndpointRef(Generic[R]):
 
         The first failure (an ``ActorError``, ``SupervisionError``, ...) fails
         the whole future.
+
+        On a generator endpoint: an ``ItemStream`` of ``(point, item)`` pairs
+        from every actor, as they arrive (see ``zmesh._client.streams``).
         """
         from zmesh._client.mesh import ValueMesh
 
         mesh = self._mesh
+        if self._window:
+            if self._window < 0:
+                from zmesh._client.ports import explicit_call
+
+                return explicit_call(self, args, kwargs, whole=True)
+            return self._stream(mesh._refs, args, kwargs, mesh.points())  # type: ignore[return-value]
         refs = mesh._refs
         payload, buffers = self._pack(args, kwargs)
         msg = self._call_msg(payload)

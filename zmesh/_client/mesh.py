@@ -99,6 +99,9 @@ class _Shape:
         return _Shape(keep_dims, out)
 
 
+_NO_INITIAL: Any = object()
+
+
 class ValueMesh(Generic[T]):
     """The values of a ``call``, one per actor, in rank order."""
 
@@ -123,6 +126,16 @@ class ValueMesh(Generic[T]):
 
     def __getitem__(self, index: int) -> T:
         return self._values[index]
+
+    def reduce(self, fn: Callable[[Any, T], Any], initial: Any = _NO_INITIAL) -> Any:
+        """Fold the values in rank order: ``fn(...fn(initial, v0)..., vN)``.
+
+        Without ``initial`` the first value starts the fold (an empty mesh
+        then raises ``TypeError``, as ``functools.reduce`` does).
+        """
+        if initial is _NO_INITIAL:
+            return functools.reduce(fn, self._values)
+        return functools.reduce(fn, self._values, initial)
 
     def __repr__(self) -> str:
         return f"ValueMesh({self.dims}, {self._values!r})"
@@ -359,8 +372,12 @@ class ActorMesh(_MeshBase, Generic[A]):
         *,
         owns_procs: bool = False,
         full_dims: dict[str, int] | None = None,
+        modes: dict[str, int] | None = None,
     ) -> None:
         self.actor = actor
+        # Endpoints that do not just return: a generator's window (> 0), or 0
+        # for an explicit response port (zmesh._client.streams, ports).
+        self.modes = modes or {}
         self.full_dims = dict(full_dims if full_dims is not None else shape.dims)
         self.cls_name = cls_name
         self.endpoints = endpoints
@@ -391,7 +408,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         by_rank = {r.rank: r for r in self._refs}
         return ActorMesh(
             self.actor, self.cls_name, self.endpoints, shape,
-            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims,
+            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims, modes=self.modes,
         )  # fmt: skip
 
     def points(self) -> list[Point]:
@@ -409,7 +426,8 @@ class ActorMesh(_MeshBase, Generic[A]):
         return (
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
-             self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims),
+             self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
+             self.modes),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -425,10 +443,11 @@ def _rebuild_actor_mesh(
     ranks: list[int],
     refs: list[bytes],
     full: dict[str, int],
+    modes: dict[str, int] | None = None,
 ) -> ActorMesh[Any]:
     return ActorMesh(
         actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
-        [pickle.loads(r) for r in refs], full_dims=full,
+        [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
 
 
@@ -769,8 +788,12 @@ async def _spawn_actors(
                 host=err.host, log_path=err.log_path,
             ) from err  # fmt: skip
         raise err
-    eps = frozenset(endpoints_of(cls))
-    return ActorMesh(name, cls.__qualname__, eps, _Shape(dims, procs._shape.ranks), procs._refs)
+    infos = endpoints_of(cls)
+    modes = {n: i.window if i.stream else 0 for n, i in infos.items() if i.stream or i.port}
+    return ActorMesh(
+        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
+        modes=modes,
+    )  # fmt: skip
 
 
 def stop_request(name: str) -> Callable[[int], w.Stop]:

@@ -187,6 +187,7 @@ class Runtime:
         self.conns: dict[str, ProcConn] = {}
         self.controller: Controller = Controller(self)
         self.closed = False
+        self.closers: list[Callable[[], None]] = []  # more sockets to close (ports)
 
     # ------------------------------------------------------------ connections
 
@@ -287,6 +288,21 @@ class Runtime:
         c.pending[req_id] = req
         if size:
             c.bytes += size
+
+    def next_id(self) -> int:
+        """A fresh request id of this runtime."""
+        return next(self._ids)
+
+    def post(self, c: ProcConn, frames: list[Any], req: OneRequest, block: bool = True) -> None:
+        """Send ``req`` (encoded as ``frames``) on ``c``, or queue it behind the
+        in-flight limits as ``call`` does; ``c`` is not broken."""
+        if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (req.size and _over(c, req.size)):
+            self._wait(c, frames, req, 0, block)
+            return
+        c.sock.send(frames)  # type: ignore[union-attr]  # not broken: it has a socket
+        c.pending[req.id] = req
+        if req.size:
+            c.bytes += req.size
 
     def call_threadsafe(
         self,
@@ -438,8 +454,11 @@ class Runtime:
                     value = self.codec.unpack_value(payload, frames)
             except Exception as exc:
                 ok, value = False, EncodeError(f"cannot decode reply: {exc!r}")
-        else:
+        elif type(msg) is w.Failure:
             ok, value = False, failure_error(msg, conn.ref)
+        else:  # an item of a stream: its request is a stream source (zmesh._client.streams)
+            req.fut.on_message(conn, req, msg, frames)  # type: ignore[union-attr]
+            return
         if isinstance(req, OneRequest):
             if req.timer is not None:
                 req.timer.cancel()
@@ -565,6 +584,8 @@ class Runtime:
             return
         self.closed = True
         self.controller.close()
+        for close in self.closers:
+            close()
         for c in self.conns.values():
             if c.sock is not None:
                 c.sock.close()

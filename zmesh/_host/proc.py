@@ -34,6 +34,7 @@ import zmq
 
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
+from zmesh._host.generators import Producers
 from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
@@ -240,6 +241,7 @@ class ProcServer:
         self.spawning: set[asyncio.Task[None]] = set()
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
         self.sampler = _stats.ProcSampler()
+        self.producers = Producers(self)  # generator endpoints' streams
 
     def statistics(self) -> _stats.ProcStatistics:
         """This proc (pid, CPU %, RSS, uptime) and its actors, as a frozen record."""
@@ -374,6 +376,8 @@ class ProcServer:
             if box is not None:
                 box.close()
             self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
+        elif isinstance(msg, w.Credit | w.Cancel):
+            self.producers.control(ident, msg)
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
@@ -446,6 +450,9 @@ class ProcServer:
             return
         fn = ep.fn
         _REQUEST.set(call.request)  # zmesh.current_request(), for dedup by actors
+        if ep.info.stream:  # a generator: its items stream back (zmesh._host.generators)
+            await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
+            return
         t0 = counters.begin()
         try:
             if ep.info.is_async:

@@ -130,6 +130,62 @@ class Failure(Message, frozen=True):
     endpoint: str = ""
 
 
+# ------------------------------------------- streams (client <-> proc)
+#
+# A generator endpoint answers a ``StreamCall`` with ``StreamItem``s, then
+# ``StreamEnd`` (or a ``Failure``, after the items before it). Its producer
+# runs at most ``window`` items ahead: the consumer grants more with
+# ``Credit`` as it reads, and ``Cancel`` closes the generator. See
+# ``zmesh._client.streams`` and ``zmesh._host.generators``.
+
+
+class StreamCall(Call, frozen=True):
+    """A ``Call`` of a generator endpoint: stream its items back."""
+
+    window: Count = 0  # items ahead of the consumer, at most; 0 = the endpoint's own
+
+
+class StreamItem(Message, frozen=True):
+    id: int
+    payload: Payload
+
+
+class StreamEnd(Message, frozen=True):
+    """The generator returned: no more items."""
+
+    id: int
+
+
+class StreamAlive(Message, frozen=True):
+    """A producer waiting for credit checks that its consumer is still there."""
+
+    id: int
+
+
+class Credit(Message, frozen=True):
+    """The consumer read ``n`` more items: the producer may send ``n`` more."""
+
+    id: int
+    n: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)]
+
+
+class Cancel(Message, frozen=True):
+    """The consumer is done: close the generator (its ``finally`` runs)."""
+
+    id: int
+
+
+# ------------------------------------------------ ports (any -> receiver)
+
+
+class PortSend(Message, frozen=True):
+    """A value for port ``port`` of the receiving process (``zmesh._client.ports``)."""
+
+    port: int
+    rank: int  # the sending actor's rank; -1 for a sender that is no actor
+    payload: Payload
+
+
 # ------------------------------------------------------ client <-> agent
 
 
@@ -368,10 +424,11 @@ class StatsReply(Message, frozen=True):
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats"}
 )
-PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor"})
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor
-CLIENT_INBOX: Any = Reply | Failure
+PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel
+CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive
+PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (
     CreateOrUpdate
     | GetState
@@ -396,3 +453,4 @@ OBSERVER_STREAM: Any = Event | Heartbeat | Stats
 
 # Message classes by tag, for ``codec.explain`` and for fuzzing.
 KINDS: dict[str, type[msgspec.Struct]] = {c.__name__: c for c in Message.__subclasses__()}
+KINDS["StreamCall"] = StreamCall  # a subclass of Call, not of Message directly

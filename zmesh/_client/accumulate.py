@@ -1,0 +1,81 @@
+"""Reductions: fold the replies of a mesh call into one value as they arrive.
+
+``Accumulator(mesh.endpoint, identity, combine).accumulate(*args, **kwargs)``
+is Monarch's: it calls every actor of the endpoint's mesh and folds each reply
+into the running value the moment it arrives, on the caller's runtime loop,
+so the caller holds one value, never all N replies. The first failure fails
+the future (the rest of the replies are ignored), and so does an exception
+``combine`` raises (as itself: it is the caller's code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from zmesh._client.adverbs import EndpointRef, _on_runtime
+from zmesh._client.future import Future
+from zmesh._client.runtime import Runtime, Sink
+
+R = TypeVar("R")
+A = TypeVar("A")
+
+
+class Accumulator(Generic[R, A]):
+    """Reduce a mesh call to one value: ``combine(...combine(identity, r0)..., rN)``.
+
+    Args:
+        endpoint: ``mesh.endpoint`` (any mesh or slice).
+        identity: the value before the first reply.
+        combine: ``(accumulated, reply) -> accumulated``; called once per
+            reply, in arrival order (so it should be associative and
+            commutative, as for Monarch).
+
+    Example::
+
+        total = await Accumulator(mesh.value, 0, operator.add).accumulate()
+    """
+
+    def __init__(self, endpoint: EndpointRef[R], identity: A, combine: Callable[[A, R], A]):
+        if not isinstance(endpoint, EndpointRef):
+            raise TypeError(
+                f"Accumulator needs an endpoint of a mesh (mesh.name), not {endpoint!r}"
+            )
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Call every actor with these arguments; a future of the folded value."""
+        ep = self._endpoint
+        refs = ep._mesh._refs
+        payload, buffers = ep._pack(args, kwargs)
+        msg = ep._call_msg(payload)
+        combine, name = self._combine, ep._name
+
+        def start(rt: Runtime, fut: Sink) -> None:
+            acc = self._identity
+            remaining = len(refs)
+
+            def deliver(i: int, ok: bool, value: Any) -> None:
+                nonlocal acc, remaining
+                if fut.done():
+                    return
+                if not ok:
+                    fut.set_exception(value)
+                    return
+                try:
+                    acc = combine(acc, value)
+                except Exception as exc:  # the caller's own function: its error, as is
+                    fut.set_exception(exc)
+                    return
+                remaining -= 1
+                if remaining == 0:
+                    fut.set_result(acc)
+
+            if not refs:
+                fut.set_result(acc)
+            else:
+                rt.send(refs, msg, buffers, deliver, ep._timeout, ep._block)
+
+        return _on_runtime(start, (ep._mesh.proc_mesh, name))
