@@ -33,6 +33,11 @@ EXPECT: dict[str, tuple[float, list[str], bool]] = {
     ),
     "rl_loop.py": (90, [r"iter 12: reward", r"done in"], False),
     "service_failover.py": (90, [r"^lost:\s+0$", r"^service:\s+OK$"], False),
+    "token_stream.py": (
+        90,
+        [r"failover: replica 0 died before the first token", r"^tokens: 12$"],
+        False,
+    ),
     "multihost.py": (90, [r"over 2 agents", r"per-host fan-out: \[\[3, 3\], \[4, 4\]\]"], True),
 }
 
