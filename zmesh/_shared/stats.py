@@ -110,6 +110,10 @@ class ServiceSummary(msgspec.Struct, frozen=True, omit_defaults=True):
     restarts: int = 0
     last_failure: str = ""
     state: str = ""
+    # Which service (names may repeat), and its replica table for handles
+    # of it in other processes (zmesh._service.client.TableRow, msgpack).
+    id: str = ""
+    table: bytes = b""
 
 
 # ------------------------------------------------------------- counters
