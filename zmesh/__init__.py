@@ -25,7 +25,16 @@ their endpoints with adverbs::
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from zmesh._actor import Actor, Endpoint, Options, Point, current_rank, current_request, endpoint
+from zmesh._actor import (
+    Actor,
+    Endpoint,
+    Options,
+    Point,
+    current_rank,
+    current_request,
+    endpoint,
+    service,
+)
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -155,6 +164,7 @@ __all__ = [
     "current_rank",
     "current_request",
     "endpoint",
+    "service",
     "shutdown",
     "this_host",
 ]
