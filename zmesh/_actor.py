@@ -7,7 +7,7 @@ import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ class EndpointInfo:
     is_async: bool
     concurrent: bool = False  # may run while other messages to the actor run
     retry: bool = True  # a service may re-send it to another replica
+    batch: int = 0  # > 0: up to this many calls are run as one invocation
+    batch_wait: float = 0.0  # seconds a batch waits for more calls after its first
 
 
 class Endpoint(Generic[P, R]):
@@ -38,18 +40,30 @@ class Endpoint(Generic[P, R]):
     handle, ``mesh.method`` offers the adverbs (``call``, ``call_one``, ...).
     """
 
-    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False, retry: bool = True):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        concurrent: bool = False,
+        retry: bool = True,
+        batch: int = 0,
+        batch_wait: float = 0.0,
+    ):
+        if batch < 0 or batch_wait < 0:
+            raise ValueError(f"batch and batch_wait must be >= 0, got {batch} and {batch_wait}")
         self.fn = fn
         self.info = EndpointInfo(
             name=fn.__name__,
             is_async=inspect.iscoroutinefunction(fn),
             concurrent=concurrent,
             retry=retry,
+            batch=batch,
+            batch_wait=batch_wait,
         )
         functools.update_wrapper(self, fn)
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.info = EndpointInfo(name, self.info.is_async, self.info.concurrent, self.info.retry)
+        self.info = replace(self.info, name=name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
@@ -69,10 +83,15 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
 def endpoint(
-    *, concurrent: bool = False, retry: bool = True
+    *, concurrent: bool = False, retry: bool = True, batch: int = 0, batch_wait: float = 0.0
 ) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
 def endpoint(
-    fn: Callable[..., Any] | None = None, *, concurrent: bool = False, retry: bool = True
+    fn: Callable[..., Any] | None = None,
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    batch: int = 0,
+    batch_wait: float = 0.0,
 ) -> Any:
     """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
 
@@ -87,6 +106,13 @@ def endpoint(
         retry: whether a service may re-send a request that was in flight on
             a replica that died (at-least-once). With ``False`` the caller gets
             ``SupervisionError`` instead.
+        batch: run up to this many pending calls as one invocation. The
+            method takes a list and returns a list of the same length; each
+            caller sends one item and gets its own element back (or the
+            exception, if the invocation raised). Batches run one at a time,
+            beside the actor's other messages.
+        batch_wait: how long a batch waits for more calls after its first,
+            in seconds, before it runs with what it has.
 
     Example::
 
@@ -94,9 +120,12 @@ def endpoint(
             @zmesh.endpoint
             async def incr(self, by: int = 1) -> int: ...
     """
+    opts: dict[str, Any] = {"concurrent": concurrent, "retry": retry}
+    if batch:
+        opts.update(batch=batch, batch_wait=batch_wait)
     if fn is None:
-        return lambda f: Endpoint(f, concurrent=concurrent, retry=retry)
-    return Endpoint(fn, concurrent=concurrent, retry=retry)
+        return lambda f: Endpoint(f, **opts)
+    return Endpoint(fn, **opts)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointInfo]:
