@@ -94,8 +94,9 @@ async def test_a_handle_inside_an_actor_fails_over_with_nothing_lost() -> None:
         replica = svc.replica(0)
         assert replica is not None
         victim = await replica.pid.call_one()
-        running = trainer.run.options(timeout=120).call_one(600, 20)
-        await asyncio.sleep(0.8)  # under way
+        # 3000 calls of 10 ms, 20 at a time: at least 1.5 s, so the kill lands mid-run.
+        running = trainer.run.options(timeout=120).call_one(3000, 20)
+        await asyncio.sleep(0.5)
         os.kill(victim, signal.SIGKILL)
         result = await running
         assert result["errors"] == [], result["errors"][:5]  # 0 lost

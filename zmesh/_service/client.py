@@ -1,4 +1,4 @@
-"""The calling side of a service in one process: a dispatcher wired to a runtime.
+"""The calling side of a service: a dispatcher wired to one runtime.
 
 ``ServiceClient`` carries out what the socket-free ``Dispatcher`` decides:
 it sends attempts to the replicas' procs, turns their replies into
@@ -6,11 +6,13 @@ outcomes, keeps each request's timer, and follows the supervision stream of
 every replica generation it knows, so a dead replica leaves routing when
 its agent says so, not when a request fails.
 
-It runs on the runtime's I/O loop of its process. In the process that made
-the service, the supervisor hands it each new generation. Anywhere else (a
-``Service`` passed to an actor, or returned from one) it learns new
-generations from the replica tables the orchestrator reports to its agents
-(``Follower``), with no round trip through the owner per request.
+There is one per runtime (event loop) that calls the service, so a call
+from ``async`` code is routed on the caller's own loop, with no thread hop.
+In the process that made the service, the supervisor pushes each change of
+the replica table to its clients. Anywhere else (a ``Service`` passed to an
+actor, or returned from one) a client learns new generations from the
+replica tables the orchestrator reports to its agents (``Follower``), with
+no round trip through the owner per request.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class TableRow(msgspec.Struct, frozen=True):
     state: str
     actor: str = ""
     refs: list[ProcRef] = []
+    restarts: int = 0
+    last_failure: str = ""
+    dims: dict[str, int] = {}
 
 
 _TABLE = msgspec.msgpack.Encoder()
@@ -137,11 +142,18 @@ class ServiceClient:
         rows = []
         for slot, mesh in zip(self.dispatcher.slots, self.meshes, strict=True):
             actor, refs = (mesh.actor, list(mesh._refs)) if mesh is not None else ("", [])
-            rows.append(TableRow(slot.index, slot.generation, slot.state, actor, refs))
+            row = TableRow(slot.index, slot.generation, slot.state, actor, refs)
+            dims = mesh.sizes if mesh is not None else {}
+            rows.append(msgspec.structs.replace(
+                row, restarts=slot.restarts, last_failure=slot.last_failure, dims=dims
+            ))  # fmt: skip
         return rows
 
     def apply_table(self, rows: list[TableRow]) -> None:
-        """Follow a table from the orchestrator: newer generations, replicas given up."""
+        """Follow a table from the orchestrator: newer generations, failures,
+        replicas given up, a stop. Older news than this client's is ignored."""
+        if self.dispatcher.stopped:
+            return
         for row in rows:
             if row.index >= len(self.meshes):
                 continue
@@ -149,10 +161,18 @@ class ServiceClient:
             if row.state == STOPPED:
                 self.stop()
                 return
+            slot.restarts = max(slot.restarts, row.restarts)
+            if row.last_failure:
+                slot.last_failure = row.last_failure
+            if row.state != HEALTHY and row.generation == slot.generation:
+                # The orchestrator knew first (a health check): out of routing.
+                self.dispatcher.replica_failed(
+                    row.index, row.generation, row.last_failure or row.state, False
+                )
             if row.state == HEALTHY and row.generation > slot.generation and row.refs:
                 from zmesh._client.mesh import _Shape
 
-                shape = _Shape({"procs": len(row.refs)}, [r.rank for r in row.refs])
+                shape = _Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
                 mesh: ActorMesh[Any] = ActorMesh(
                     row.actor, self.cls_name, self.endpoints, shape, list(row.refs)
                 )

@@ -113,10 +113,8 @@ class ServiceEndpoint(Generic[R]):
             CallTimeoutError: the timeout passed while the request ran.
         """
         svc, session = self._svc, self._session_now()
-        return run_on(
-            _runtime.home(),
-            lambda: svc._submit(self._name, args, kwargs, self._timeout, session),
-        )
+        rt, _ = _runtime.current()
+        return run_on(rt, lambda: svc._submit(rt, self._name, args, kwargs, self._timeout, session))
 
     route = call_one
 
@@ -126,16 +124,21 @@ class ServiceEndpoint(Generic[R]):
         Sessions do not apply: ``choose`` is for spreading load.
         """
         svc = self._svc
+        rt, _ = _runtime.current()
         return run_on(
-            _runtime.home(),
-            lambda: svc._submit(self._name, args, kwargs, self._timeout, None, least_loaded=True),
+            rt,
+            lambda: svc._submit(
+                rt, self._name, args, kwargs, self._timeout, None, least_loaded=True
+            ),
         )
 
-    def _fan_out(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[asyncio.Future[Any]]:
+    def _fan_out(
+        self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[asyncio.Future[Any]]:
         svc = self._svc
-        healthy = svc._client_here().dispatcher.healthy()
+        healthy = svc._client_for(rt).dispatcher.healthy()
         return [
-            svc._submit(self._name, args, kwargs, self._timeout, None, pinned=s.index)
+            svc._submit(rt, self._name, args, kwargs, self._timeout, None, pinned=s.index)
             for s in healthy
         ]
 
@@ -144,9 +147,9 @@ class ServiceEndpoint(Generic[R]):
 
         A replica that fails during the call is left out of the list.
         """
+        rt, _ = _runtime.current()
         return run_on(
-            _runtime.home(),
-            lambda: asyncio.ensure_future(_gather_survivors(self._fan_out(args, kwargs))),
+            rt, lambda: asyncio.ensure_future(_gather_survivors(self._fan_out(rt, args, kwargs)))
         )
 
     fanout = call
@@ -157,8 +160,8 @@ class ServiceEndpoint(Generic[R]):
         ``async for v in svc.ep.stream(...)``, or plain ``for`` in sync code.
         A replica that fails during the call is left out, as with ``call``.
         """
-        rt = _runtime.home()
-        return ServiceStream(rt, run_on(rt, lambda: _settled(rt, self._fan_out(args, kwargs))))
+        rt, _ = _runtime.current()
+        return ServiceStream(rt, run_on(rt, lambda: _settled(rt, self._fan_out(rt, args, kwargs))))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry."""
@@ -167,12 +170,12 @@ class ServiceEndpoint(Generic[R]):
             payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(f"arguments of {self._name!r} cannot be sent: {exc}") from exc
-        rt = _runtime.home()
+        rt, home = _runtime.current()
 
         def send() -> None:
-            svc._client_here().broadcast(self._name, payload, buffers)
+            svc._client_for(rt).broadcast(self._name, payload, buffers)
 
-        if asyncio._get_running_loop() is rt.loop:
+        if home:
             send()
         else:
             rt.loop.call_soon_threadsafe(send)

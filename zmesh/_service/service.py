@@ -12,7 +12,10 @@ routes each request to one healthy replica. Three parts, each in its module:
 * the ``ServiceClient`` (``client``) carries the dispatcher's decisions out
   over this process's runtime and follows the replicas' supervision streams.
 
-A ``Service`` handle is a value: passed to an actor (or returned from one),
+There is a client per event loop that calls the service (a call from
+``async`` code is routed on the caller's loop, with no thread hop); the
+supervisor feeds the clients of its process each change of the table. A
+``Service`` handle is a value: passed to an actor (or returned from one),
 it carries the replica table, and calls made there are routed, retried and
 failed over by a client in that process, which follows the orchestrator's
 table through the agents.
@@ -31,6 +34,7 @@ from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.mesh import ActorMesh
+from zmesh._client.runtime import Runtime
 from zmesh._errors import EndpointError, ServiceError
 from zmesh._service.client import Follower, ServiceClient, decode_table, encode_table
 from zmesh._service.endpoint import ServiceEndpoint, run_on
@@ -46,9 +50,13 @@ from zmesh._service.routing import (
 )
 from zmesh._service.supervisor import Supervisor
 
-# Clients of services in this process, by service id: a handle unpickled
-# here twice (or its owner's) shares one, so limits and sessions are per process.
-_clients: weakref.WeakValueDictionary[str, ServiceClient] = weakref.WeakValueDictionary()
+# Clients of services in this process, by service id and runtime: handles of
+# one service (the owner's, one unpickled here) share them.
+_clients: weakref.WeakValueDictionary[tuple[str, int], ServiceClient] = (
+    weakref.WeakValueDictionary()
+)
+# The supervisors of the services made in this process, by service id.
+_supervisors: weakref.WeakValueDictionary[str, Supervisor] = weakref.WeakValueDictionary()
 
 
 class Service:
@@ -79,7 +87,7 @@ class Service:
         self.config = config
         self.router = router
         self._n = replicas
-        self._client: ServiceClient | None = None
+        self._clients: dict[int, ServiceClient] = {}  # by runtime (id), each on its loop
         self._supervisor: Supervisor | None = None  # in the process that made it
         self._table = b""  # for a handle from elsewhere: the table it arrived with
         self._agents: list[str] = []
@@ -108,14 +116,7 @@ class Service:
 
     def replica(self, index: int) -> ActorMesh[Any] | None:
         """The actor mesh of replica ``index``'s current generation (``None`` while down)."""
-        client = self._client
-        if client is None:
-            rows = decode_table(self._table) if self._table else []
-            row = next((r for r in rows if r.index == index), None)
-            if row is None or not row.refs:
-                return None
-            client = self._client_here()
-            client.apply_table(rows)
+        client = self._client_now()
         if client.dispatcher.slots[index].state == "UNHEALTHY":
             return None
         return client.meshes[index]
@@ -146,8 +147,9 @@ class Service:
 
         From this process's view (no round trip).
         """
-        d = self._client_here().dispatcher
-        now = _runtime.home().loop.time()
+        client = self._client_now()
+        d = client.dispatcher
+        now = client.rt.loop.time()
         reps = [s.statistics(now) for s in d.slots]
         healthy = sum(r.state == HEALTHY for r in reps)
         if d.stopped:
@@ -186,34 +188,58 @@ class Service:
 
     # ------------------------------------------------------------ calls
 
-    def _client_here(self) -> ServiceClient:
-        """This process's client of the service (made on first use, on the I/O loop)."""
-        if self._client is not None:
-            return self._client
-        client = _clients.get(self.id)
-        if client is None or client.rt.closed:
-            rt = _runtime.home()
-            client = ServiceClient(
-                rt, self.name, self._n, self.config, self.router, self.cls_name,
-                frozenset(self.endpoints),
-            )  # fmt: skip
-            _clients[self.id] = client
-            if self._table:
-                rows = decode_table(self._table)
+    def _client_now(self) -> ServiceClient:
+        """The client of the caller's runtime (the I/O loop's, from plain code)."""
+        rt, home = _runtime.current()
+        if home:
+            return self._client_for(rt)
+        client = self._clients.get(id(rt))
+        if client is not None and client.rt is rt:
+            return client
 
-                def follow() -> None:
-                    client.apply_table(rows)
-                    Follower(client, self.id, set(self._agents))
+        def make() -> asyncio.Future[ServiceClient]:
+            done: asyncio.Future[ServiceClient] = rt.loop.create_future()
+            done.set_result(self._client_for(rt))
+            return done
 
-                if asyncio._get_running_loop() is rt.loop:
-                    follow()
-                else:
-                    rt.loop.call_soon_threadsafe(follow)
-        self._client = client
+        return run_on(rt, make).get(timeout=10.0)
+
+    def _client_for(self, rt: Runtime) -> ServiceClient:
+        """This service's client on ``rt``, made on first use; call it on ``rt``'s loop.
+
+        A new client starts from the freshest table this process has: the
+        supervisor's if the service was made here (which then feeds it every
+        change), else the table the handle arrived with (and a ``Follower``
+        reads the orchestrator's updates from the agents).
+        """
+        client = self._clients.get(id(rt))
+        if client is not None and client.rt is rt and not rt.closed:
+            return client
+        shared = _clients.get((self.id, id(rt)))
+        if shared is not None and shared.rt is rt and not rt.closed:
+            self._clients[id(rt)] = shared
+            return shared
+        for key in [k for k, c in self._clients.items() if c.rt.closed]:
+            del self._clients[key]  # its loop ended
+        client = ServiceClient(
+            rt, self.name, self._n, self.config, self.router, self.cls_name,
+            frozenset(self.endpoints),
+        )  # fmt: skip
+        self._clients[id(rt)] = _clients[(self.id, id(rt))] = client
+        sup = _supervisors.get(self.id)
+        if sup is not None and not sup.stopped:
+            client.apply_table(sup.client.table())
+            sup.attach(client)
+            return client
+        known = [c for (sid, _), c in _clients.items() if sid == self.id and c is not client]
+        rows = known[0].table() if known else decode_table(self._table) if self._table else []
+        client.apply_table(rows)
+        Follower(client, self.id, set(self._agents))
         return client
 
     def _submit(
         self,
+        rt: Runtime,
         endpoint: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -222,8 +248,8 @@ class Service:
         pinned: int | None = None,
         least_loaded: bool = False,
     ) -> asyncio.Future[Any]:
-        """Make a request and route it; runs on the I/O loop."""
-        client = self._client_here()
+        """Make a request and route it; runs on ``rt``'s loop."""
+        client = self._client_for(rt)
         return client.submit(
             endpoint, args, kwargs, timeout, session, self.endpoints[endpoint].retry,
             pinned, least_loaded, f"{self._req_tag}-{next(self._ids)}",
@@ -232,7 +258,7 @@ class Service:
     def __reduce__(self) -> Any:
         # A handle travels as plain data: the replica table it knows, and the
         # agents that hear the orchestrator's updates.
-        client = self._client_here()
+        client = self._client_now()
         table = encode_table(client.table())
         agents = sorted({r.agent for m in client.meshes if m is not None for r in m._refs})
         try:
@@ -281,13 +307,14 @@ def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, A
             f"{opts.name}-{secrets.token_hex(6)}", opts.name, opts.cls.__qualname__,
             endpoints_of(opts.cls), opts.replicas, config, make_router(config.router),
         )  # fmt: skip
-        client = svc._client_here()
-        sup = svc._supervisor = Supervisor(rt, client, opts, args, kwargs, svc.id)
-        try:
-            await sup.start()
-        except BaseException:
-            _clients.pop(svc.id, None)
-            raise
+        client = ServiceClient(
+            rt, svc.name, svc._n, config, svc.router, svc.cls_name, frozenset(svc.endpoints)
+        )
+        svc._clients[id(rt)] = _clients[(svc.id, id(rt))] = client
+        sup = svc._supervisor = _supervisors[svc.id] = Supervisor(
+            rt, client, opts, args, kwargs, svc.id
+        )
+        await sup.start()
         return svc
 
     if asyncio._get_running_loop() is rt.loop:

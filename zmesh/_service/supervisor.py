@@ -9,16 +9,18 @@ the supervisor stops what is left of it and respawns it with exponential
 backoff; after more than ``max_restarts`` restarts within ``restart_window``
 seconds the replica stays down (OTP's restart intensity).
 
-Once a second, and at once on every change of the replica table, it
-reports the table to the agents the service uses (``ServiceReport``):
-``zmesh top`` shows it, and handles of the service in other processes
-follow it.
+On every change of the replica table it pushes the table to the clients
+of the service in this process (one per event loop that calls it); once a
+second, and at once on every change, it reports the table to the agents the
+service uses (``ServiceReport``): ``zmesh top`` shows it, and handles of the
+service in other processes follow it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections import deque
 from typing import Any
 
@@ -64,6 +66,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._spawning: set[asyncio.Task[None]] = set()  # respawns in progress
         self._agents: set[str] = set()  # every agent the service used: they get reports
+        # Clients of the service on other loops of this process, fed on each change.
+        self._attached: weakref.WeakSet[ServiceClient] = weakref.WeakSet()
         self.stopped = False
         client.dispatcher.on_failure = self._failed
 
@@ -97,6 +101,38 @@ class Supervisor:
         for mesh in meshes:
             await _stop_procs(self.rt, mesh._refs)
         self.report()  # a last table, STOPPED: handles elsewhere stop too
+
+    def attach(self, other: ServiceClient) -> None:
+        """Feed ``other`` (a client on another loop) the table now and on each change.
+
+        Safe from any thread. What ``other`` finds failed first (a request
+        that broke, its own supervision stream) comes back here.
+        """
+        loop = self.rt.loop
+
+        def tell(index: int, generation: int, reason: str) -> None:
+            d = self.client.dispatcher
+            loop.call_soon_threadsafe(d.replica_failed, index, generation, reason)
+
+        other.dispatcher.on_failure = tell
+
+        def add() -> None:
+            self._attached.add(other)
+            self._push_to(other, self.client.table())
+
+        if asyncio._get_running_loop() is loop:
+            add()
+        else:
+            loop.call_soon_threadsafe(add)
+
+    def _push_to(self, other: ServiceClient, rows: list[Any]) -> None:
+        if other.rt.closed or other.rt.loop.is_closed():
+            self._attached.discard(other)
+            return
+        try:
+            other.rt.loop.call_soon_threadsafe(other.apply_table, rows)
+        except RuntimeError:  # its loop closed meanwhile
+            self._attached.discard(other)
 
     def _spawn_task(self, coro: Any) -> None:
         task = self.rt.loop.create_task(coro)
@@ -226,6 +262,8 @@ class Supervisor:
         else:
             state = "DEGRADED" if healthy else "DOWN"
         table = self.client.table()
+        for other in list(self._attached):
+            self._push_to(other, table)
         summary = ServiceSummary(
             name=self.name,
             healthy=healthy,
