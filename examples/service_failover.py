@@ -41,9 +41,16 @@ def states(svc: zmesh.Service) -> str:
     return " ".join(f"{r.state}/g{r.generation}" for r in svc.statistics().replicas)
 
 
+def replica(svc: zmesh.Service, index: int) -> zmesh.ActorMesh[Scorer]:
+    """Replica ``index``'s mesh (the replicas this example calls are up)."""
+    mesh = svc.replica(index)
+    assert mesh is not None, f"replica {index} is down"
+    return mesh
+
+
 async def main() -> int:
-    svc = await Scorer.options(replicas=3).as_service()
-    pids = [await svc.replica(i).pid.call_one() for i in range(len(svc))]
+    svc = await Scorer.options(replicas=3).spawn()  # replicas=: a service
+    pids = [await replica(svc, i).pid.call_one() for i in range(len(svc))]
     print(f"{svc}: replica pids {pids}")
 
     sent = succeeded = wrong = lost = 0
@@ -52,7 +59,7 @@ async def main() -> int:
     async def request(i: int) -> None:
         nonlocal succeeded, wrong, lost
         try:
-            value = await svc.score.options(timeout=30).call_one(i)
+            value = await svc.score.options(timeout=30)(i)  # one healthy replica
         except zmesh.ZmeshError as err:
             lost += 1
             print(f"  lost request {i}: {err!r}")
@@ -81,7 +88,7 @@ async def main() -> int:
                 continue
             index = healthy[turn % len(healthy)]
             turn += 1
-            pid = await svc.replica(index).pid.call_one()
+            pid = await replica(svc, index).pid.call_one()
             os.kill(pid, signal.SIGKILL)
             print(f"t={time.monotonic() - start:4.1f}s  SIGKILL replica {index} (pid {pid})")
 

@@ -171,7 +171,12 @@ class Supervisor:
         """The dispatcher took a failed replica out of routing: replace it."""
         if self.stopped:
             return
-        log.warning("service %s replica %d failed: %s", self.name, index, reason)
+        mesh = self.client.meshes[index]
+        where = ""
+        if mesh is not None and mesh._refs and "mesh=" not in reason:
+            ref = mesh._refs[0]
+            where = f" (mesh={ref.mesh}, host={ref.host}, log={ref.log_path or 'n/a'})"
+        log.warning("service %s replica %d failed: %s%s", self.name, index, reason, where)
         self._spawn_task(self._recover(index, self.client.meshes[index]))
         self.report()
 
