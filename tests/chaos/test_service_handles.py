@@ -113,6 +113,7 @@ async def test_a_handle_inside_an_actor_fails_over_with_nothing_lost() -> None:
         back = await trainer.handle.call_one()
         assert isinstance(back, zmesh.Service) and back.id == svc.id
         assert await back.work(3) == expected(3)
+        assert back.statistics().state == "OK"
     finally:
         await trainer.stop()
         await svc.stop()

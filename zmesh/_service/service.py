@@ -168,7 +168,7 @@ class Service:
         Raises (from the future):
             ServiceError: this handle is not the one that made the service.
         """
-        sup = self._supervisor
+        sup = self._supervisor or _supervisors.get(self.id)  # a handle come back home
         rt = _runtime.home()
         if sup is None:
             err = ServiceError(
