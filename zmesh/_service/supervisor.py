@@ -98,6 +98,7 @@ class Supervisor:
         await asyncio.gather(*self._spawning, return_exceptions=True)
         meshes = [m for m in self.client.meshes if m is not None]
         self.client.stop()
+        self.report()  # clients elsewhere stop first: nothing is re-sent to what stops next
         for mesh in meshes:
             await _stop_procs(self.rt, mesh._refs)
         self.report()  # a last table, STOPPED: handles elsewhere stop too
