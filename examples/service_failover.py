@@ -50,7 +50,7 @@ def replica(svc: zmesh.Service, index: int) -> zmesh.ActorMesh[Scorer]:
 
 
 async def main() -> int:
-    svc = await Scorer.options(replicas=3).as_service()
+    svc = await Scorer.options(replicas=3).spawn()  # replicas=: a service
     pids = [await replica(svc, i).pid.call_one() for i in range(len(svc))]
     print(f"{svc}: replica pids {pids}")
 
@@ -60,7 +60,7 @@ async def main() -> int:
     async def request(i: int) -> None:
         nonlocal succeeded, wrong, lost
         try:
-            value = await svc.score.options(timeout=30).call_one(i)
+            value = await svc.score.options(timeout=30)(i)  # one healthy replica
         except zmesh.ZmeshError as err:
             lost += 1
             print(f"  lost request {i}: {err!r}")

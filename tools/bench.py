@@ -86,6 +86,21 @@ class BenchActor(zmesh.Actor):
         for _ in range(n):
             yield PAYLOAD
 
+    @zmesh.endpoint
+    async def embed_one(self, x: Any) -> Any:
+        await asyncio.sleep(EMBED_COST)  # a model's forward pass: the same for 1 or 32
+        return x
+
+    @zmesh.endpoint(batch=32, batch_wait=0.002)
+    async def embed_batch(self, xs: list[Any]) -> list[Any]:
+        await asyncio.sleep(EMBED_COST)
+        return xs
+
+
+# The fixed cost of one invocation in the batching rows (a GPU kernel launch,
+# a forward pass): what batching spreads over many calls.
+EMBED_COST = 0.002
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -551,6 +566,14 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
 
         res["rss_mb"]["proc_after_load"] = rss_mb(proc_pid)
         res["rss_mb"]["agent_after_load"] = rss_mb(agent_pid)
+        # Request batching: single calls, 64 in flight, to an endpoint with a
+        # fixed cost per invocation, unbatched and batched (batch=32).
+        log(f"batching: {EMBED_COST * 1e3:.0f} ms per invocation, 64 in flight")
+        n = cfg["pipe_n"] // 10
+        keep(
+            "embed_unbatched_per_s", await pipelined(lambda: one.embed_one.call_one(1), n // 10, 64)
+        )
+        keep("embed_batched_per_s", await pipelined(lambda: one.embed_batch.call_one(1), n, 64))
         raw.close()
         await one.stop()
     finally:
@@ -672,6 +695,11 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
         v["ratio_vs_base"] = v["zmesh"] / v["base"] if v["base"] else float("nan")
     for k, v in cold.items():
         results[f"cold_{k}"] = {"zmesh": v}
+    if "embed_batched_per_s" in m:
+        results["batched_per_s"] = {
+            "zmesh": m["embed_batched_per_s"], "unbatched": m["embed_unbatched_per_s"],
+            "speedup": m["embed_batched_per_s"] / m["embed_unbatched_per_s"],
+        }  # fmt: skip
     results["spawn1_s"] = {"zmesh": res["spawn1_s"]}
     results["spawn64_s"] = {"zmesh": res["spawn64_s"]}
     for k, v in rss.items():
@@ -794,6 +822,12 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
         row(f"broadcast to {n} + call barrier, p50", f"broadcast_fanout{n}_p50_us", us)
     for n in FANOUT:
         row(f"broadcast() send side only ({n}), p50", f"broadcast_send{n}_p50_us", us)
+    b = r.get("batched_per_s")
+    if b is not None:
+        table.add_row(
+            f"batch=32 vs single calls ({EMBED_COST * 1e3:.0f} ms per invocation, 64 in flight)",
+            f"{b['zmesh']:,.0f}/s", f"{b['unbatched']:,.0f}/s unbatched", f"{b['speedup']:.1f}x",
+        )  # fmt: skip
     sec = lambda v: f"{v:.2f} s"  # noqa: E731
     row("cold start: import zmesh", "cold_import_s", sec)
     row("cold start: main -> 4 procs spawned", "cold_main_to_spawned_s", sec)

@@ -26,7 +26,16 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from zmesh._actor import Actor, Endpoint, Options, Point, current_rank, current_request, endpoint
+from zmesh._actor import (
+    Actor,
+    Endpoint,
+    Options,
+    Point,
+    current_rank,
+    current_request,
+    endpoint,
+    service,
+)
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -39,6 +48,7 @@ from zmesh._errors import (
     SecurityError,
     ServiceError,
     ServiceOverloadedError,
+    SessionLostError,
     SpawnError,
     SupervisionError,
     ZmeshError,
@@ -162,6 +172,7 @@ __all__ = [
     "ServiceOverloadedError",
     "ServiceStatistics",
     "Session",
+    "SessionLostError",
     "SpawnError",
     "Status",
     "Stream",
@@ -174,6 +185,7 @@ __all__ = [
     "current_request",
     "endpoint",
     "send",
+    "service",
     "shutdown",
     "this_host",
 ]

@@ -8,12 +8,13 @@ import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
     from zmesh._client.mesh import ActorMesh
+    from zmesh._service.routing import ServiceConfig
     from zmesh._service.service import Service
 
 P = ParamSpec("P")
@@ -37,6 +38,8 @@ class EndpointInfo:
     stream: bool = False  # a generator: its items stream back (zmesh._client.streams)
     window: int = DEFAULT_WINDOW  # a stream's items in flight ahead of its consumer, at most
     port: bool = False  # takes a response port first (``explicit_response_port``)
+    batch: int = 0  # > 0: up to this many calls are run as one invocation
+    batch_wait: float = 0.0  # seconds a batch waits for more calls after its first
 
 
 class Endpoint(Generic[P, R]):
@@ -54,9 +57,13 @@ class Endpoint(Generic[P, R]):
         retry: bool = True,
         window: int = DEFAULT_WINDOW,
         explicit_response_port: bool = False,
+        batch: int = 0,
+        batch_wait: float = 0.0,
     ):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int, not {window!r}")
+        if batch < 0 or batch_wait < 0:
+            raise ValueError(f"batch and batch_wait must be >= 0, got {batch} and {batch_wait}")
         self.fn = fn
         self.info = EndpointInfo(
             name=fn.__name__,
@@ -66,6 +73,8 @@ class Endpoint(Generic[P, R]):
             stream=inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn),
             window=window,
             port=explicit_response_port,
+            batch=batch,
+            batch_wait=batch_wait,
         )
         functools.update_wrapper(self, fn)
 
@@ -95,6 +104,8 @@ def endpoint(
     retry: bool = True,
     window: int = DEFAULT_WINDOW,
     explicit_response_port: bool = False,
+    batch: int = 0,
+    batch_wait: float = 0.0,
 ) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
 def endpoint(
     fn: Callable[..., Any] | None = None,
@@ -103,6 +114,8 @@ def endpoint(
     retry: bool = True,
     window: int = DEFAULT_WINDOW,
     explicit_response_port: bool = False,
+    batch: int = 0,
+    batch_wait: float = 0.0,
 ) -> Any:
     """Mark an actor method as an endpoint. Sync or ``async`` methods both work.
 
@@ -125,6 +138,13 @@ def endpoint(
         explicit_response_port: the method takes a ``Port`` first and answers
             through it (``port.send(value)``), later or several times, as
             in Monarch; callers use the adverbs as for any endpoint.
+        batch: run up to this many pending calls as one invocation. The
+            method takes a list and returns a list of the same length; each
+            caller sends one item and gets its own element back (or the
+            exception, if the invocation raised). Batches run one at a time,
+            beside the actor's other messages.
+        batch_wait: how long a batch waits for more calls after its first,
+            in seconds, before it runs with what it has.
 
     Example::
 
@@ -136,6 +156,8 @@ def endpoint(
         "concurrent": concurrent, "retry": retry, "window": window,
         "explicit_response_port": explicit_response_port,
     }  # fmt: skip
+    if batch:
+        opts.update(batch=batch, batch_wait=batch_wait)
     if fn is None:
         return lambda f: Endpoint(f, **opts)
     return Endpoint(fn, **opts)
@@ -219,27 +241,48 @@ class Options(Generic[A]):
     Args:
         procs: procs per host.
         hosts: hosts (agents), one host slice each.
-        replicas: for ``as_service()``: how many replicas (each ``hosts x procs``).
+        replicas: how many replicas of a service (each ``hosts x procs``);
+            given (here or by ``@zmesh.service``), ``spawn()`` makes a service.
         name: the mesh name (default: the class name in lower case): 1-108
             letters, digits, ``_``, ``.`` or ``-``, without ``..`` (zmesh
             appends a suffix, and it names the procs' log files).
-        service_config: for ``as_service()``: see ``zmesh.ServiceConfig``.
+        config: a whole ``zmesh.ServiceConfig``; settings given one by one
+            override its fields.
+        service_config: service settings: see ``zmesh.ServiceConfig``.
+
+    A class decorated with ``@zmesh.service(...)`` gives the defaults of all
+    of these; what ``.options()`` says wins.
 
     Raises:
-        ValueError: a size below 1, or a name that is not valid.
+        ValueError: a size below 1, a name that is not valid, or a service
+            setting that is unknown or bad.
     """
 
     def __init__(
         self,
         cls: type[A],
         *,
-        procs: int = 1,
-        hosts: int = 1,
-        replicas: int = 1,
+        procs: int | None = None,
+        hosts: int | None = None,
+        replicas: int | None = None,
         name: str | None = None,
+        config: ServiceConfig | None = None,
         **service_config: Any,
     ) -> None:
-        if procs < 1 or hosts < 1 or replicas < 1:
+        defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        procs = procs if procs is not None else defaults.pop("procs", 1)
+        hosts = hosts if hosts is not None else defaults.pop("hosts", 1)
+        if replicas is None:
+            replicas = defaults.pop("replicas", None)
+        name = name if name is not None else defaults.pop("name", None)
+        config = config if config is not None else defaults.pop("config", None)
+        for key in ("procs", "hosts", "replicas", "name", "config"):
+            defaults.pop(key, None)
+        settings = defaults
+        if config is not None:
+            settings.update({f.name: getattr(config, f.name) for f in fields(config)})
+        settings.update(service_config)
+        if procs < 1 or hosts < 1 or (replicas is not None and replicas < 1):
             raise ValueError(
                 "procs, hosts and replicas must be at least 1, "
                 f"got procs={procs} hosts={hosts} replicas={replicas}"
@@ -247,18 +290,32 @@ class Options(Generic[A]):
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
-        self.replicas = replicas
+        # Whether this is a service: replicas given, or service settings.
+        self.is_service = replicas is not None or bool(settings)
+        self.replicas = replicas if replicas is not None else 1
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
         from zmesh._wire.messages import check_name
 
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
-        self.service_config = service_config
-        if service_config:
+        self.service_config = settings
+        if settings:
             from zmesh._service.routing import ServiceConfig
 
-            ServiceConfig(**service_config)  # unknown or bad settings fail here, at once
+            ServiceConfig(**settings)  # unknown or bad settings fail here, at once
+
+    def spawn(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Spawn it: a ``Service`` when ``replicas`` (or a service setting) was
+        given, else an ``ActorMesh``. A future of either.
+
+        Raises (from the future):
+            SpawnError: a proc, actor or replica failed to start; nothing is
+                left running.
+        """
+        if self.is_service:
+            return self.as_service(*args, **kwargs)
+        return self.as_actor(*args, **kwargs)
 
     def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
         """Spawn ``hosts x procs`` actors; return a future of their ``ActorMesh``.
@@ -269,8 +326,8 @@ class Options(Generic[A]):
         """
         from zmesh._client.mesh import spawn_actor_mesh
 
-        if self.replicas != 1 or self.service_config:
-            raise ValueError("replicas= and service settings are for as_service()")
+        if self.is_service:
+            raise ValueError("replicas= and service settings are for as_service() or spawn()")
         return spawn_actor_mesh(self, args, kwargs)
 
     def as_service(self, *args: Any, **kwargs: Any) -> Future[Service]:
@@ -295,13 +352,53 @@ class Actor:
     def options(
         cls: type[A],
         *,
-        procs: int = 1,
-        hosts: int = 1,
-        replicas: int = 1,
+        procs: int | None = None,
+        hosts: int | None = None,
+        replicas: int | None = None,
         name: str | None = None,
+        config: ServiceConfig | None = None,
         **service_config: Any,
     ) -> Options[A]:
-        """Say how to spawn this class; then ``.as_actor(...)`` or ``.as_service(...)``."""
+        """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
+        ``.as_service``). Defaults come from ``@zmesh.service`` on the class."""
         return Options(
-            cls, procs=procs, hosts=hosts, replicas=replicas, name=name, **service_config
-        )
+            cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
+            **service_config,
+        )  # fmt: skip
+
+
+def service(
+    *,
+    replicas: int = 1,
+    procs: int | None = None,
+    hosts: int | None = None,
+    name: str | None = None,
+    config: ServiceConfig | None = None,
+    **settings: Any,
+) -> Callable[[type[A]], type[A]]:
+    """Class decorator: the class is a service by default, with these defaults.
+
+    ``Cls.options().spawn()`` (or ``Cls.options(replicas=4).spawn()``, which
+    overrides) then makes a ``Service``. Settings are checked at once.
+
+    Example::
+
+        @zmesh.service(replicas=2, max_queue=100)
+        class Embedder(zmesh.Actor): ...
+
+        svc = await Embedder.options().spawn()
+    """
+    given = {"replicas": replicas, "procs": procs, "hosts": hosts, "name": name}
+    defaults: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if config is not None:
+        defaults["config"] = config
+    defaults.update(settings)
+
+    def decorate(cls: type[A]) -> type[A]:
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"@zmesh.service decorates zmesh.Actor subclasses, not {cls!r}")
+        cls.__zmesh_service__ = defaults  # type: ignore[attr-defined]
+        Options(cls)  # bad settings fail at the class, not at the first spawn
+        return cls
+
+    return decorate

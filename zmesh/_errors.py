@@ -41,6 +41,7 @@ __all__ = [
     "SecurityError",
     "ServiceError",
     "ServiceOverloadedError",
+    "SessionLostError",
     "SpawnError",
     "SupervisionError",
     "ZmeshError",
@@ -202,3 +203,12 @@ class ServiceError(ZmeshError):
 
 class ServiceOverloadedError(ServiceError, OverloadedError):
     """Every replica's queue is full: overload is an error, not a hang."""
+
+
+class SessionLostError(ServiceError):
+    """A strict session's replica generation is gone, and the state it kept with it.
+
+    Raised by the first call of a ``svc.session(strict=True)`` after its
+    replica died (even if it was respawned since). The session is unbound:
+    the next call binds it to a healthy replica afresh.
+    """

@@ -147,6 +147,23 @@ class EndpointRef(Generic[R]):
 
     # ------------------------------------------------------------ adverbs
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """A direct call, ``await one.incr(1)``: ``call_one`` on a mesh of one actor.
+
+        Raises:
+            ValueError: at once, when the mesh is not exactly one actor
+                (the error names ``call``, ``call_one`` and ``choose``).
+        """
+        refs = self._mesh._refs
+        if len(refs) != 1:
+            raise ValueError(
+                f"{self._mesh!r} has {len(refs)} actors: a direct call needs exactly one. "
+                f"Say which: mesh.{self._name}.call(...) (every actor), "
+                f"mesh.{self._name}.choose(...) (the least loaded one), or "
+                f"mesh.slice(...).{self._name}.call_one(...) (one you pick)"
+            )
+        return self._one(refs[0], args, kwargs)
+
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of this mesh; a future of its value.
 

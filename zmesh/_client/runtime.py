@@ -667,6 +667,15 @@ def current() -> tuple[Runtime, bool]:
     return (rt if rt is not None else _runtime_for(loop)), True
 
 
+def home() -> Runtime:
+    """The runtime of this process's I/O loop (a proc's own loop, in a proc).
+
+    Parts that must outlive the caller's event loop run there: a service's
+    orchestrator lives as long as its process, like a mesh.
+    """
+    return _runtime_for(_home_loop())
+
+
 def _runtime_for(loop: asyncio.AbstractEventLoop) -> Runtime:
     rt = _runtimes.get(loop)
     if rt is None:

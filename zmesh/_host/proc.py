@@ -34,6 +34,7 @@ import zmq
 
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
+from zmesh._host.batching import Batcher
 from zmesh._host.generators import Producers
 from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
@@ -92,12 +93,21 @@ class _Mailbox:
                 if isinstance(value, Endpoint) and attr not in self.endpoints:
                     self.endpoints[attr] = value
         self.counters = {n: _stats.EndpointCounters(n) for n in self.endpoints}
+        # Batched endpoints' calls go to their batcher, not the mailbox.
+        self.batchers = {
+            n: Batcher(server, instance, ep, self.counters[n], None)
+            for n, ep in self.endpoints.items()
+            if ep.info.batch
+        }
         self.queue_peak = 0
         self.busy = False
         self.running: set[asyncio.Task[None]] = set()
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if self.batchers and call.method in self.batchers:
+            self.batchers[call.method].add(ident, call, frames)
+            return
         if not self.queue and self.context is not None:
             ep = self.endpoints.get(call.method)
             if ep is not None and ep.info.concurrent:
@@ -165,6 +175,8 @@ class _Mailbox:
         _CURRENT.set(self.point)
         _CURRENT_ACTOR.set(self.instance)
         self.context = contextvars.copy_context()
+        for batcher in self.batchers.values():
+            batcher.context = self.context
         loop = asyncio.get_running_loop()
         while True:
             if self.handoff is not None:
@@ -218,6 +230,8 @@ class _Mailbox:
 
     def close(self) -> None:
         self.task.cancel()
+        for batcher in self.batchers.values():
+            batcher.close()
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
             self.server.started()

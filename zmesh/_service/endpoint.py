@@ -1,7 +1,8 @@
 """``svc.endpoint``: the adverbs of a service's endpoint, callable from any thread.
 
-The service lives on the loop that made it; a call from elsewhere (plain
-code, another loop) is handed to that loop and its result handed back.
+A service's calls are routed on the runtime's I/O loop of the calling
+process; a call from elsewhere (plain code, another loop) is handed to that
+loop and its result handed back.
 """
 
 from __future__ import annotations
@@ -9,20 +10,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import Runtime
 from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
-from zmesh._service.routing import _SESSION, HEALTHY, Session
-from zmesh._wire import messages as w
+from zmesh._service.routing import _SESSION, Session
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
     from zmesh._service.service import Service
 
 R = TypeVar("R")
+
+
+def _copy_to(dst: concurrent.futures.Future[Any], src: asyncio.Future[Any]) -> None:
+    _copy_result(src, dst)
 
 
 def _copy_result(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
@@ -36,8 +41,8 @@ def _copy_result(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) 
         dst.set_result(src.result())
 
 
-def _run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
-    """Run ``start`` on the service's loop; a ``Future`` usable from anywhere."""
+def run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
+    """Run ``start`` on ``rt``'s loop; a ``Future`` usable from anywhere."""
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -59,7 +64,11 @@ def _run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
 
 
 class ServiceEndpoint(Generic[R]):
-    """``svc.endpoint``: the adverbs of one endpoint of a service."""
+    """``svc.endpoint``: one endpoint of a service, and its adverbs.
+
+    Calling it directly (``await svc.embed(x)``, ``svc.embed(x).get()``) is
+    ``call_one``.
+    """
 
     __slots__ = ("_name", "_session", "_svc", "_timeout")
 
@@ -84,7 +93,11 @@ class ServiceEndpoint(Generic[R]):
 
     def _session_now(self) -> Session | None:
         s = self._session or _SESSION.get()
-        return s if s is not None and s.service is self._svc else None
+        return s if s is not None and s.service.id == self._svc.id else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """``call_one``: one healthy replica, with the service's retries and timeout."""
+        return self.call_one(*args, **kwargs)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one healthy replica (chosen by the router); its ``return_rank`` value.
@@ -93,35 +106,62 @@ class ServiceEndpoint(Generic[R]):
             ActorError: the endpoint raised (the replica stays in service).
             ServiceOverloadedError: every healthy replica is full.
             ServiceError: no replica became healthy before the timeout.
+            SessionLostError: the call is in a strict session whose replica
+                generation is gone.
             SupervisionError: a ``retry=False`` request was in flight on a
                 replica that died.
             CallTimeoutError: the timeout passed while the request ran.
         """
         svc, session = self._svc, self._session_now()
-        return _run_on(
-            svc.rt, lambda: svc._submit(self._name, args, kwargs, self._timeout, session)
-        )
+        rt, _ = _runtime.current()
+        return run_on(rt, lambda: svc._submit(rt, self._name, args, kwargs, self._timeout, session))
 
     route = call_one
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the least loaded healthy replica (whatever the router), with retries.
+
+        Sessions do not apply: ``choose`` is for spreading load.
+        """
+        svc = self._svc
+        rt, _ = _runtime.current()
+        return run_on(
+            rt,
+            lambda: svc._submit(
+                rt, self._name, args, kwargs, self._timeout, None, least_loaded=True
+            ),
+        )
+
+    def _fan_out(
+        self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[asyncio.Future[Any]]:
+        svc = self._svc
+        healthy = svc._client_for(rt).dispatcher.healthy()
+        return [
+            svc._submit(rt, self._name, args, kwargs, self._timeout, None, pinned=s.index)
+            for s in healthy
+        ]
 
     def call(self, *args: Any, **kwargs: Any) -> Future[list[R]]:
         """Call every healthy replica; their values, by replica index.
 
         A replica that fails during the call is left out of the list.
         """
-        svc = self._svc
-
-        def start() -> asyncio.Future[list[R]]:
-            targets = [r for r in svc._replicas if r.state == HEALTHY]
-            futs = [
-                svc._submit(self._name, args, kwargs, self._timeout, None, pinned=r)
-                for r in targets
-            ]
-            return asyncio.ensure_future(_gather_survivors(futs))
-
-        return _run_on(svc.rt, start)
+        rt, _ = _runtime.current()
+        return run_on(
+            rt, lambda: asyncio.ensure_future(_gather_survivors(self._fan_out(rt, args, kwargs)))
+        )
 
     fanout = call
+
+    def stream(self, *args: Any, **kwargs: Any) -> ServiceStream[R]:
+        """Call every healthy replica; iterate over their values as they arrive.
+
+        ``async for v in svc.ep.stream(...)``, or plain ``for`` in sync code.
+        A replica that fails during the call is left out, as with ``call``.
+        """
+        rt, _ = _runtime.current()
+        return ServiceStream(rt, run_on(rt, lambda: _settled(rt, self._fan_out(rt, args, kwargs))))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry."""
@@ -130,36 +170,75 @@ class ServiceEndpoint(Generic[R]):
             payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
             raise EncodeError(f"arguments of {self._name!r} cannot be sent: {exc}") from exc
-        name = self._name
+        rt, home = _runtime.current()
 
         def send() -> None:
-            for rep in svc._replicas:
-                if rep.state == HEALTHY and rep.mesh is not None:
-                    call = functools.partial(
-                        w.Call, actor=rep.mesh.actor, method=name, payload=payload, oneway=True
-                    )
-                    svc.rt.send(rep.mesh._refs, call, buffers, None)
+            svc._client_for(rt).broadcast(self._name, payload, buffers)
 
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is svc.rt.loop:
+        if home:
             send()
         else:
-            svc.rt.loop.call_soon_threadsafe(send)
+            rt.loop.call_soon_threadsafe(send)
 
     def __repr__(self) -> str:
         return f"<service endpoint {self._name} of {self._svc!r}>"
+
+
+def _skip(value: BaseException) -> bool:
+    """A replica failed during a fan-out: it is left out, not an error."""
+    return isinstance(value, SupervisionError | ActorStoppedError)
 
 
 async def _gather_survivors(futs: list[asyncio.Future[Any]]) -> list[Any]:
     results = await asyncio.gather(*futs, return_exceptions=True)
     out = []
     for r in results:
-        if isinstance(r, SupervisionError | ActorStoppedError):
-            continue  # that replica failed during the call
         if isinstance(r, BaseException):
+            if _skip(r):
+                continue  # that replica failed during the call
             raise r
         out.append(r)
     return out
+
+
+def _settled(
+    rt: Runtime, futs: list[asyncio.Future[Any]]
+) -> asyncio.Future[list[concurrent.futures.Future[Any]]]:
+    """The replies of a fan-out as thread-safe futures (for a stream anywhere)."""
+    out: list[concurrent.futures.Future[Any]] = []
+    for f in futs:
+        c: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        f.add_done_callback(functools.partial(_copy_to, c))
+        out.append(c)
+    done: asyncio.Future[list[concurrent.futures.Future[Any]]] = rt.loop.create_future()
+    done.set_result(out)
+    return done
+
+
+class ServiceStream(Generic[R]):
+    """The replies of ``svc.ep.stream(...)``, in arrival order; iterate it once."""
+
+    def __init__(self, rt: Runtime, started: Future[list[concurrent.futures.Future[Any]]]):
+        self._rt = rt
+        self._started = started
+
+    async def __aiter__(self) -> AsyncIterator[R]:
+        futs = await self._started
+        for next_done in asyncio.as_completed([asyncio.wrap_future(f) for f in futs]):
+            try:
+                value = await next_done
+            except (SupervisionError, ActorStoppedError):
+                continue
+            yield value
+
+    def __iter__(self) -> Iterator[R]:
+        if asyncio._get_running_loop() is self._rt.loop:
+            raise RuntimeError("a stream on this loop is iterated with 'async for'")
+        futs = self._started.get()
+        for f in concurrent.futures.as_completed(futs):
+            exc = f.exception()
+            if exc is not None:
+                if _skip(exc):
+                    continue
+                raise exc
+            yield f.result()

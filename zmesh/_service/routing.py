@@ -162,20 +162,30 @@ _SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 class Session:
     """Keeps calls on one replica: ``async with svc.session() as s:``.
 
-    When the session's replica fails, the next call moves the session to a
-    healthy replica and counts it in ``rebinds``; the caller gets no error.
+    A session is bound to one *generation* of a replica (the state it keeps
+    lives in that process). When that generation is gone (the replica died,
+    even if it was respawned since), the next call moves the session to a
+    healthy replica, counts it in ``rebinds`` and sets ``rebound``; a strict
+    session (``svc.session(strict=True)``) raises ``SessionLostError`` on
+    that call instead, so the caller knows its state is gone.
 
     Attributes:
         id: the session id.
         replica: the index of the bound replica, or ``None`` before the first call.
+        generation: the bound replica's generation (0 before the first call).
         rebinds: how many times the session moved because its replica failed.
+        rebound: whether it ever moved (its state on the replica was lost).
+        strict: raise ``SessionLostError`` instead of moving silently.
     """
 
-    def __init__(self, service: Service, session_id: str) -> None:
+    def __init__(self, service: Service, session_id: str, strict: bool = False) -> None:
         self.service = service
         self.id = session_id
+        self.strict = strict
         self.replica: int | None = None
+        self.generation = 0
         self.rebinds = 0
+        self.rebound = False
         self._tokens: list[contextvars.Token[Session | None]] = []
 
     def __enter__(self) -> Session:
@@ -192,4 +202,7 @@ class Session:
         self.__exit__()
 
     def __repr__(self) -> str:
-        return f"<Session {self.id} replica={self.replica} rebinds={self.rebinds}>"
+        return (
+            f"<Session {self.id} replica={self.replica} generation={self.generation} "
+            f"rebinds={self.rebinds}>"
+        )

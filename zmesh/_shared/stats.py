@@ -52,6 +52,13 @@ class EndpointStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
     queued: int = 0
     latency_ns: int = 0
     histogram: list[int] = []
+    batches: int = 0  # invocations of a batched endpoint
+    batched: int = 0  # calls that ran in them
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Calls per invocation of a batched endpoint (``None``: not batched)."""
+        return self.batched / self.batches if self.batches else None
 
 
 class ActorStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -110,6 +117,10 @@ class ServiceSummary(msgspec.Struct, frozen=True, omit_defaults=True):
     restarts: int = 0
     last_failure: str = ""
     state: str = ""
+    # Which service (names may repeat), and its replica table for handles
+    # of it in other processes (zmesh._service.client.TableRow, msgpack).
+    id: str = ""
+    table: bytes = b""
 
 
 # ------------------------------------------------------------- counters
@@ -118,7 +129,7 @@ class ServiceSummary(msgspec.Struct, frozen=True, omit_defaults=True):
 class EndpointCounters:
     """The live counters of one endpoint; touched only on the proc's loop."""
 
-    __slots__ = ("calls", "errors", "hist", "in_flight", "latency_ns", "name")
+    __slots__ = ("batched", "batches", "calls", "errors", "hist", "in_flight", "latency_ns", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -127,6 +138,8 @@ class EndpointCounters:
         self.in_flight = 0
         self.latency_ns = 0
         self.hist = [0] * BUCKETS
+        self.batches = 0
+        self.batched = 0
 
     def begin(self) -> int:
         """A call starts: return its start time for ``end``."""
@@ -152,6 +165,8 @@ class EndpointCounters:
             queued,
             self.latency_ns,
             list(self.hist),
+            self.batches,
+            self.batched,
         )
 
 

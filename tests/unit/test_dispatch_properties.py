@@ -1,0 +1,279 @@
+"""Properties of the service dispatcher (zmesh/_service/dispatch.py), by hypothesis.
+
+The dispatcher has no sockets: a fake shell records what it sends, and
+random sequences of events (new requests, replies, user errors, broken
+replicas, timeouts, replicas failing, coming back and giving up, stop) are
+fed to it in any order. Whatever the order:
+
+* every request ends exactly once, and every request ends once every attempt
+  has been answered and every deadline has passed;
+* nothing is sent to a replica generation known failed, nor to a replica
+  that is not HEALTHY (``sent_after_failure`` stays 0);
+* a replica never holds more than ``max_concurrent_requests`` attempts, nor
+  queues more than ``max_queue``; its ``in_flight`` is exactly its unsettled
+  attempts;
+* retries are bounded: a request is sent at most once per replica
+  generation that broke under it, plus once; a ``retry=False`` or pinned
+  request is sent at most once;
+* a pinned request is only ever sent to its replica;
+* a session's requests go to the generation it is bound to; a strict session
+  whose generation is gone fails with ``SessionLostError`` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zmesh._errors import ActorStoppedError, SessionLostError, SupervisionError
+from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
+from zmesh._service.routing import (
+    HEALTHY,
+    LeastLoadedRouter,
+    RoundRobinRouter,
+    ServiceConfig,
+    Session,
+)
+
+SCALE = int(os.environ.get("ZMESH_PROPERTY_SCALE", "1"))
+FAST = settings(
+    max_examples=200 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+REPLICAS = 3
+
+
+class _Svc:
+    id = "svc"
+
+
+class Shell:
+    """What the I/O shell would do, recorded: attempts out, answers given."""
+
+    def __init__(self, cfg: ServiceConfig, router: Any) -> None:
+        self.now = 0.0
+        self.open: list[Attempt] = []  # sent, not settled
+        self.sends: list[tuple[Request, int, int]] = []  # (request, replica, generation)
+        self.ended: dict[str, list[Any]] = {}
+        self.failed_gens: set[tuple[int, int]] = set()
+        self.failures: list[tuple[int, int]] = []
+        self.d = Dispatcher(
+            "svc", REPLICAS, cfg, router, lambda: self.now, self.send, self.finish, self.on_failure
+        )
+        self.requests: list[Request] = []
+
+    def send(self, attempt: Attempt) -> None:
+        slot = attempt.slot
+        assert slot.state == HEALTHY, f"sent to replica {slot.index} in state {slot.state}"
+        assert (slot.index, attempt.generation) not in self.failed_gens, "sent to a dead gen"
+        assert slot.in_flight <= self.d.config.max_concurrent_requests
+        self.open.append(attempt)
+        self.sends.append((attempt.request, slot.index, attempt.generation))
+
+    def finish(self, req: Request, error: BaseException | None, value: Any) -> None:
+        self.ended.setdefault(req.id, []).append(error if error is not None else value)
+
+    def on_failure(self, index: int, generation: int, reason: str) -> None:
+        self.failures.append((index, generation))
+
+    def fail(self, index: int) -> None:
+        gen = self.d.slots[index].generation
+        self.failed_gens.add((index, gen))
+        self.d.replica_failed(index, gen, "killed")
+
+
+requests_st = st.tuples(
+    st.booleans(),  # retry
+    st.sampled_from([None, 0, 1]),  # session: none, plain or strict
+    st.sampled_from([None, None, None, 0, 1, 2]),  # pinned
+    st.booleans(),  # least loaded
+    st.floats(0.5, 5.0),  # timeout
+)
+events_st = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), requests_st),
+        st.tuples(st.sampled_from(["ok", "error", "broken"]), st.integers(0, 50)),
+        st.tuples(st.sampled_from(["fail", "up", "gone"]), st.integers(0, REPLICAS - 1)),
+        st.tuples(st.just("tick"), st.floats(0.0, 2.0)),
+        st.tuples(st.just("stop"), st.none()),
+    ),
+    max_size=80,
+)
+configs_st = st.builds(
+    ServiceConfig,
+    max_concurrent_requests=st.integers(1, 3),
+    max_queue=st.integers(0, 3),
+)
+
+
+def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell:
+    shell = Shell(cfg, LeastLoadedRouter() if least else RoundRobinRouter())
+    d = shell.d
+    gens = [0] * REPLICAS
+    for i in range(REPLICAS):
+        gens[i] += 1
+        d.replica_up(i, gens[i])
+    sessions = [Session(_Svc(), "a"), Session(_Svc(), "b", strict=True)]  # type: ignore[arg-type]
+    for kind, arg in events:
+        if kind == "submit":
+            retry, sess, pinned, least_loaded, timeout = arg
+            req = Request(
+                f"r{len(shell.requests)}", "ep", shell.now + timeout, retry=retry,
+                session=sessions[sess] if sess is not None else None, pinned=pinned,
+                least_loaded=least_loaded, start=shell.now,
+            )  # fmt: skip
+            shell.requests.append(req)
+            d.submit(req)
+        elif kind in ("ok", "error", "broken") and shell.open:
+            attempt = shell.open.pop(arg % len(shell.open))
+            if kind == "ok":
+                d.settled(attempt, Outcome.OK, attempt.request.id)
+            elif kind == "error":
+                d.settled(attempt, Outcome.ERROR, ValueError("user"))
+            else:
+                gen = (attempt.slot.index, attempt.generation)
+                if d.slots[gen[0]].generation == gen[1] and d.slots[gen[0]].state == HEALTHY:
+                    shell.failed_gens.add(gen)
+                d.settled(attempt, Outcome.BROKEN, SupervisionError("broke"))
+        elif kind == "fail" and d.slots[arg].state == HEALTHY:
+            shell.fail(arg)
+        elif kind == "up" and d.slots[arg].state != "UNHEALTHY":
+            if d.slots[arg].state == HEALTHY:  # a newer generation: the old one is gone
+                shell.failed_gens.add((arg, d.slots[arg].generation))
+            gens[arg] += 1
+            d.replica_up(arg, gens[arg])
+        elif kind == "gone" and d.slots[arg].state != HEALTHY:
+            d.replica_gone(arg)
+        elif kind == "tick":
+            shell.now += arg
+            for req in shell.requests:
+                if req.deadline <= shell.now:
+                    d.expire(req)
+        elif kind == "stop":
+            d.stop()
+            # The replicas' procs are stopped: what was in flight breaks.
+            while shell.open:
+                d.settled(shell.open.pop(), Outcome.BROKEN, ActorStoppedError("stopped"))
+        check_invariants(shell)
+    # The end of time: every replica answers what it still has, every deadline passes.
+    while shell.open:
+        d.settled(shell.open.pop(0), Outcome.OK, "late")
+        check_invariants(shell)
+    shell.now += 1000
+    for req in shell.requests:
+        d.expire(req)
+    while shell.open:  # a request routed by a late pump, then expired: answered now
+        d.settled(shell.open.pop(0), Outcome.OK, "late")
+    return shell
+
+
+def check_invariants(shell: Shell) -> None:
+    d, cfg = shell.d, shell.d.config
+    for slot in d.slots:
+        held = sum(1 for a in shell.open if a.slot is slot)
+        assert slot.in_flight == held, (slot.index, slot.in_flight, held)
+        assert slot.in_flight <= cfg.max_concurrent_requests
+        assert len(slot.queue) <= cfg.max_queue
+        assert slot.sent_after_failure == 0
+        if slot.state != HEALTHY:
+            assert not slot.queue, "requests queued on a replica that cannot take them"
+    assert len(d.waiting) <= cfg.max_queue * len(d.slots)
+    for rid, ends in shell.ended.items():
+        assert len(ends) == 1, f"{rid} ended {len(ends)} times"
+
+
+@FAST
+@given(events_st, configs_st, st.booleans())
+def test_every_request_ends_exactly_once(
+    events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool
+) -> None:
+    shell = run(events, cfg, least)
+    for req in shell.requests:
+        assert req.done
+        assert len(shell.ended[req.id]) == 1
+    assert shell.d.completed + shell.d.failed == len(shell.requests)
+
+
+@FAST
+@given(events_st, configs_st, st.booleans())
+def test_retries_are_bounded_and_pinned_requests_stay(
+    events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool
+) -> None:
+    shell = run(events, cfg, least)
+    for req in shell.requests:
+        mine = [(i, g) for r, i, g in shell.sends if r is req]
+        assert len(mine) == req.attempts
+        if not req.retry or req.pinned is not None:
+            assert len(mine) <= 1
+        broken_under = {(i, g) for i, g in mine if (i, g) in shell.failed_gens}
+        assert len(mine) <= len(broken_under) + 1
+        assert len(set(mine)) == len(mine), "sent twice to one generation"
+        if req.pinned is not None:
+            assert all(i == req.pinned for i, _ in mine)
+
+
+@FAST
+@given(events_st, configs_st)
+def test_each_failure_is_reported_once(events: list[tuple[str, Any]], cfg: ServiceConfig) -> None:
+    shell = run(events, cfg, False)
+    assert len(shell.failures) == len(set(shell.failures))
+    assert set(shell.failures) <= shell.failed_gens
+
+
+@FAST
+@given(events_st, configs_st)
+def test_sessions_stay_on_their_generation(
+    events: list[tuple[str, Any]], cfg: ServiceConfig
+) -> None:
+    shell = run(events, cfg, False)
+    lost = 0
+    for req in shell.requests:
+        if req.session is None or req.pinned is not None:
+            continue
+        (end,) = shell.ended[req.id]
+        if isinstance(end, SessionLostError):
+            assert req.session.strict
+            lost += 1
+    for s in {r.session for r in shell.requests if r.session is not None}:
+        assert s.rebound == (s.rebinds > 0)
+    strict = [r.session for r in shell.requests if r.session is not None and r.session.strict]
+    if strict:
+        assert lost == strict[0].rebinds
+    # Consecutive sends of one session's requests change generation only by a rebind.
+    for s in {r.session for r in shell.requests if r.session is not None}:
+        gens = [(i, g) for r, i, g in shell.sends if r.session is s and r.pinned is None]
+        moves = sum(1 for a, b in itertools.pairwise(gens) if a != b)
+        assert moves <= s.rebinds
+
+
+def test_a_session_rebinds_when_its_generation_is_replaced() -> None:
+    """The bug of issue 15: killed and respawned before the next call."""
+    shell = Shell(ServiceConfig(), RoundRobinRouter())
+    d = shell.d
+    for i in range(REPLICAS):
+        d.replica_up(i, 1)
+    s = Session(_Svc(), "s")  # type: ignore[arg-type]
+    strict = Session(_Svc(), "t", strict=True)  # type: ignore[arg-type]
+
+    def call(session: Session) -> Any:
+        req = Request(f"r{len(shell.requests)}", "ep", 100.0, session=session)
+        shell.requests.append(req)
+        d.submit(req)
+        if shell.open:
+            d.settled(shell.open.pop(), Outcome.OK, "v")
+        return shell.ended[req.id][0]
+
+    call(s)
+    call(strict)
+    assert s.replica is not None and strict.replica is not None
+    for index in {s.replica, strict.replica}:
+        shell.fail(index)
+        d.replica_up(index, 2)  # respawned before the next call
+    assert call(s) == "v"
+    assert (s.rebinds, s.rebound) == (1, True)
+    assert isinstance(call(strict), SessionLostError)
+    assert call(strict) == "v"  # bound afresh
+    assert strict.rebinds == 1

@@ -1,0 +1,337 @@
+"""The calling side of a service: a dispatcher wired to one runtime.
+
+``ServiceClient`` carries out what the socket-free ``Dispatcher`` decides:
+it sends attempts to the replicas' procs, turns their replies into
+outcomes, keeps each request's timer, and follows the supervision stream of
+every replica generation it knows, so a dead replica leaves routing when
+its agent says so, not when a request fails.
+
+There is one per runtime (event loop) that calls the service, so a call
+from ``async`` code is routed on the caller's own loop, with no thread hop.
+In the process that made the service, the supervisor pushes each change of
+the replica table to its clients. Anywhere else (a ``Service`` passed to an
+actor, or returned from one) a client learns new generations from the
+replica tables the orchestrator reports to its agents (``Follower``), with
+no round trip through the owner per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from zmesh._client.controller import SupervisionEvent
+from zmesh._client.mesh import ActorMesh
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError, ZmeshError
+from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
+from zmesh._service.routing import HEALTHY, STOPPED, Router, ServiceConfig, Session
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+
+# How often a handle away from its owner re-reads the replica table, and how
+# often while one of its replicas is known to be down (a respawn is coming).
+FOLLOW_INTERVAL = 1.0
+FOLLOW_INTERVAL_DOWN = 0.2
+# A handle whose service no agent has reported for this long stops following.
+FOLLOW_GIVE_UP = 30.0
+
+
+class TableRow(msgspec.Struct, frozen=True):
+    """One replica in the table an orchestrator publishes (``ServiceSummary.table``)."""
+
+    index: int
+    generation: int
+    state: str
+    actor: str = ""
+    refs: list[ProcRef] = []
+    restarts: int = 0
+    last_failure: str = ""
+    dims: dict[str, int] = {}
+
+
+_TABLE = msgspec.msgpack.Encoder()
+_TABLE_DECODE = msgspec.msgpack.Decoder(list[TableRow])
+
+
+def encode_table(rows: list[TableRow]) -> bytes:
+    return _TABLE.encode(rows)
+
+
+def decode_table(blob: bytes) -> list[TableRow]:
+    return _TABLE_DECODE.decode(blob)
+
+
+class ServiceClient:
+    """One process's calls to one service, on ``rt``'s loop."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        name: str,
+        replicas: int,
+        config: ServiceConfig,
+        router: Router,
+        cls_name: str,
+        endpoints: frozenset[str],
+    ) -> None:
+        self.rt = rt
+        self.name = name
+        self.cls_name = cls_name
+        self.endpoints = endpoints
+        self.meshes: list[ActorMesh[Any] | None] = [None] * replicas
+        self._listeners: dict[int, tuple[str, Callable[[SupervisionEvent], None]]] = {}
+        self.dispatcher = Dispatcher(
+            name, replicas, config, router, rt.loop.time, self._send, self._finish
+        )
+        self.follower: Follower | None = None
+
+    # ------------------------------------------------------------ replicas
+
+    def set_replica(self, index: int, generation: int, mesh: ActorMesh[Any]) -> None:
+        """Generation ``generation`` of replica ``index`` is ``mesh``: route to it."""
+        d = self.dispatcher
+        if generation <= d.slots[index].generation or d.stopped:
+            return
+        self._unlisten(index)
+        self.meshes[index] = mesh
+        ctl = self.rt.controller
+
+        def on_failure(ev: SupervisionEvent) -> None:
+            why = f"{ev.status.value}: {ev.reason} (rank {ev.rank})"
+            d.replica_failed(index, generation, why)
+
+        self._listeners[index] = (mesh.proc_mesh, on_failure)
+        ctl.listeners.setdefault(mesh.proc_mesh, []).append(on_failure)
+        for ref in mesh._refs:
+            ctl.watch(ref)
+        d.replica_up(index, generation)
+        # A failure that happened before we listened is in the view already.
+        view = ctl.views.get(mesh.proc_mesh) or ctl.tombstones.get(mesh.proc_mesh)
+        if view is not None and any(
+            r.status.failure for rank, r in view.ranks.items() if rank < len(mesh._refs)
+        ):
+            d.replica_failed(index, generation, "failed while starting")
+
+    def replica_gone(self, index: int) -> None:
+        self._unlisten(index)
+        self.meshes[index] = None
+        self.dispatcher.replica_gone(index)
+
+    def _unlisten(self, index: int) -> None:
+        old = self._listeners.pop(index, None)
+        if old is not None:
+            listeners = self.rt.controller.listeners.get(old[0], [])
+            if old[1] in listeners:
+                listeners.remove(old[1])
+
+    def stop(self) -> None:
+        for index in list(self._listeners):
+            self._unlisten(index)
+        self.dispatcher.stop()
+        if self.follower is not None:
+            self.follower.cancel()
+
+    def table(self) -> list[TableRow]:
+        """The replica table as this client routes by (what orchestrators publish)."""
+        rows = []
+        for slot, mesh in zip(self.dispatcher.slots, self.meshes, strict=True):
+            actor, refs = (mesh.actor, list(mesh._refs)) if mesh is not None else ("", [])
+            row = TableRow(slot.index, slot.generation, slot.state, actor, refs)
+            dims = mesh.sizes if mesh is not None else {}
+            rows.append(msgspec.structs.replace(
+                row, restarts=slot.restarts, last_failure=slot.last_failure, dims=dims
+            ))  # fmt: skip
+        return rows
+
+    def apply_table(self, rows: list[TableRow]) -> None:
+        """Follow a table from the orchestrator: newer generations, failures,
+        replicas given up, a stop. Older news than this client's is ignored."""
+        if self.dispatcher.stopped:
+            return
+        for row in rows:
+            if row.index >= len(self.meshes):
+                continue
+            slot = self.dispatcher.slots[row.index]
+            if row.state == STOPPED:
+                self.stop()
+                return
+            slot.restarts = max(slot.restarts, row.restarts)
+            if row.last_failure:
+                slot.last_failure = row.last_failure
+            if row.state != HEALTHY and row.generation == slot.generation:
+                # The orchestrator knew first (a health check): out of routing.
+                self.dispatcher.replica_failed(
+                    row.index, row.generation, row.last_failure or row.state, False
+                )
+            if row.state == HEALTHY and row.generation > slot.generation and row.refs:
+                from zmesh._client.mesh import _Shape
+
+                shape = _Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
+                mesh: ActorMesh[Any] = ActorMesh(
+                    row.actor, self.cls_name, self.endpoints, shape, list(row.refs)
+                )
+                self.set_replica(row.index, row.generation, mesh)
+            elif row.state == "UNHEALTHY" and slot.state != "UNHEALTHY":
+                self.replica_gone(row.index)
+
+    # ------------------------------------------------------------ requests
+
+    def submit(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        session: Session | None,
+        retry: bool,
+        pinned: int | None = None,
+        least_loaded: bool = False,
+        req_id: str = "",
+    ) -> asyncio.Future[Any]:
+        """Make a request and route it; runs on the runtime's loop."""
+        try:
+            packed = Codec.pack(args, kwargs)
+        except Exception as exc:
+            raise EncodeError(
+                f"arguments of {endpoint!r} cannot be sent: {type(exc).__name__}: {exc}",
+                mesh=self.name,
+            ) from exc
+        loop = self.rt.loop
+        fut: asyncio.Future[Any] = loop.create_future()
+        limit = timeout if timeout is not None else self.dispatcher.config.request_timeout
+        now = loop.time()
+        req = Request(
+            req_id, endpoint, now + limit, retry=retry, session=session, pinned=pinned,
+            least_loaded=least_loaded, args=packed, sink=[fut, None], start=now,
+        )  # fmt: skip
+        req.sink[1] = loop.call_at(req.deadline, self.dispatcher.expire, req)
+        self.dispatcher.submit(req)
+        return fut
+
+    def _finish(self, req: Request, error: BaseException | None, value: Any) -> None:
+        fut, timer = req.sink
+        if timer is not None:
+            timer.cancel()
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+
+    def _send(self, attempt: Attempt) -> None:
+        req, slot = attempt.request, attempt.slot
+        mesh = self.meshes[slot.index]
+        assert mesh is not None
+        refs = mesh._refs
+        results: list[Any] = [None] * len(refs)
+        remaining = len(refs)
+        want = min(self.dispatcher.config.return_rank, len(refs) - 1)
+        d = self.dispatcher
+
+        def deliver(i: int, ok: bool, value: Any) -> None:
+            nonlocal remaining
+            if not attempt.held:
+                return  # the first failure settled it; the rest is late
+            if ok:
+                results[i] = value
+                remaining -= 1
+                if remaining == 0:
+                    d.settled(attempt, Outcome.OK, results[want])
+                return
+            broken = isinstance(value, SupervisionError | ActorStoppedError)
+            d.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, value)
+
+        payload, buffers = req.args
+        deadline = time.time() + (req.deadline - self.rt.loop.time())
+        actor, method, req_id = mesh.actor, req.endpoint, req.id
+        # No client-side timeout on the send: the dispatcher ends the request
+        # for its caller at its deadline, and the proc skips it if it arrives
+        # late. The attempt keeps its slot until the replica answers.
+        self.rt.send(
+            refs,
+            lambda i: w.Call(i, actor, method, payload, deadline, False, req_id),
+            buffers,
+            deliver,
+        )
+
+    def broadcast(self, endpoint: str, payload: w.Payload, buffers: list[Any]) -> None:
+        """Send to every healthy replica (all its ranks); no reply, no retry."""
+        for slot in self.dispatcher.healthy():
+            mesh = self.meshes[slot.index]
+            if mesh is not None:
+                call = functools.partial(
+                    w.Call, actor=mesh.actor, method=endpoint, payload=payload, oneway=True
+                )
+                self.rt.send(mesh._refs, call, buffers, None)
+
+
+class Follower:
+    """Keeps a handle away from its owner up to date with the orchestrator's table.
+
+    It asks the agents of the service's replicas for their statistics (which
+    hold the table the orchestrator last reported) about once a second, and
+    every ``FOLLOW_INTERVAL_DOWN`` while a replica is down, until the table
+    shows its new generation.
+    """
+
+    def __init__(self, client: ServiceClient, service_id: str, agents: set[str]) -> None:
+        self.client = client
+        self.service_id = service_id
+        self.agents = set(agents)
+        self.wake = asyncio.Event()
+        self._task = client.rt.loop.create_task(self._run())
+        client.follower = self
+        client.dispatcher.on_failure = lambda index, gen, why: self.wake.set()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        client = self.client
+        heard = time.monotonic()
+        while not client.dispatcher.stopped:
+            down = any(s.state != HEALTHY for s in client.dispatcher.slots)
+            try:
+                await asyncio.wait_for(
+                    self.wake.wait(), FOLLOW_INTERVAL_DOWN if down else FOLLOW_INTERVAL
+                )
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            rows = await self._read()
+            if rows is not None:
+                heard = time.monotonic()
+                client.apply_table(rows)
+            elif time.monotonic() - heard > FOLLOW_GIVE_UP:
+                return
+
+    async def _read(self) -> list[TableRow] | None:
+        """The newest table any agent holds for this service, or ``None``."""
+        ctl = self.client.rt.controller
+        for mesh in self.client.meshes:
+            if mesh is not None:
+                self.agents.update(r.agent for r in mesh._refs)
+        best: list[TableRow] | None = None
+        for addr in sorted(self.agents):
+            try:
+                reply = await ctl.agent(addr).request(lambda i: w.GetStats(i), timeout=1.0)
+            except ZmeshError:
+                continue
+            for summary in reply.stats.services:
+                if getattr(summary, "id", "") != self.service_id or not summary.table:
+                    continue
+                rows = decode_table(summary.table)
+                if best is None or _newer(rows, best):
+                    best = rows
+        return best
+
+
+def _newer(a: list[TableRow], b: list[TableRow]) -> bool:
+    return sum(r.generation for r in a) > sum(r.generation for r in b)

@@ -1,0 +1,459 @@
+"""The dispatcher: which replica each request goes to, and what happens next.
+
+No sockets, no event loop, no clock of its own: the I/O shell
+(``zmesh._service.client``) feeds it events and carries out what it decides,
+so it can be tested with any order of replies, failures and timeouts
+(tests/unit/test_dispatch_properties.py). Its rules:
+
+* a request goes to a replica that is HEALTHY in the generation the
+  dispatcher knows, never to one known failed (``sent_after_failure`` counts
+  violations and stays 0);
+* at most ``max_concurrent_requests`` attempts hold a replica's slots, and at
+  most ``max_queue`` requests wait for it; beyond both, overload at once;
+* an attempt keeps its slot until its replica answers or breaks, even after
+  its caller timed out: the proc is still running it;
+* a request whose replica breaks under it is re-sent elsewhere (at least
+  once), unless its endpoint opted out (``retry=False``) or it was pinned to
+  that replica (a fan-out); requests queued on a failed replica always move;
+* every request ends exactly once: an answer, an error, or its timeout;
+* a session is bound to a replica *generation*: when that generation is gone
+  the session is rebound (``rebinds``, ``rebound``) or, if strict, its call
+  fails with ``SessionLostError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from zmesh._errors import (
+    ActorStoppedError,
+    CallTimeoutError,
+    ServiceError,
+    ServiceOverloadedError,
+    SessionLostError,
+    SupervisionError,
+    ZmeshError,
+)
+from zmesh._service.routing import (
+    HEALTHY,
+    LATENCY_WINDOW,
+    RECOVERING,
+    STOPPED,
+    UNHEALTHY,
+    LeastLoadedRouter,
+    ReplicaStatistics,
+    Router,
+    ServiceConfig,
+    Session,
+)
+
+
+class Outcome(enum.Enum):
+    """How one attempt ended, as the shell reports it."""
+
+    OK = "ok"  # every rank answered: the value is rank return_rank's
+    ERROR = "error"  # the endpoint raised (or another error that is the request's own)
+    BROKEN = "broken"  # the replica broke under it (SupervisionError, ActorStoppedError)
+
+
+class Slot:
+    """One replica as the dispatcher sees it: its state and its counters."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.state = RECOVERING  # until its first generation is up
+        self.generation = 0
+        self.in_flight = 0  # attempts holding a slot
+        self.queue: deque[Request] = deque()
+        self.completed = 0
+        self.failed = 0
+        self.retried = 0
+        self.restarts = 0  # kept by the supervisor
+        self.sent = 0  # to the current generation
+        self.sent_after_failure = 0
+        self.last_failure = ""
+        self.latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
+
+    def has_room(self, cfg: ServiceConfig) -> bool:
+        return self.in_flight < cfg.max_concurrent_requests or len(self.queue) < cfg.max_queue
+
+    def statistics(self, now: float | None = None) -> ReplicaStatistics:
+        """Its record; with ``now`` (the dispatcher's clock), p50/p99 too."""
+        p50 = p99 = None
+        if now is not None:
+            horizon = now - LATENCY_WINDOW
+            # A snapshot first: statistics() may run on another thread (sync
+            # code) while the loop appends, and iterating a deque that changes
+            # raises RuntimeError.
+            window = sorted(dt for t, dt in tuple(self.latencies) if t >= horizon)
+            if window:
+                p50 = window[len(window) // 2]
+                p99 = window[min(len(window) - 1, int(len(window) * 0.99))]
+        return ReplicaStatistics(
+            self.index, self.state, self.generation, self.in_flight, len(self.queue),
+            self.completed, self.failed, self.retried, self.restarts, self.sent,
+            self.sent_after_failure, p50, p99, self.last_failure,
+        )  # fmt: skip
+
+
+class Request:
+    """One call of a service endpoint, over all its attempts."""
+
+    __slots__ = (
+        "args", "attempt", "attempts", "deadline", "done", "endpoint", "id", "least_loaded",
+        "on", "pinned", "retry", "sent_once", "session", "sink", "start",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        req_id: str,
+        endpoint: str,
+        deadline: float,
+        *,
+        retry: bool = True,
+        session: Session | None = None,
+        pinned: int | None = None,
+        least_loaded: bool = False,
+        args: Any = None,
+        sink: Any = None,
+        start: float = 0.0,
+    ) -> None:
+        self.id = req_id  # the same on every attempt: actors deduplicate by it
+        self.endpoint = endpoint
+        self.deadline = deadline  # on the dispatcher's clock
+        self.retry = retry
+        self.session = session
+        self.pinned = pinned  # a fan-out request: this replica or nothing
+        self.least_loaded = least_loaded  # ``choose``: the least loaded, whatever the router
+        self.args = args  # what the shell sends (opaque here)
+        self.sink = sink  # where the shell puts the result (opaque here)
+        self.start = start
+        self.attempt: Attempt | None = None  # the live attempt, if one is in flight
+        self.on: Slot | None = None  # the replica of the latest attempt
+        self.attempts = 0
+        self.sent_once = False
+        self.done = False
+
+
+class Attempt:
+    """One send of a request to one generation of one replica.
+
+    It holds one of the replica's slots until ``Dispatcher.settled`` is
+    called for it, exactly once, when the replica answers or breaks.
+    """
+
+    __slots__ = ("generation", "held", "request", "slot")
+
+    def __init__(self, request: Request, slot: Slot) -> None:
+        self.request = request
+        self.slot = slot
+        self.generation = slot.generation
+        self.held = True
+
+
+class Dispatcher:
+    """Routes requests over replicas; told of replies, failures and timeouts.
+
+    Args:
+        name: the service's name, for errors.
+        replicas: how many replicas.
+        config: the limits and ``return_rank``.
+        router: picks among the candidates of a routed request.
+        clock: the time deadlines are on (the shell's loop time).
+        send: ``send(attempt)`` carries an attempt out; the shell must call
+            ``settled(attempt, ...)`` once for it, later or right away.
+        finish: ``finish(request, error, value)`` gives a caller its answer;
+            called exactly once per request.
+        on_failure: ``on_failure(index, generation, reason)`` is told once per
+            replica generation that fails (the supervisor replaces it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        replicas: int,
+        config: ServiceConfig,
+        router: Router,
+        clock: Callable[[], float],
+        send: Callable[[Attempt], None],
+        finish: Callable[[Request, BaseException | None, Any], None],
+        on_failure: Callable[[int, int, str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.router = router
+        self.clock = clock
+        self._send_out = send
+        self._finish_out = finish
+        self.on_failure = on_failure
+        self.slots = [Slot(i) for i in range(replicas)]
+        self.waiting: deque[Request] = deque()  # no healthy replica yet
+        self._least = LeastLoadedRouter()
+        self.completed = 0
+        self.failed = 0
+        self.retried = 0
+        self.stopped = False
+
+    # ------------------------------------------------------------ replicas
+
+    def replica_up(self, index: int, generation: int) -> None:
+        """Replica ``index`` serves in ``generation`` (newer than the one known)."""
+        slot = self.slots[index]
+        if self.stopped or generation <= slot.generation:
+            return
+        if slot.state == HEALTHY:  # a newer generation replaces one we thought alive
+            self.replica_failed(index, slot.generation, "replaced by a newer generation", False)
+        slot.generation = generation
+        slot.state = HEALTHY
+        slot.sent = 0
+        self._pump(slot)
+        self._pump_waiting()
+
+    def replica_failed(self, index: int, generation: int, reason: str, notify: bool = True) -> bool:
+        """Generation ``generation`` of replica ``index`` failed; True the first time.
+
+        ``on_failure`` is told (unless ``notify`` is false).
+        """
+        slot = self.slots[index]
+        if slot.generation != generation or slot.state != HEALTHY or self.stopped:
+            return False
+        slot.state = RECOVERING
+        slot.last_failure = reason
+        queued = list(slot.queue)
+        slot.queue.clear()
+        for req in queued:  # never sent: always safe to send elsewhere
+            self._dispatch(req)
+        if notify and self.on_failure is not None:
+            self.on_failure(index, generation, reason)
+        return True
+
+    def replica_gone(self, index: int) -> None:
+        """Replica ``index`` stays down for good (restart intensity)."""
+        slot = self.slots[index]
+        if self.stopped:
+            return
+        slot.state = UNHEALTHY
+        for req in list(slot.queue):
+            slot.queue.remove(req)
+            self._dispatch(req)
+        self._pump_waiting()  # if nothing can recover, waiting calls fail now
+
+    def stop(self) -> None:
+        """No more work: what waits fails with ``ActorStoppedError``.
+
+        Attempts in flight end as their replicas are stopped (``settled``
+        with BROKEN): they are not re-sent.
+        """
+        self.stopped = True
+        stopped = ActorStoppedError(f"service {self.name} was stopped", mesh=self.name)
+        waiting = list(self.waiting)
+        self.waiting.clear()
+        for slot in self.slots:
+            waiting.extend(slot.queue)
+            slot.queue.clear()
+            slot.state = STOPPED
+        for req in waiting:
+            self._finish(req, None, stopped)
+
+    def healthy(self) -> list[Slot]:
+        return [s for s in self.slots if s.state == HEALTHY]
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, req: Request) -> None:
+        """A new request: route it (or fail it at once: stopped, overloaded)."""
+        if self.stopped:
+            self._finish(
+                req, None, ActorStoppedError(f"service {self.name} was stopped", mesh=self.name)
+            )
+            return
+        self._dispatch(req)
+
+    def settled(self, attempt: Attempt, outcome: Outcome, value: Any = None) -> None:
+        """``attempt`` ended: with its value (OK) or an exception."""
+        if not attempt.held:
+            return  # settled already
+        attempt.held = False
+        slot, req = attempt.slot, attempt.request
+        slot.in_flight -= 1
+        live = req.attempt is attempt
+        if live:
+            req.attempt = None
+        if outcome is Outcome.BROKEN:
+            # The replica broke (or is being replaced): not the request's fault.
+            self.replica_failed(slot.index, attempt.generation, str(value))
+        if live:
+            if outcome is Outcome.OK:
+                slot.completed += 1
+                now = self.clock()
+                slot.latencies.append((now, now - req.start))
+                self._finish(req, slot, None, value)
+            elif outcome is Outcome.BROKEN and req.retry and req.pinned is None:
+                if self.stopped:
+                    slot.failed += 1
+                    self._finish(req, slot, value)
+                else:
+                    slot.retried += 1
+                    self.retried += 1
+                    self._dispatch(req)
+            else:
+                slot.failed += 1
+                self._finish(req, slot, value)
+        self._pump(slot)
+
+    def expire(self, req: Request) -> None:
+        """``req``'s deadline passed: its caller gets a timeout now.
+
+        An attempt in flight keeps its replica's slot until the replica
+        answers it (see ``settled``).
+        """
+        if req.done:
+            return
+        if req.attempt is not None:
+            req.attempt = None
+            if req.on is not None:
+                req.on.failed += 1
+            self._finish(req, req.on, _timeout_error(self.name, req))
+            return
+        for q in [self.waiting, *(s.queue for s in self.slots)]:
+            if req in q:
+                q.remove(req)
+        self._finish(req, None, _timeout_error(self.name, req))
+
+    # ------------------------------------------------------------ routing
+
+    def _dispatch(self, req: Request) -> None:
+        if req.done:
+            return
+        cfg = self.config
+        if req.pinned is not None:
+            slot = self.slots[req.pinned]
+            if slot.state != HEALTHY:
+                self._finish(req, slot, SupervisionError(
+                    f"replica {slot.index} of {self.name} is {slot.state}", mesh=self.name,
+                ))  # fmt: skip
+            else:
+                self._place(slot, req)  # a fan-out counts against the limits too
+            return
+        healthy = self.healthy()
+        if not healthy:
+            if not any(s.state == RECOVERING for s in self.slots):
+                # Every replica stays down (restart limit): no recovery to wait for.
+                self._finish(req, None, ServiceError(
+                    f"service {self.name} is DOWN: every replica reached its restart limit",
+                    mesh=self.name,
+                ))  # fmt: skip
+            elif len(self.waiting) >= cfg.max_queue * len(self.slots):
+                self._finish(req, None, _overloaded(self.name, self.config))
+            else:
+                self.waiting.append(req)  # until a replica recovers or the deadline
+            return
+        target = self._bound(req)
+        if req.done:
+            return  # a strict session lost its replica
+        if target is None:
+            ready = [s for s in healthy if s.has_room(cfg)]
+            if not ready:
+                self._finish(req, None, _overloaded(self.name, self.config))
+                return
+            session = req.session
+            router = self._least if req.least_loaded else self.router
+            pick = router.choose(
+                [s.statistics() for s in ready], session.id if session is not None else None
+            )
+            target = next((s for s in ready if s.index == pick), ready[0])
+            if session is not None:
+                session.replica, session.generation = target.index, target.generation
+        self._place(target, req)
+
+    def _place(self, slot: Slot, req: Request) -> None:
+        """Send ``req`` to ``slot`` now, or queue it there, or fail it: overloaded."""
+        if slot.in_flight < self.config.max_concurrent_requests:
+            self._send(slot, req)
+        elif len(slot.queue) < self.config.max_queue:
+            slot.queue.append(req)
+        else:
+            self._finish(req, None, _overloaded(self.name, self.config))
+
+    def _bound(self, req: Request) -> Slot | None:
+        """The replica ``req``'s session is bound to, if it still serves that generation.
+
+        A session whose generation is gone is unbound here (and counted); a
+        strict one fails ``req`` with ``SessionLostError`` instead of moving
+        silently.
+        """
+        session = req.session
+        if session is None or session.replica is None:
+            return None
+        slot = self.slots[session.replica]
+        if slot.state == HEALTHY and slot.generation == session.generation:
+            return slot
+        lost = f"replica {session.replica} generation {session.generation}"
+        session.replica = None
+        session.rebinds += 1
+        session.rebound = True
+        if session.strict:
+            self._finish(req, None, SessionLostError(
+                f"session {session.id} of {self.name} lost its replica ({lost} is gone): "
+                "the state it kept there is gone", mesh=self.name,
+            ))  # fmt: skip
+        return None
+
+    def _send(self, slot: Slot, req: Request) -> None:
+        if self.clock() >= req.deadline:
+            self._finish(req, None, _timeout_error(self.name, req))
+            return
+        attempt = Attempt(req, slot)
+        req.attempt = attempt
+        req.on = slot
+        req.sent_once = True
+        req.attempts += 1
+        slot.in_flight += 1
+        slot.sent += 1
+        if slot.state != HEALTHY:
+            slot.sent_after_failure += 1
+        self._send_out(attempt)
+
+    def _pump(self, slot: Slot) -> None:
+        while slot.queue and slot.in_flight < self.config.max_concurrent_requests:
+            if slot.state != HEALTHY:
+                return
+            self._send(slot, slot.queue.popleft())
+
+    def _pump_waiting(self) -> None:
+        waiting, self.waiting = self.waiting, deque()
+        for req in waiting:
+            self._dispatch(req)
+
+    # ------------------------------------------------------------ endings
+
+    def _finish(
+        self, req: Request, slot: Slot | None, error: BaseException | None, value: Any = None
+    ) -> None:
+        if req.done:
+            return
+        req.done = True
+        if error is None:
+            self.completed += 1
+        else:
+            self.failed += 1
+        self._finish_out(req, error, value)
+
+
+def _overloaded(name: str, cfg: ServiceConfig) -> ServiceOverloadedError:
+    return ServiceOverloadedError(
+        f"service {name} is full: every healthy replica has "
+        f"{cfg.max_concurrent_requests} requests in flight and {cfg.max_queue} queued",
+        mesh=name,
+    )
+
+
+def _timeout_error(name: str, req: Request) -> ZmeshError:
+    if not req.sent_once:
+        return ServiceError(
+            f"no healthy replica of {name} took {req.endpoint!r} before its timeout", mesh=name
+        )
+    return CallTimeoutError(f"{req.endpoint!r} on {name} timed out", mesh=name)
