@@ -15,6 +15,7 @@ Hierarchy::
     ├── EndpointError         unknown endpoint or arguments that do not fit it
     ├── EncodeError           an argument or return value cannot be sent
     ├── AgentError            an agent refused a request or cannot be reached
+    │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
     └── ServiceError          a service cannot take the call
@@ -33,6 +34,7 @@ __all__ = [
     "ActorError",
     "ActorStoppedError",
     "AgentError",
+    "AgentTimeoutError",
     "CallTimeoutError",
     "ConnectionLostError",
     "EncodeError",
@@ -182,6 +184,10 @@ class EncodeError(ZmeshError):
 
 class AgentError(ZmeshError):
     """A host agent refused a request, or cannot be reached."""
+
+
+class AgentTimeoutError(AgentError, TimeoutError):
+    """A host agent did not answer a request in time (down, or cut off)."""
 
 
 class SecurityError(ZmeshError):

@@ -477,6 +477,7 @@ import json, pickle, sys
 import zmq
 import zmesh
 from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
 
 procs = pickle.loads(bytes.fromhex(sys.argv[1]))  # another client's ProcMesh handle
 owner = sys.argv[2]

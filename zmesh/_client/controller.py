@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from zmesh._client.agents import AgentClient
 from zmesh._errors import (
     ActorStoppedError,
     AgentError,
+    AgentTimeoutError,
     SecurityError,
     SupervisionError,
     ZmeshError,
@@ -125,18 +127,13 @@ class AgentConn:
         self.stream = ""
         self.seq = 0
         self.last_heard = time.monotonic()  # its stream
-        self.last_reply = 0.0  # its control socket
         self.lost = False
         self.judged: set[tuple[str, int]] = set()  # ranks made Unknown for this loss
         self.syncing = False
         self.buffered: list[w.Event] = []
         self.ready = asyncio.Event()  # described and subscribed
-        self._futures: dict[int, asyncio.Future[Any]] = {}
         loop = ctl.rt.loop
-        ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)), addr=addr)
-        ctrl.connect(addr)
-        self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
-        self.codec = Codec(w.AGENT_REPLIES)
+        self.client = AgentClient(ctl.rt.ctx, addr, loop)  # its control socket
         self.stream_codec = Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -161,7 +158,7 @@ class AgentConn:
 
     def _subscribe(self, info: w.AgentInfo) -> None:
         """Follow the event stream the agent ``info`` describes (a new SUB)."""
-        self.label = info.label
+        self.label = self.client.label = info.label
         self.stream = info.stream
         self.last_heard = time.monotonic()
         if self.sub is not None:
@@ -199,44 +196,36 @@ class AgentConn:
             self.ctl.agent_lost(self, new_too=True)
             await asyncio.sleep(REJOIN_INTERVAL)
 
+    @property
+    def last_reply(self) -> float:
+        """When its control socket last answered (``time.monotonic()``; 0: never)."""
+        return self.client.last_reply
+
     async def request(self, make: Callable[[int], Any], timeout: float = 5.0) -> Any:
         """Send a control request and wait for its reply.
 
         Raises:
-            AgentError: no reply within ``timeout``, or the agent said no.
+            AgentTimeoutError: no reply within ``timeout`` (an ``AgentError``).
+            SecurityError: the agent refused: we may not do this.
+            AgentError: the agent said no.
         """
-        req_id = next(self.ctl.rt._ids)
-        fut: asyncio.Future[Any] = self.ctl.rt.loop.create_future()
-        self._futures[req_id] = fut
-        msg = make(req_id)
-        if isinstance(msg, w.CreateOrUpdate):
-            self.creating.add(msg.name)
-        self.ctrl.send(self.codec.encode(msg))
-        try:
-            reply = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            raise AgentError(
-                f"agent {self.label} did not answer within {timeout}s", host=self.label
-            ) from None
-        finally:
-            self._futures.pop(req_id, None)
-        if isinstance(reply, w.Ack) and not reply.ok:
-            if isinstance(msg, w.CreateOrUpdate):
-                self.creating.discard(msg.name)
-            if reply.denied:  # e.g. a Stop of a mesh we do not own
-                raise SecurityError(reply.error, host=self.label)
-            raise AgentError(reply.error, host=self.label)
-        return reply
+        msg: Any = None
 
-    def _on_reply(self, frames: list[Any]) -> None:
+        def build(req_id: int) -> Any:
+            nonlocal msg
+            msg = make(req_id)
+            if isinstance(msg, w.CreateOrUpdate):
+                self.creating.add(msg.name)
+            return msg
+
         try:
-            msg = self.codec.decode(frames)
-        except Exception:
-            return
-        self.last_reply = time.monotonic()
-        fut = self._futures.get(msg.id)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+            return await self.client.request(build, timeout)
+        except AgentTimeoutError:
+            raise  # it may have it still: the next snapshot tells
+        except (AgentError, SecurityError):
+            if isinstance(msg, w.CreateOrUpdate):
+                self.creating.discard(msg.name)  # it said no
+            raise
 
     # ------------------------------------------------------------ stream
 
@@ -321,7 +310,7 @@ class AgentConn:
             _cancel(self._snapshot_task)
         if self._rejoin_task is not None:
             _cancel(self._rejoin_task)
-        self.ctrl.close()
+        self.client.close()
         if self.sub is not None:
             self.sub.close()
 

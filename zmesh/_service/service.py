@@ -415,10 +415,9 @@ class Service:
                 last_failure=next((r.last_failure for r in st.replicas if r.last_failure), ""),
                 state=st.state,
             )
-            frames = Codec(w.AGENT_INBOX).encode(w.ServiceReport(summary))
             agents = {ref.agent for r in self._replicas if r.mesh for ref in r.mesh._refs}
             for addr in agents:
-                self.rt.controller.agent(addr).ctrl.send(frames)
+                self.rt.controller.agent(addr).client.send(w.ServiceReport(summary))
 
     def _check_health(self, rep: _Replica) -> None:
         mesh, gen = rep.mesh, rep.generation
