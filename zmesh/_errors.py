@@ -28,6 +28,7 @@ are deliberately distinct, as trio tells ``BrokenResourceError`` from
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = [
@@ -186,8 +187,20 @@ class AgentError(ZmeshError):
     """A host agent refused a request, or cannot be reached."""
 
 
-class AgentTimeoutError(AgentError, TimeoutError):
-    """A host agent did not answer a request in time (down, or cut off)."""
+# Before Python 3.11 asyncio.TimeoutError is its own class: code that waits
+# on an agent with ``except asyncio.TimeoutError`` must catch this one too.
+_TIMEOUTS: tuple[type[Exception], ...] = (TimeoutError,)
+if sys.version_info < (3, 11):  # pragma: no cover
+    import asyncio
+
+    _TIMEOUTS += (asyncio.TimeoutError,)
+
+
+class AgentTimeoutError(AgentError, *_TIMEOUTS):  # type: ignore[misc]
+    """A host agent did not answer a request in time (down, or cut off).
+
+    Also a ``TimeoutError`` (and an ``asyncio.TimeoutError``).
+    """
 
 
 class SecurityError(ZmeshError):
