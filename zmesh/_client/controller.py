@@ -52,7 +52,7 @@ from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
-    from zmesh._client.runtime import ProcRef, Runtime
+    from zmesh._client.runtime import ProcRef
 
 log = logging.getLogger("zmesh")
 
@@ -132,8 +132,8 @@ class AgentConn:
         self.syncing = False
         self.buffered: list[w.Event] = []
         self.ready = asyncio.Event()  # described and subscribed
-        loop = ctl.rt.loop
-        self.client = AgentClient(ctl.rt.ctx, addr, loop)  # its control socket
+        loop = ctl.loop
+        self.client = AgentClient(ctl.ctx, addr, loop)  # its control socket
         self.stream_codec = Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -163,16 +163,16 @@ class AgentConn:
         self.last_heard = time.monotonic()
         if self.sub is not None:
             self.sub.close()
-        sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)), addr=info.stream)
+        sub = secure_client(configure(self.ctl.ctx.socket(zmq.SUB)), addr=info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.syncing = True  # until the welcome, then the snapshot
-        self.sub = AsyncSocket(sub, self.ctl.rt.loop, self._on_stream)
+        self.sub = AsyncSocket(sub, self.ctl.loop, self._on_stream)
 
     def rejoin(self) -> None:
         """The agent is lost: look for it, and for a new incarnation of it."""
         if self._rejoin_task is None or self._rejoin_task.done():
-            self._rejoin_task = self.ctl.rt.loop.create_task(self._rejoin())
+            self._rejoin_task = self.ctl.loop.create_task(self._rejoin())
 
     async def _rejoin(self) -> None:
         while self.lost and not self.ctl.closed:
@@ -264,7 +264,7 @@ class AgentConn:
         self.syncing = True
         if not getattr(self, "_resyncing", False):
             self._resyncing = True
-            self._snapshot_task = self.ctl.rt.loop.create_task(self._snapshot())
+            self._snapshot_task = self.ctl.loop.create_task(self._snapshot())
 
     async def _snapshot(self) -> None:
         try:
@@ -329,8 +329,27 @@ def _cancel(task: asyncio.Task[Any]) -> None:
 class Controller:
     """Mesh state as this runtime knows it, kept current by the agents' streams."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ctx: zmq.Context[Any],
+        break_conn: Callable[[str, ZmeshError | None, str], None],
+        release_conns: Callable[[str, ZmeshError], None],
+    ) -> None:
+        """Follow agents from ``loop``; tell the data path what supervision decides.
+
+        Args:
+            loop: the loop every socket and task of the controller lives on.
+            ctx: the ZeroMQ context.
+            break_conn: ``(addr, error, mesh)``: the rank of ``mesh`` at ``addr``
+                broke with ``error`` (its calls fail), or is healthy again (``None``).
+            release_conns: ``(mesh, error)``: ``mesh`` is over: close its
+                connections, failing what is still on them with ``error``.
+        """
+        self.loop = loop
+        self.ctx = ctx
+        self._break_conn = break_conn
+        self._release_conns = release_conns
         self.agents: dict[str, AgentConn] = {}
         self.views: dict[str, MeshView] = {}
         self.hosts: dict[tuple[str, int], AgentConn] = {}  # (mesh, rank) -> its agent
@@ -351,7 +370,7 @@ class Controller:
         if a is None:
             a = self.agents[addr] = AgentConn(self, addr)
             if self._watchdog is None:
-                self._watchdog = self.rt.loop.create_task(self._watch_agents())
+                self._watchdog = self.loop.create_task(self._watch_agents())
         return a
 
     def watch(self, ref: ProcRef) -> None:
@@ -399,7 +418,7 @@ class Controller:
         )  # fmt: skip
         if state.addr:
             healthy = state.status in (Status.RUNNING, Status.INITIALIZING)
-            self.rt.break_conn(state.addr, None if healthy else event.error(), mesh)
+            self._break_conn(state.addr, None if healthy else event.error(), mesh)
         ev = self.changed.pop(mesh, None)
         if ev is not None:
             ev.set()
@@ -552,7 +571,7 @@ class Controller:
         self.tombstones[mesh] = view
         while len(self.tombstones) > TOMBSTONES:
             self.tombstones.popitem(last=False)
-        self.rt.release(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
+        self._release_conns(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
 
     def release_if_over(self, mesh: str) -> None:
         """Release ``mesh`` if every rank is in a terminal status (and it is

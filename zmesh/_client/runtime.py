@@ -58,7 +58,7 @@ from zmesh._errors import (
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BIG_BUFFER, Codec, nbytes
 from zmesh._wire.security import secure_client
-from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
+from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
     from zmesh._client.controller import Controller
@@ -185,8 +185,29 @@ class Runtime:
         self.codec = Codec(w.CLIENT_INBOX)
         self._ids = itertools.count(1)
         self.conns: dict[str, ProcConn] = {}
-        self.controller: Controller = Controller(self)
+        # Supervision tells the data path what it decides through callbacks:
+        # the controller knows nothing of the runtime.
+        self.controller: Controller = Controller(loop, self.ctx, self.break_conn, self.release)
         self.closed = False
+
+    def dispatch(self, fn: Callable[..., Any], *args: Any, here: bool | None = None) -> None:
+        """Run ``fn(*args)`` on this runtime's loop, which owns every socket.
+
+        Called on the loop, it runs at once. From another thread it is
+        scheduled with ``call_soon_threadsafe``: callbacks run in the order
+        they were scheduled, so what one thread sends (calls, broadcasts,
+        streams) goes out in the order the thread made it.
+
+        Args:
+            here: whether the caller is on the loop, if it knows already
+                (``current()`` says); else it is looked up.
+        """
+        if here is None:
+            here = asyncio._get_running_loop() is self.loop
+        if here:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
 
     # ------------------------------------------------------------ connections
 
@@ -402,25 +423,15 @@ class Runtime:
                 c.bytes += req.size
 
     def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None:
-        env = frames[0]
-        if env and env[0] == BATCH_MARK:
-            try:
-                msgs = self.codec.decode_batch(env)
-            except Exception:  # garbled: dropped; its calls time out or fail
-                return None
-            for msg in msgs:
-                self._on_reply_msg(conn, msg, frames)
-            if conn.waiting:
-                self._drain(conn)
-            return len(msgs)
         try:
-            msg = self.codec.decode(frames)
-        except Exception:  # a garbled reply is dropped; its call times out or fails
+            msgs = self.codec.decode_frames(frames)
+        except Exception:  # a garbled reply is dropped; its calls time out or fail
             return None
-        self._on_reply_msg(conn, msg, frames)
+        for msg in msgs:
+            self._on_reply_msg(conn, msg, frames)
         if conn.waiting:
             self._drain(conn)
-        return None
+        return len(msgs)
 
     def _on_reply_msg(self, conn: ProcConn, msg: Any, frames: list[Any]) -> None:
         req = conn.pending.pop(msg.id, None)

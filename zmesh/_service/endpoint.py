@@ -7,15 +7,13 @@ code, another loop) is handed to that loop and its result handed back.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
-from zmesh._client.runtime import Runtime
 from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
-from zmesh._service.routing import _SESSION, HEALTHY, Session
+from zmesh._service.routing import HEALTHY, Session, current_session
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
@@ -23,39 +21,6 @@ if TYPE_CHECKING:
     from zmesh._service.service import Service
 
 R = TypeVar("R")
-
-
-def _copy_result(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
-    if dst.done():
-        return
-    if src.cancelled():
-        dst.cancel()
-    elif src.exception() is not None:
-        dst.set_exception(src.exception())
-    else:
-        dst.set_result(src.result())
-
-
-def _run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
-    """Run ``start`` on the service's loop; a ``Future`` usable from anywhere."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
-        return Future(afut=start())
-    cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            afut = start()
-        except BaseException as exc:
-            cfut.set_exception(exc)
-            return
-        afut.add_done_callback(lambda f: _copy_result(f, cfut))
-
-    rt.loop.call_soon_threadsafe(run)
-    return Future(cfut=cfut)
 
 
 class ServiceEndpoint(Generic[R]):
@@ -83,7 +48,7 @@ class ServiceEndpoint(Generic[R]):
         return ServiceEndpoint(self._svc, self._name, timeout, s or self._session)
 
     def _session_now(self) -> Session | None:
-        s = self._session or _SESSION.get()
+        s = self._session or current_session()
         return s if s is not None and s.service is self._svc else None
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -98,9 +63,7 @@ class ServiceEndpoint(Generic[R]):
             CallTimeoutError: the timeout passed while the request ran.
         """
         svc, session = self._svc, self._session_now()
-        return _run_on(
-            svc.rt, lambda: svc._submit(self._name, args, kwargs, self._timeout, session)
-        )
+        return run_on(svc.rt, lambda: svc._submit(self._name, args, kwargs, self._timeout, session))
 
     route = call_one
 
@@ -119,7 +82,7 @@ class ServiceEndpoint(Generic[R]):
             ]
             return asyncio.ensure_future(_gather_survivors(futs))
 
-        return _run_on(svc.rt, start)
+        return run_on(svc.rt, start)
 
     fanout = call
 
@@ -140,14 +103,7 @@ class ServiceEndpoint(Generic[R]):
                     )
                     svc.rt.send(rep.mesh._refs, call, buffers, None)
 
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is svc.rt.loop:
-            send()
-        else:
-            svc.rt.loop.call_soon_threadsafe(send)
+        svc.rt.dispatch(send)
 
     def __repr__(self) -> str:
         return f"<service endpoint {self._name} of {self._svc!r}>"

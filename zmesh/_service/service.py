@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._client import local as _local
-from zmesh._client.adverbs import submit
+from zmesh._client.adverbs import run_on, submit
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.future import Future
-from zmesh._client.mesh import ActorMesh, _stop_procs, spawn_owned_mesh
+from zmesh._client.mesh import ActorMesh, spawn_owned_mesh, stop_procs
 from zmesh._client.runtime import Runtime
 from zmesh._errors import (
     ActorStoppedError,
@@ -46,7 +46,7 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._service.endpoint import ServiceEndpoint, _run_on
+from zmesh._service.endpoint import ServiceEndpoint
 from zmesh._service.routing import (
     HEALTHY,
     LATENCY_WINDOW,
@@ -252,7 +252,7 @@ class Service:
 
     def stop(self) -> Future[None]:
         """Stop every replica; calls after it raise ``ActorStoppedError``."""
-        return _run_on(self.rt, lambda: self.rt.loop.create_task(self._stop()))
+        return run_on(self.rt, lambda: self.rt.loop.create_task(self._stop()))
 
     def __repr__(self) -> str:
         return f"<Service {self.name} replicas={len(self._replicas)}>"
@@ -284,7 +284,7 @@ class Service:
             f"{self.name}-r{rep.index}", self._args, self._kwargs, self._placement(rep),
         )  # fmt: skip
         if self.stopped:
-            await _stop_procs(self.rt, mesh._refs)
+            await stop_procs(self.rt, mesh._refs)
             return
         rep.generation += 1
         rep.mesh = mesh
@@ -339,7 +339,7 @@ class Service:
             # Stopping the whole replica fails what is still in flight on its
             # surviving ranks (at once, client-side), and those are re-sent.
             # The agent may be unreachable (a partition): do not wait for it.
-            self._spawn_task(_stop_procs(self.rt, old._refs))
+            self._spawn_task(stop_procs(self.rt, old._refs))
         loop = self.rt.loop
         while not self.stopped:
             now = loop.time()
@@ -391,7 +391,7 @@ class Service:
             rep.queue.clear()
             rep.state = STOPPED
             if rep.mesh is not None:
-                await _stop_procs(self.rt, rep.mesh._refs)
+                await stop_procs(self.rt, rep.mesh._refs)
 
     async def _health_loop(self) -> None:
         if "__health__" not in self.endpoints:
