@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import lanes as _lanes
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
@@ -83,13 +85,16 @@ def _copy_outcome(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any])
 
 
 def on_runtime(
-    start: Callable[[Runtime, Sink], None], about: tuple[ProcRef | str, str] | None = None
+    start: Callable[[Runtime, Sink], None],
+    about: tuple[ProcRef | str, str] | None = None,
+    targets: Iterable[str] | None = None,
 ) -> Future[R]:
     """Run ``start(runtime, fut)`` on the caller's runtime; it settles ``fut``.
 
     On the runtime's own loop ``fut`` is an asyncio future. From another
     thread it is the ``concurrent.futures.Future`` that ``.get()`` waits on,
     settled straight from the loop: no asyncio future or callback between.
+    ``targets`` are the addresses of the procs it sends to (``None``: unknown).
     """
     rt, here = _runtime.current()
     if here:
@@ -99,7 +104,7 @@ def on_runtime(
     # A plain callback, not a task: it keeps its place in send order (a task
     # would start one turn later and be overtaken by a later broadcast).
     cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-    rt.dispatch(_start_threadsafe, rt, start, cfut, here=False)
+    rt.dispatch(_start_threadsafe, rt, start, cfut, here=False, targets=targets)
     return Future(cfut=cfut, about=about)
 
 
@@ -197,7 +202,7 @@ class EndpointRef(Generic[R]):
             best = _least_loaded(rt, refs)
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
-        return on_runtime(start, (self._mesh.proc_mesh, name))
+        return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
@@ -212,12 +217,20 @@ class EndpointRef(Generic[R]):
                 self._block,
             )  # fmt: skip
             return Future(afut=fut, about=(ref, self._name))
-        # From another thread: one callback on the runtime's loop, scheduled
-        # in call order like every other adverb (see on_runtime).
+        # From a thread without a loop: on the thread's own lane (no hop), or
+        # else one callback on the runtime's loop, scheduled in call order
+        # like every other adverb (see on_runtime).
+        lane = _lanes.lane(rt)
+        if not buffers and self._block:
+            sync = lane.call(ref, self._mesh.actor, self._name, payload, deadline, timeout)
+            if sync is not None:
+                return Future(sync=sync, about=(ref, self._name))
+        seq = lane.before_io((ref.addr,))
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
+        cfut.add_done_callback(functools.partial(lane.answered, ref.addr, seq))
         rt.dispatch(
             rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
-            cfut, timeout, self._block, here=False,
+            cfut, timeout, self._block, here=False, targets=(),
         )  # fmt: skip
         return Future(cfut=cfut, about=(ref, self._name))
 
@@ -257,7 +270,7 @@ class EndpointRef(Generic[R]):
             else:
                 rt.send(refs, msg, buffers, deliver, self._timeout, self._block)
 
-        return on_runtime(start, (self._mesh.proc_mesh, self._name))
+        return on_runtime(start, (self._mesh.proc_mesh, self._name), (r.addr for r in refs))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait; errors are logged by the actors."""
@@ -265,7 +278,7 @@ class EndpointRef(Generic[R]):
         msg = self._call_msg(payload, oneway=True)
         refs = self._mesh._refs
         rt, here = _runtime.current()
-        rt.dispatch(rt.send, refs, msg, buffers, None, here=here)
+        rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=(r.addr for r in refs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:
         """Call every actor; iterate over the values as they arrive.
@@ -324,7 +337,8 @@ class Stream(Generic[R]):
         else:
             sq = self._sq = queue.SimpleQueue()
             deliver = lambda i, ok, v: sq.put((i, ok, v))  # noqa: E731
-        rt.dispatch(rt.send, refs, msg, buffers, deliver, timeout, here=home)
+        targets = (r.addr for r in refs)
+        rt.dispatch(rt.send, refs, msg, buffers, deliver, timeout, here=home, targets=targets)
 
     async def __aiter__(self) -> AsyncIterator[R]:
         loop = asyncio.get_running_loop()
