@@ -3,8 +3,9 @@
 From plain code, a call normally goes to the runtime's I/O thread and its
 reply comes back through it: two thread hops (a wake-up each) per call. A
 *lane* is one thread's own DEALER per proc, driven by that thread: a sync
-``call_one`` encodes and sends on it at once, and ``.get()`` polls it
-(``zmq.Poller``) for the reply. No other thread is woken.
+``call_one`` encodes and sends on it at once, and ``.get()`` is a blocking
+``recv`` on it. No other thread is woken. (A blocking ``recv`` costs about
+half the CPU of ``zmq_poll`` then ``recv``, measured.)
 
 What the lane cannot do it leaves to the I/O thread (the *I/O path*): a first
 call to a proc (the runtime must connect to it and follow its supervision),
@@ -14,10 +15,11 @@ every other adverb. The guarantees stay those of the I/O path:
 * **Failures.** Every lane call is registered with the runtime
   (``Runtime.sync_calls``) before it is sent. Supervision runs on the I/O
   thread; when it breaks a proc's connection it fails that proc's lane calls
-  too (``SyncCall.settle``), and a byte on the lane's wake-up pipe ends the
-  caller's poll: a killed proc fails ``.get()`` with ``SupervisionError`` as
-  fast as on the I/O path. A dropped connection fails them after the same
-  grace (``ConnectionLostError``); a per-call timeout is kept by the poll.
+  too (``SyncCall.settle``). The caller's ``recv`` gives up every
+  ``SLICE_MS`` to look, so a killed proc fails ``.get()`` with
+  ``SupervisionError`` at most that much later than on the I/O path. A
+  dropped connection fails them after the same grace
+  (``ConnectionLostError``); a per-call timeout is kept by the wait.
 * **Order per caller.** A thread's messages to one proc must arrive in the
   order it sent them, but a lane and the runtime's socket are two
   connections. So (1) before the thread sends anything on the I/O path
@@ -50,11 +52,16 @@ if TYPE_CHECKING:
 
     from zmesh._client.runtime import Runtime
 
-_POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
-# A waiter that is not the lane's thread takes the lane's sockets in turns
-# of at most this long (seconds), so the owner is never locked out for long.
-_SLICE = 0.005
+_RCVTIMEO = int(zmq.RCVTIMEO)
+# The Cython methods under pyzmq's Python wrappers (see zmesh._wire.zsock).
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_get = zmq.backend.Socket.get
+_RCVMORE = int(zmq.RCVMORE)
+# A blocked .get() looks up at least this often (ms): for a failure that
+# supervision delivered meanwhile, and to let another waiter drive the lane.
+SLICE_MS = 20
 
 
 class SyncCall:
@@ -72,7 +79,7 @@ class SyncCall:
         self.ok = False
         self.value: Any = None
 
-    def settle(self, ok: bool, value: Any, *, wake: bool = True) -> None:
+    def settle(self, ok: bool, value: Any) -> None:
         """Give the call its outcome (the first one wins), from any thread."""
         lane = self.lane
         rt = lane.rt
@@ -86,8 +93,6 @@ class SyncCall:
                 if not calls:
                     del rt.sync_calls[self.ref.addr]
         lane.calls.pop(self.id, None)
-        if wake:
-            lane.wake()
 
     def result(self, timeout: float | None) -> Any:
         """Wait (``None``: as long as it takes) and return the value or raise the error.
@@ -127,11 +132,7 @@ class Lane:
         self.socks: dict[str, Any] = {}
         self.calls: dict[int, SyncCall] = {}
         self._ids = itertools.count(1)
-        self._poller = zmq.Poller()
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)
-        os.set_blocking(self._wfd, False)
-        self._poller.register(self._rfd, _POLLIN)
+        self._timeo: dict[str, int] = {}  # each socket's RCVTIMEO now (ms)
         # Order with the I/O path (see the module docstring): the sequence
         # number of the thread's last I/O-path message to each proc (and to
         # procs unknown: ``io_all``), and of its last answered I/O call_one.
@@ -180,68 +181,74 @@ class Lane:
             # before shows in the connection (broken is set before calls fail).
             rt.sync_calls.setdefault(addr, set()).add(call)
         if rt.conns.get(addr) is not c or c.broken is not None:
-            call.settle(False, None, wake=False)  # unregister; the I/O path says why
+            call.settle(False, None)  # unregister; the I/O path says why
             return None
         self.calls[req_id] = call
         with self.lock:
             sock = self.socks.get(addr)
             if sock is None:
                 sock = self.socks[addr] = self._connect(addr)
-            sock.send(frames[0], _NOBLOCK)  # the HWM is far above MAX_IN_FLIGHT
+            _send(sock, frames[0], _NOBLOCK)  # the HWM is far above MAX_IN_FLIGHT
         return call
 
     def _connect(self, addr: str) -> Any:
         sock = secure_client(
             configure(zmq.Context.instance().socket(zmq.DEALER), data=True), addr=addr
         )
+        sock.setsockopt(zmq.RCVTIMEO, SLICE_MS)
+        self._timeo[addr] = SLICE_MS
         sock.connect(addr)
-        self._poller.register(sock, _POLLIN)
         return sock
 
     # ------------------------------------------------------------ waiting
 
     def wait(self, call: SyncCall, timeout: float | None) -> None:
         """Drive the lane until ``call`` is done, ``timeout`` passes, or it expires."""
-        mine = threading.get_ident() == self.thread
         until = time.monotonic() + timeout if timeout is not None else None
+        addr = call.ref.addr
         while not call.done:
             now = time.monotonic()
             if call.expires and now >= call.expires:
                 assert call.timeout is not None
-                call.settle(False, timeout_error(call.ref, call.timeout), wake=False)
+                call.settle(False, timeout_error(call.ref, call.timeout))
                 return
-            ends = [t for t in (until, call.expires or None) if t is not None]
-            left = max(0.0, min(ends) - now) if ends else None
-            if not mine:
-                left = _SLICE if left is None else min(left, _SLICE)
-            if not self.lock.acquire(timeout=_SLICE if left is None else max(left, 0.001)):
+            ms = SLICE_MS
+            for t in (until, call.expires or None):
+                if t is not None:
+                    ms = min(ms, int((t - now) * 1000 + 0.999))
+            if not self.lock.acquire(timeout=SLICE_MS / 1000):
                 if until is not None and time.monotonic() >= until:
                     return
-                continue
+                continue  # another thread drives the lane: it may settle ours
             try:
                 if not call.done:
-                    self._pump(-1 if left is None else int(left * 1000 + 0.999))
+                    self._receive(addr, ms)
             finally:
                 self.lock.release()
             if until is not None and time.monotonic() >= until:
                 return
 
-    def _pump(self, ms: int) -> None:
-        """Poll for up to ``ms`` (-1: until something happens); settle what came."""
-        for sock, _ in self._poller.poll(ms):
-            if type(sock) is int:
-                try:
-                    while os.read(sock, 512):
-                        pass
-                except BlockingIOError:
-                    pass
-                continue
-            while True:
-                try:
-                    frames = sock.recv_multipart(_NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self._on_reply([frames[0].bytes, *frames[1:]])
+    def _receive(self, addr: str, ms: int) -> None:
+        """Wait up to ``ms`` for a message on ``addr``'s socket (0: do not
+        wait); settle its calls. The lock is held."""
+        sock = self.socks.get(addr)
+        if sock is None:
+            return
+        try:
+            if ms <= 0:
+                env = _recv(sock, _NOBLOCK, True)
+            else:
+                if self._timeo[addr] != ms:
+                    sock.setsockopt(_RCVTIMEO, ms)
+                    self._timeo[addr] = ms
+                # A copy: for a small envelope, cheaper than a zmq.Frame.
+                env = _recv(sock, 0, True)
+        except zmq.Again:
+            return
+        frames: list[Any] = [env]
+        while _get(sock, _RCVMORE):  # buffers: zero-copy frames
+            frames.append(_recv(sock, _NOBLOCK, False))
+        self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
         try:
@@ -252,14 +259,7 @@ class Lane:
             call = self.calls.get(msg.id)
             if call is not None:
                 ok, value = outcome(self.codec, msg, frames, call.ref)
-                call.settle(ok, value, wake=False)
-
-    def wake(self) -> None:
-        """End the owner's poll (a call was settled from another thread)."""
-        try:
-            os.write(self._wfd, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # full: a wake-up is pending anyway; closed: nobody waits
+                call.settle(ok, value)
 
     # ------------------------------------------------------------ the I/O path
 
@@ -294,11 +294,6 @@ class Lane:
         for sock in self.socks.values():
             sock.close(linger=0)
         self.socks.clear()
-        for fd in (self._rfd, self._wfd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
     def __del__(self) -> None:
         self.close()
