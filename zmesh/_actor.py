@@ -213,6 +213,30 @@ _REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_request", 
 _CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_actor")
 
 
+def set_current(point: Point | None = None, actor: Any = None, request: str | None = None) -> None:
+    """Set, in the running context, the actor (its point and instance) and the
+    request an endpoint runs for: what ``current_rank()``, ``current_request()``
+    and ``owner_actor()`` read. Only the proc (``zmesh._host.proc``) calls it."""
+    if point is not None:
+        _CURRENT.set(point)
+    if actor is not None:
+        _CURRENT_ACTOR.set(actor)
+    if request is not None:
+        _REQUEST.set(request)
+
+
+def current_point() -> Point | None:
+    """The calling actor's point (``None`` outside an actor): ``current_rank()``
+    for code that runs both inside and outside actors."""
+    return _CURRENT.get(None)
+
+
+def owner_actor() -> Any:
+    """The actor instance whose endpoint is running here (``None`` outside one):
+    the owner of the meshes it spawns."""
+    return _CURRENT_ACTOR.get(None)
+
+
 def current_rank() -> Point:
     """The calling actor's point in its mesh. Only valid inside an endpoint.
 

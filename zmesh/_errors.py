@@ -15,6 +15,7 @@ Hierarchy::
     ├── EndpointError         unknown endpoint or arguments that do not fit it
     ├── EncodeError           an argument or return value cannot be sent
     ├── AgentError            an agent refused a request or cannot be reached
+    │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
     └── ServiceError          a service cannot take the call
@@ -27,12 +28,14 @@ are deliberately distinct, as trio tells ``BrokenResourceError`` from
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = [
     "ActorError",
     "ActorStoppedError",
     "AgentError",
+    "AgentTimeoutError",
     "CallTimeoutError",
     "ConnectionLostError",
     "EncodeError",
@@ -183,6 +186,22 @@ class EncodeError(ZmeshError):
 
 class AgentError(ZmeshError):
     """A host agent refused a request, or cannot be reached."""
+
+
+# Before Python 3.11 asyncio.TimeoutError is its own class: code that waits
+# on an agent with ``except asyncio.TimeoutError`` must catch this one too.
+_TIMEOUTS: tuple[type[Exception], ...] = (TimeoutError,)
+if sys.version_info < (3, 11):  # pragma: no cover
+    import asyncio
+
+    _TIMEOUTS += (asyncio.TimeoutError,)
+
+
+class AgentTimeoutError(AgentError, *_TIMEOUTS):  # type: ignore[misc]
+    """A host agent did not answer a request in time (down, or cut off).
+
+    Also a ``TimeoutError`` (and an ``asyncio.TimeoutError``).
+    """
 
 
 class SecurityError(ZmeshError):

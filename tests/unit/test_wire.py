@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from zmesh._errors import EncodeError
+from zmesh._wire import codec as _codec
 from zmesh._wire import messages as w
-from zmesh._wire import zsock as _zsock
 from zmesh._wire.codec import BIG_BUFFER, Codec, check_size, explain, request_of
 
 
@@ -185,7 +185,7 @@ def test_check_name_refuses_others(name: object) -> None:
 def test_a_part_over_the_size_limit_is_refused_with_the_limit_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_zsock, "MAX_MSG_SIZE", 1000)
+    monkeypatch.setattr(_codec, "MAX_MSG_SIZE", 1000)
     codec = Codec(w.PROC_INBOX)
     payload, buffers = Codec.pack((memoryview(bytes(1001)),), {})
     with pytest.raises(EncodeError, match="1,001 bytes is over the limit of 1,000 bytes"):

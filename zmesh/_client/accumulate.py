@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from zmesh._client.adverbs import EndpointRef, _on_runtime
+from zmesh._client.adverbs import EndpointRef, on_runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import Runtime, Sink
 
@@ -78,4 +78,4 @@ class Accumulator(Generic[R, A]):
             else:
                 rt.send(refs, msg, buffers, deliver, ep._timeout, ep._block)
 
-        return _on_runtime(start, (ep._mesh.proc_mesh, name))
+        return on_runtime(start, (ep._mesh.proc_mesh, name))

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import lanes as _lanes
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
@@ -37,43 +39,85 @@ _rotation = itertools.count()
 
 def submit(work: Callable[[Runtime], Coroutine[Any, Any, R]]) -> Future[R]:
     """Run ``work(runtime)`` on the caller's runtime; a ``Future`` of its result."""
-    rt, home = _runtime.current()
-    if home:
-        return Future(afut=rt.loop.create_task(work(rt)))
-    return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))
+    rt, here = _runtime.current()
+    return run_on(rt, lambda: rt.loop.create_task(work(rt)), here)
 
 
-def _on_runtime(
-    start: Callable[[Runtime, Sink], None], about: tuple[ProcRef | str, str] | None = None
+def run_on(
+    rt: Runtime, start: Callable[[], asyncio.Future[R]], here: bool | None = None
+) -> Future[R]:
+    """Run ``start()`` on ``rt``'s loop; a ``Future`` of the asyncio future it returns.
+
+    On the loop, that future (a task, say) is the result, so awaiting the
+    ``Future`` awaits it. From another thread its outcome is copied to the
+    ``concurrent.futures.Future`` that ``.get()`` waits on.
+
+    Args:
+        here: whether the caller is on ``rt``'s loop, if it knows.
+    """
+    if here is None:
+        here = asyncio._get_running_loop() is rt.loop
+    if here:
+        return Future(afut=start())
+    cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
+    rt.dispatch(_start_and_copy, start, cfut, here=False)
+    return Future(cfut=cfut)
+
+
+def _start_and_copy(
+    start: Callable[[], asyncio.Future[R]], cfut: concurrent.futures.Future[R]
+) -> None:
+    if not cfut.set_running_or_notify_cancel():
+        return
+    try:
+        afut = start()
+    except BaseException as exc:
+        resolve(cfut, False, exc)
+        return
+    afut.add_done_callback(lambda f: _copy_outcome(f, cfut))
+
+
+def _copy_outcome(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) -> None:
+    if src.cancelled():
+        resolve(dst, False, concurrent.futures.CancelledError())
+    else:
+        exc = src.exception()
+        resolve(dst, exc is None, src.result() if exc is None else exc)
+
+
+def on_runtime(
+    start: Callable[[Runtime, Sink], None],
+    about: tuple[ProcRef | str, str] | None = None,
+    targets: Iterable[str] | None = None,
 ) -> Future[R]:
     """Run ``start(runtime, fut)`` on the caller's runtime; it settles ``fut``.
 
     On the runtime's own loop ``fut`` is an asyncio future. From another
     thread it is the ``concurrent.futures.Future`` that ``.get()`` waits on,
     settled straight from the loop: no asyncio future or callback between.
+    ``targets`` are the addresses of the procs it sends to (``None``: unknown).
     """
-    rt, home = _runtime.current()
-    if home:
+    rt, here = _runtime.current()
+    if here:
         afut: asyncio.Future[R] = rt.loop.create_future()
         start(rt, afut)
         return Future(afut=afut, about=about)
-
-    # Send from a plain callback, not a task: callbacks run in the order they
-    # were scheduled, so calls, broadcasts and streams from one thread go out
-    # in the order the thread made them (a task would start one turn later
-    # and be overtaken by a later broadcast).
+    # A plain callback, not a task: it keeps its place in send order (a task
+    # would start one turn later and be overtaken by a later broadcast).
     cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-
-    def run() -> None:
-        if not cfut.set_running_or_notify_cancel():
-            return
-        try:
-            start(rt, cfut)
-        except BaseException as exc:
-            resolve(cfut, False, exc)
-
-    rt.loop.call_soon_threadsafe(run)
+    rt.dispatch(_start_threadsafe, rt, start, cfut, here=False, targets=targets)
     return Future(cfut=cfut, about=about)
+
+
+def _start_threadsafe(
+    rt: Runtime, start: Callable[[Runtime, Sink], None], cfut: concurrent.futures.Future[Any]
+) -> None:
+    if not cfut.set_running_or_notify_cancel():
+        return  # cancelled before it was sent
+    try:
+        start(rt, cfut)
+    except BaseException as exc:
+        resolve(cfut, False, exc)
 
 
 class EndpointRef(Generic[R]):
@@ -220,27 +264,35 @@ class EndpointRef(Generic[R]):
             best = _least_loaded(rt, refs)
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
-        return _on_runtime(start, (self._mesh.proc_mesh, name))
+        return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
         payload, buffers = self._pack(args, kwargs)
         timeout = self._timeout
         deadline = time.time() + timeout if timeout is not None else 0.0
-        rt, home = _runtime.current()
-        if home:
+        rt, here = _runtime.current()
+        if here:
             fut: asyncio.Future[R] = rt.loop.create_future()
             rt.call(
                 ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
                 self._block,
             )  # fmt: skip
             return Future(afut=fut, about=(ref, self._name))
-        # From another thread: one callback on the runtime's loop, scheduled
-        # in call order like every other adverb (see _on_runtime).
+        # From a thread without a loop: on the thread's own lane (no hop), or
+        # else one callback on the runtime's loop, scheduled in call order
+        # like every other adverb (see on_runtime).
+        lane = _lanes.lane(rt)
+        if not buffers and self._block:
+            sync = lane.call(ref, self._mesh.actor, self._name, payload, deadline, timeout)
+            if sync is not None:
+                return Future(sync=sync, about=(ref, self._name))
+        seq = lane.before_io((ref.addr,))
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-        rt.loop.call_soon_threadsafe(
+        cfut.add_done_callback(functools.partial(lane.answered, ref.addr, seq))
+        rt.dispatch(
             rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
-            cfut, timeout, self._block,
+            cfut, timeout, self._block, here=False, targets=(),
         )  # fmt: skip
         return Future(cfut=cfut, about=(ref, self._name))
 
@@ -289,18 +341,15 @@ class EndpointRef(Generic[R]):
             else:
                 rt.send(refs, msg, buffers, deliver, self._timeout, self._block)
 
-        return _on_runtime(start, (self._mesh.proc_mesh, self._name))
+        return on_runtime(start, (self._mesh.proc_mesh, self._name), (r.addr for r in refs))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait; errors are logged by the actors."""
         payload, buffers = self._pack(args, kwargs)
         msg = self._call_msg(payload, oneway=True)
         refs = self._mesh._refs
-        rt, home = _runtime.current()
-        if home:
-            rt.send(refs, msg, buffers, None)
-        else:
-            rt.loop.call_soon_threadsafe(rt.send, refs, msg, buffers, None)
+        rt, here = _runtime.current()
+        rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=(r.addr for r in refs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:
         """Call every actor; iterate over the values as they arrive.
@@ -352,14 +401,15 @@ class Stream(Generic[R]):
         self._aq: asyncio.Queue[tuple[int, bool, Any]] | None = None
         self._sq: queue.SimpleQueue[tuple[int, bool, Any]] | None = None
         self._lock = threading.Lock()  # plain code: passes in several threads
+        deliver: Callable[[int, bool, Any], None]
         if home:
             aq = self._aq = asyncio.Queue()
-            rt.send(refs, msg, buffers, lambda i, ok, v: aq.put_nowait((i, ok, v)), timeout)
+            deliver = lambda i, ok, v: aq.put_nowait((i, ok, v))  # noqa: E731
         else:
             sq = self._sq = queue.SimpleQueue()
-            rt.loop.call_soon_threadsafe(
-                rt.send, refs, msg, buffers, lambda i, ok, v: sq.put((i, ok, v)), timeout
-            )
+            deliver = lambda i, ok, v: sq.put((i, ok, v))  # noqa: E731
+        targets = (r.addr for r in refs)
+        rt.dispatch(rt.send, refs, msg, buffers, deliver, timeout, here=home, targets=targets)
 
     async def __aiter__(self) -> AsyncIterator[R]:
         loop = asyncio.get_running_loop()

@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from zmesh._client.agents import AgentClient
 from zmesh._errors import (
     ActorStoppedError,
     AgentError,
+    AgentTimeoutError,
     SecurityError,
     SupervisionError,
     ZmeshError,
@@ -50,7 +52,7 @@ from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
-    from zmesh._client.runtime import ProcRef, Runtime
+    from zmesh._client.runtime import ProcRef
 
 log = logging.getLogger("zmesh")
 
@@ -125,18 +127,13 @@ class AgentConn:
         self.stream = ""
         self.seq = 0
         self.last_heard = time.monotonic()  # its stream
-        self.last_reply = 0.0  # its control socket
         self.lost = False
         self.judged: set[tuple[str, int]] = set()  # ranks made Unknown for this loss
         self.syncing = False
         self.buffered: list[w.Event] = []
         self.ready = asyncio.Event()  # described and subscribed
-        self._futures: dict[int, asyncio.Future[Any]] = {}
-        loop = ctl.rt.loop
-        ctrl = secure_client(configure(ctl.rt.ctx.socket(zmq.DEALER)), addr=addr)
-        ctrl.connect(addr)
-        self.ctrl = AsyncSocket(ctrl, loop, self._on_reply)
-        self.codec = Codec(w.AGENT_REPLIES)
+        loop = ctl.loop
+        self.client = AgentClient(ctl.ctx, addr, loop)  # its control socket
         self.stream_codec = Codec(w.STREAM)
         self.sub: AsyncSocket | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -161,21 +158,21 @@ class AgentConn:
 
     def _subscribe(self, info: w.AgentInfo) -> None:
         """Follow the event stream the agent ``info`` describes (a new SUB)."""
-        self.label = info.label
+        self.label = self.client.label = info.label
         self.stream = info.stream
         self.last_heard = time.monotonic()
         if self.sub is not None:
             self.sub.close()
-        sub = secure_client(configure(self.ctl.rt.ctx.socket(zmq.SUB)), addr=info.stream)
+        sub = secure_client(configure(self.ctl.ctx.socket(zmq.SUB)), addr=info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.syncing = True  # until the welcome, then the snapshot
-        self.sub = AsyncSocket(sub, self.ctl.rt.loop, self._on_stream)
+        self.sub = AsyncSocket(sub, self.ctl.loop, self._on_stream)
 
     def rejoin(self) -> None:
         """The agent is lost: look for it, and for a new incarnation of it."""
         if self._rejoin_task is None or self._rejoin_task.done():
-            self._rejoin_task = self.ctl.rt.loop.create_task(self._rejoin())
+            self._rejoin_task = self.ctl.loop.create_task(self._rejoin())
 
     async def _rejoin(self) -> None:
         while self.lost and not self.ctl.closed:
@@ -199,44 +196,36 @@ class AgentConn:
             self.ctl.agent_lost(self, new_too=True)
             await asyncio.sleep(REJOIN_INTERVAL)
 
+    @property
+    def last_reply(self) -> float:
+        """When its control socket last answered (``time.monotonic()``; 0: never)."""
+        return self.client.last_reply
+
     async def request(self, make: Callable[[int], Any], timeout: float = 5.0) -> Any:
         """Send a control request and wait for its reply.
 
         Raises:
-            AgentError: no reply within ``timeout``, or the agent said no.
+            AgentTimeoutError: no reply within ``timeout`` (an ``AgentError``).
+            SecurityError: the agent refused: we may not do this.
+            AgentError: the agent said no.
         """
-        req_id = next(self.ctl.rt._ids)
-        fut: asyncio.Future[Any] = self.ctl.rt.loop.create_future()
-        self._futures[req_id] = fut
-        msg = make(req_id)
-        if isinstance(msg, w.CreateOrUpdate):
-            self.creating.add(msg.name)
-        self.ctrl.send(self.codec.encode(msg))
-        try:
-            reply = await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            raise AgentError(
-                f"agent {self.label} did not answer within {timeout}s", host=self.label
-            ) from None
-        finally:
-            self._futures.pop(req_id, None)
-        if isinstance(reply, w.Ack) and not reply.ok:
-            if isinstance(msg, w.CreateOrUpdate):
-                self.creating.discard(msg.name)
-            if reply.denied:  # e.g. a Stop of a mesh we do not own
-                raise SecurityError(reply.error, host=self.label)
-            raise AgentError(reply.error, host=self.label)
-        return reply
+        msg: Any = None
 
-    def _on_reply(self, frames: list[Any]) -> None:
+        def build(req_id: int) -> Any:
+            nonlocal msg
+            msg = make(req_id)
+            if isinstance(msg, w.CreateOrUpdate):
+                self.creating.add(msg.name)
+            return msg
+
         try:
-            msg = self.codec.decode(frames)
-        except Exception:
-            return
-        self.last_reply = time.monotonic()
-        fut = self._futures.get(msg.id)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+            return await self.client.request(build, timeout)
+        except AgentTimeoutError:
+            raise  # it may have it still: the next snapshot tells
+        except (AgentError, SecurityError):
+            if isinstance(msg, w.CreateOrUpdate):
+                self.creating.discard(msg.name)  # it said no
+            raise
 
     # ------------------------------------------------------------ stream
 
@@ -275,7 +264,7 @@ class AgentConn:
         self.syncing = True
         if not getattr(self, "_resyncing", False):
             self._resyncing = True
-            self._snapshot_task = self.ctl.rt.loop.create_task(self._snapshot())
+            self._snapshot_task = self.ctl.loop.create_task(self._snapshot())
 
     async def _snapshot(self) -> None:
         try:
@@ -321,7 +310,7 @@ class AgentConn:
             _cancel(self._snapshot_task)
         if self._rejoin_task is not None:
             _cancel(self._rejoin_task)
-        self.ctrl.close()
+        self.client.close()
         if self.sub is not None:
             self.sub.close()
 
@@ -340,8 +329,27 @@ def _cancel(task: asyncio.Task[Any]) -> None:
 class Controller:
     """Mesh state as this runtime knows it, kept current by the agents' streams."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ctx: zmq.Context[Any],
+        break_conn: Callable[[str, ZmeshError | None, str], None],
+        release_conns: Callable[[str, ZmeshError], None],
+    ) -> None:
+        """Follow agents from ``loop``; tell the data path what supervision decides.
+
+        Args:
+            loop: the loop every socket and task of the controller lives on.
+            ctx: the ZeroMQ context.
+            break_conn: ``(addr, error, mesh)``: the rank of ``mesh`` at ``addr``
+                broke with ``error`` (its calls fail), or is healthy again (``None``).
+            release_conns: ``(mesh, error)``: ``mesh`` is over: close its
+                connections, failing what is still on them with ``error``.
+        """
+        self.loop = loop
+        self.ctx = ctx
+        self._break_conn = break_conn
+        self._release_conns = release_conns
         self.agents: dict[str, AgentConn] = {}
         self.views: dict[str, MeshView] = {}
         self.hosts: dict[tuple[str, int], AgentConn] = {}  # (mesh, rank) -> its agent
@@ -362,7 +370,7 @@ class Controller:
         if a is None:
             a = self.agents[addr] = AgentConn(self, addr)
             if self._watchdog is None:
-                self._watchdog = self.rt.loop.create_task(self._watch_agents())
+                self._watchdog = self.loop.create_task(self._watch_agents())
         return a
 
     def watch(self, ref: ProcRef) -> None:
@@ -410,7 +418,7 @@ class Controller:
         )  # fmt: skip
         if state.addr:
             healthy = state.status in (Status.RUNNING, Status.INITIALIZING)
-            self.rt.break_conn(state.addr, None if healthy else event.error(), mesh)
+            self._break_conn(state.addr, None if healthy else event.error(), mesh)
         ev = self.changed.pop(mesh, None)
         if ev is not None:
             ev.set()
@@ -563,7 +571,7 @@ class Controller:
         self.tombstones[mesh] = view
         while len(self.tombstones) > TOMBSTONES:
             self.tombstones.popitem(last=False)
-        self.rt.release(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
+        self._release_conns(mesh, ActorStoppedError(f"mesh {mesh} was stopped", mesh=mesh))
 
     def release_if_over(self, mesh: str) -> None:
         """Release ``mesh`` if every rank is in a terminal status (and it is

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from zmesh._errors import CallTimeoutError
 
 if TYPE_CHECKING:
+    from zmesh._client.lanes import SyncCall
     from zmesh._client.runtime import ProcRef
 
 T = TypeVar("T")
@@ -22,16 +23,20 @@ class Future(Generic[T]):
     synchronous code. The operation is already under way when you hold it.
     """
 
-    __slots__ = ("_about", "_afut", "_cfut")
+    __slots__ = ("_about", "_afut", "_cfut", "_sync")
 
     def __init__(
         self,
         afut: asyncio.Future[T] | None = None,
         cfut: concurrent.futures.Future[T] | None = None,
         about: tuple[ProcRef | str, str] | None = None,
+        sync: SyncCall | None = None,
     ) -> None:
         self._afut = afut
         self._cfut = cfut
+        # A call on a thread's own lane (zmesh._client.lanes): ``.get()``
+        # drives the lane's socket itself, with no thread in between.
+        self._sync = sync
         # What the result comes from, for the context of a timeout: the
         # proc (one target) or the mesh name (many), and the endpoint.
         self._about = about
@@ -42,6 +47,8 @@ class Future(Generic[T]):
         afut = self._afut
         if afut is not None and afut.get_loop() is asyncio._get_running_loop():
             return afut.__await__()
+        if self._sync is not None:  # its lane's sockets are driven by a blocking wait
+            return asyncio.get_running_loop().run_in_executor(None, self.get).__await__()
         return asyncio.wrap_future(self._concurrent()).__await__()
 
     def get(self, timeout: float | None = None) -> T:
@@ -55,6 +62,14 @@ class Future(Generic[T]):
             RuntimeError: called from the thread of the loop that must
                 produce the result (use ``await`` there).
         """
+        sync = self._sync
+        if sync is not None:
+            try:
+                return sync.result(timeout)
+            except TimeoutError:
+                if sync.done:  # the call's own timeout, or an error that is one
+                    raise
+                raise self._timeout_error(timeout) from None
         if self._afut is not None:
             try:
                 running = asyncio.get_running_loop()
@@ -62,9 +77,12 @@ class Future(Generic[T]):
                 running = None
             if running is self._afut.get_loop():
                 raise RuntimeError("Future.get() would block its own event loop: use await")
+        cfut = self._concurrent()
         try:
-            return self._concurrent().result(timeout)
+            return cfut.result(timeout)
         except concurrent.futures.TimeoutError:
+            if cfut.done():  # the result is an error that is a TimeoutError
+                raise
             raise self._timeout_error(timeout) from None
 
     def _timeout_error(self, timeout: float | None) -> CallTimeoutError:
@@ -82,6 +100,8 @@ class Future(Generic[T]):
 
     def done(self) -> bool:
         """Whether the result (or error) is ready."""
+        if self._sync is not None:
+            return self._sync.poll()
         f = self._afut if self._afut is not None else self._cfut
         return f is not None and f.done()
 

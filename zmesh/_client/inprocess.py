@@ -30,7 +30,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from zmesh._actor import _CURRENT, _CURRENT_ACTOR, Actor, Endpoint, Point
+from zmesh._actor import Actor, Endpoint, Point, set_current
 from zmesh._client.future import Future
 from zmesh._client.mesh import ValueMesh
 from zmesh._errors import (
@@ -104,8 +104,7 @@ class _Ranks:
             args, kwargs = _decode_call(frames)
             instance = self.instances[rank]
             # This call's task has a context of its own: what the endpoint sees.
-            _CURRENT.set(Point(rank, dict(self.dims)))
-            _CURRENT_ACTOR.set(instance)
+            set_current(Point(rank, dict(self.dims)), instance)
             if ep.info.is_async:
                 result = await invoke(ep.fn, instance, args, kwargs)
             else:
@@ -346,9 +345,8 @@ def spawn(
 
     async def make(point: Point) -> None:
         def build() -> Any:
-            _CURRENT.set(point)
             instance: Any = cls.__new__(cls)
-            _CURRENT_ACTOR.set(instance)
+            set_current(point, instance)
             a, kw = _decode_call(frames)  # each instance its own copy
             instance.__init__(*a, **kw)
             return instance

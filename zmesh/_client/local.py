@@ -27,14 +27,11 @@ import threading
 import time
 from typing import Any
 
-import zmq
-
+from zmesh._client.agents import AgentLink
 from zmesh._errors import AgentError
 from zmesh._shared import liveness as _liveness
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
-from zmesh._wire.codec import Codec
-from zmesh._wire.security import secure_client
 
 OWNER_HEARTBEAT_INTERVAL = 0.5
 AGENT_START_TIMEOUT = 30.0
@@ -273,9 +270,7 @@ class _OwnerHeart(threading.Thread):
         self.wake = threading.Event()  # beat now, without waiting for the interval
 
     def run(self) -> None:
-        ctx: zmq.Context[Any] = zmq.Context.instance()
-        socks: dict[str, zmq.Socket] = {}
-        codec = Codec(w.AGENT_INBOX)
+        links: dict[str, AgentLink] = {}
         try:
             while True:
                 self.wake.wait(OWNER_HEARTBEAT_INTERVAL)
@@ -283,25 +278,18 @@ class _OwnerHeart(threading.Thread):
                 if self.stopping.is_set():
                     return
                 machine, pid, start = _liveness.identity()
-                beat = codec.encode(
-                    w.OwnerHeartbeat(owner_id(), machine, pid, start, owner_secret())
-                )
+                beat = w.OwnerHeartbeat(owner_id(), machine, pid, start, owner_secret())
                 with _lock:
                     addrs = list(_used)
                 for addr in addrs:
-                    s = socks.get(addr)
-                    if s is None:
-                        s = socks[addr] = secure_client(ctx.socket(zmq.DEALER), addr=addr)
-                        s.setsockopt(zmq.LINGER, 0)
-                        s.setsockopt(zmq.SNDHWM, 4)  # a backlog of beats means nothing
-                        s.connect(addr)
-                    try:
-                        s.send_multipart(beat, zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        pass
+                    link = links.get(addr)
+                    if link is None:
+                        # A backlog of beats means nothing: a full queue drops them.
+                        link = links[addr] = AgentLink(addr, sndhwm=4)
+                    link.send(beat)
         finally:
-            for s in socks.values():
-                s.close(linger=0)
+            for link in links.values():
+                link.close()
 
 
 def _ensure_heart() -> _OwnerHeart:
@@ -326,18 +314,12 @@ def release_all() -> None:
         embedded = list(_embedded)
         _embedded.clear()
     embedded_addrs = {a for _, a in embedded}
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    codec = Codec(w.AGENT_INBOX)
     for addr in used:
         if addr in embedded_addrs:
             continue  # stopping the agent stops its procs
-        s = secure_client(ctx.socket(zmq.DEALER), addr=addr)
-        s.connect(addr)
-        try:
-            s.send_multipart(codec.encode(w.OwnerGone(owner_id(), owner_secret())), zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
-        s.close(linger=500)  # bounded: a dead agent must not hang our exit
+        link = AgentLink(addr)
+        link.send(w.OwnerGone(owner_id(), owner_secret()))
+        link.close(linger_ms=500)  # bounded: a dead agent must not hang our exit
     for popen, _ in embedded:
         if popen.poll() is None:
             popen.send_signal(signal.SIGTERM)

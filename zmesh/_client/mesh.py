@@ -173,10 +173,7 @@ class _MeshBase:
             ranks.update(_ask_agents(self.proc_mesh, missing))
             # From now on this runtime follows the mesh itself.
             for ref in missing:
-                if home:
-                    rt.controller.watch(ref)
-                else:
-                    rt.loop.call_soon_threadsafe(rt.controller.watch, ref)
+                rt.dispatch(rt.controller.watch, ref, here=home)
         return MeshState(self.proc_mesh, {ref.rank: ranks[ref.rank] for ref in self._refs})
 
     async def supervision_events(self) -> AsyncIterator[SupervisionEvent]:
@@ -343,7 +340,7 @@ class ProcMesh(_MeshBase):
 
     def stop(self) -> Future[None]:
         """Stop every proc; later calls to their actors raise ``ActorStoppedError``."""
-        return submit(lambda rt: _stop_procs(rt, self._refs))
+        return submit(lambda rt: stop_procs(rt, self._refs))
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}: {v}" for k, v in self._shape.dims.items())
@@ -418,7 +415,7 @@ class ActorMesh(_MeshBase, Generic[A]):
     def stop(self) -> Future[None]:
         """Stop these actors (and their procs, if this mesh made them)."""
         if self._owns_procs:
-            return submit(lambda rt: _stop_procs(rt, self._refs))
+            return submit(lambda rt: stop_procs(rt, self._refs))
         return submit(lambda rt: _stop_actors(rt, self))
 
     def __reduce__(self) -> Any:
@@ -562,7 +559,7 @@ async def spawn_owned_mesh(
     try:
         mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
     except BaseException:
-        await _stop_procs(rt, pm._refs)
+        await stop_procs(rt, pm._refs)
         raise
     mesh._owns_procs = True
     return mesh
@@ -591,7 +588,7 @@ async def _spawn_procs(
 async def _start_procs(
     rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
 ) -> ProcMesh:
-    from zmesh._actor import _CURRENT_ACTOR
+    from zmesh._actor import owner_actor as _owner_actor
 
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
@@ -603,7 +600,7 @@ async def _start_procs(
     if agents is not None:  # zmesh.connect(): procs spawn on the same agents
         env["ZMESH_AGENTS"] = ",".join(agents)
     ctl = rt.controller
-    owner_actor = _CURRENT_ACTOR.get(None)
+    owner_actor = _owner_actor()
     if owner_actor is not None:
         ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
     conns = []
@@ -801,7 +798,8 @@ def stop_request(name: str) -> Callable[[int], w.Stop]:
     return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
 
 
-async def _stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
+async def stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
+    """Stop the procs of ``refs`` (each agent asked once) and wait until they are over."""
     by_agent: dict[str, list[ProcRef]] = {}
     for r in refs:
         by_agent.setdefault(r.agent, []).append(r)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import zmq
 
-from zmesh._actor import _CURRENT
+from zmesh._actor import current_point
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import _on_runtime
+from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import Runtime, Sink, resolve
 from zmesh._errors import EncodeError
@@ -78,16 +78,13 @@ class Port(Generic[R]):
             payload, buffers = Codec.pack_value(value)
         except Exception as exc:
             raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
-        point = _CURRENT.get(None)
+        point = current_point()
         self._send(payload, buffers, point.rank if point is not None else -1)
 
     def _send(self, payload: w.Payload, buffers: list[Any], rank: int) -> None:
         msg = w.PortSend(self.number, rank, payload)
         rt, home = _runtime.current()
-        if home:
-            _senders(rt).send(self.addr, msg, buffers)
-        else:
-            rt.loop.call_soon_threadsafe(_senders(rt).send, self.addr, msg, buffers)
+        rt.dispatch(_senders(rt).send, self.addr, msg, buffers, here=home, targets=())
 
     def exception(self, exc: BaseException) -> None:
         """Send an exception: the receiver's ``recv()`` raises it."""
@@ -131,7 +128,7 @@ class PortReceiver(Generic[R]):
             else:
                 self._waiters.append(fut)
 
-        return _on_runtime(start)
+        return on_runtime(start)
 
     def _deliver(self, rank: int, value: Any) -> None:
         """A value arrived (on the runtime's loop)."""
@@ -189,7 +186,7 @@ def _open(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]]:
     if home:
         addr = _server(rt).add(receiver)
     else:
-        addr = _on_runtime(lambda rt, fut: fut.set_result(_server(rt).add(receiver))).get(10)
+        addr = on_runtime(lambda rt, fut: fut.set_result(_server(rt).add(receiver))).get(10)
     return Port(addr, number, once), receiver
 
 
@@ -352,7 +349,7 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
             return
         rt.send(refs, msg, buffers, answered, ep._timeout, ep._block)
 
-    return _on_runtime(start, (mesh.proc_mesh, ep._name))
+    return on_runtime(start, (mesh.proc_mesh, ep._name))
 
 
 def send(
@@ -388,10 +385,7 @@ def send(
         rt.send(targets, msg, buffers, deliver, endpoint._timeout, endpoint._block)
 
     rt, home = _runtime.current()
-    if home:
-        start(rt)
-    else:
-        rt.loop.call_soon_threadsafe(start, rt)
+    rt.dispatch(start, rt, here=home, targets=[r.addr for r in refs])
 
 
 def _reply_to(port: Port[Any], targets: list[Any]) -> Callable[[int, bool, Any], None]:

@@ -58,10 +58,13 @@ from zmesh._errors import (
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BIG_BUFFER, Codec, nbytes
 from zmesh._wire.security import secure_client
-from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
+from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from zmesh._client.controller import Controller
+    from zmesh._client.lanes import SyncCall
 
 
 class ProcRef(msgspec.Struct, frozen=True):
@@ -185,9 +188,47 @@ class Runtime:
         self.codec = Codec(w.CLIENT_INBOX)
         self._ids = itertools.count(1)
         self.conns: dict[str, ProcConn] = {}
-        self.controller: Controller = Controller(self)
+        # Supervision tells the data path what it decides through callbacks:
+        # the controller knows nothing of the runtime.
+        self.controller: Controller = Controller(loop, self.ctx, self.break_conn, self.release)
         self.closed = False
         self.closers: list[Callable[[], None]] = []  # more sockets to close (ports)
+        # Calls in flight on threads' own lanes (zmesh._client.lanes), by proc
+        # address: supervision fails them with the connection's calls.
+        self.sync_lock = threading.Lock()
+        self.sync_calls: dict[str, set[SyncCall]] = {}
+
+    def dispatch(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        here: bool | None = None,
+        targets: Iterable[str] | None = None,
+    ) -> None:
+        """Run ``fn(*args)`` on this runtime's loop, which owns every socket.
+
+        Called on the loop, it runs at once. From another thread it is
+        scheduled with ``call_soon_threadsafe``: callbacks run in the order
+        they were scheduled, so what one thread sends (calls, broadcasts,
+        streams) goes out in the order the thread made it.
+
+        A thread that also calls procs on its own lane (``zmesh._client.lanes``)
+        first waits for those calls' replies, so that this cannot overtake them.
+
+        Args:
+            here: whether the caller is on the loop, if it knows already
+                (``current()`` says); else it is looked up.
+            targets: the addresses of the procs ``fn`` sends to (``None``:
+                unknown, any; ``()``: none).
+        """
+        if here is None:
+            here = asyncio._get_running_loop() is self.loop
+        if here:
+            fn(*args)
+        else:
+            if targets != () and before_io is not None:
+                before_io(self, targets)
+            self.loop.call_soon_threadsafe(fn, *args)
 
     # ------------------------------------------------------------ connections
 
@@ -418,25 +459,15 @@ class Runtime:
                 c.bytes += req.size
 
     def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None:
-        env = frames[0]
-        if env and env[0] == BATCH_MARK:
-            try:
-                msgs = self.codec.decode_batch(env)
-            except Exception:  # garbled: dropped; its calls time out or fail
-                return None
-            for msg in msgs:
-                self._on_reply_msg(conn, msg, frames)
-            if conn.waiting:
-                self._drain(conn)
-            return len(msgs)
         try:
-            msg = self.codec.decode(frames)
-        except Exception:  # a garbled reply is dropped; its call times out or fails
+            msgs = self.codec.decode_frames(frames)
+        except Exception:  # a garbled reply is dropped; its calls time out or fail
             return None
-        self._on_reply_msg(conn, msg, frames)
+        for msg in msgs:
+            self._on_reply_msg(conn, msg, frames)
         if conn.waiting:
             self._drain(conn)
-        return None
+        return len(msgs)
 
     def _on_reply_msg(self, conn: ProcConn, msg: Any, frames: list[Any]) -> None:
         req = conn.pending.pop(msg.id, None)
@@ -444,21 +475,11 @@ class Runtime:
             return  # late answer to a request that already ended
         if req.size:
             conn.bytes -= req.size
-        ok = True
-        if type(msg) is w.Reply:
-            try:
-                payload = msg.payload
-                if payload.blob is None:  # plain: the value is right there
-                    value = payload.args[0]
-                else:
-                    value = self.codec.unpack_value(payload, frames)
-            except Exception as exc:
-                ok, value = False, EncodeError(f"cannot decode reply: {exc!r}")
-        elif type(msg) is w.Failure:
-            ok, value = False, failure_error(msg, conn.ref)
-        else:  # an item of a stream: its request is a stream source (zmesh._client.streams)
+        if type(msg) is not w.Reply and type(msg) is not w.Failure:
+            # An item of a stream: its request is a stream source (zmesh._client.streams).
             req.fut.on_message(conn, req, msg, frames)  # type: ignore[union-attr]
             return
+        ok, value = outcome(self.codec, msg, frames, conn.ref)
         if isinstance(req, OneRequest):
             if req.timer is not None:
                 req.timer.cancel()
@@ -477,18 +498,18 @@ class Runtime:
         for i, c in enumerate(req.conns):
             if c.pending.pop(req.id, None) is not None:
                 c.bytes -= req.size
-                req.deliver(i, False, _timeout_error(c.ref, timeout))
+                req.deliver(i, False, timeout_error(c.ref, timeout))
                 if c.waiting:
                     self._drain(c)
         if req.queued:
             queued, req.queued = sorted(req.queued), None
             for i in queued:
-                req.deliver(i, False, _timeout_error(req.conns[i].ref, timeout))
+                req.deliver(i, False, timeout_error(req.conns[i].ref, timeout))
 
     def _expire_one(self, req: OneRequest, timeout: float) -> None:
         c = req.conn
         sent = c.pending.pop(req.id, None) is not None
-        resolve(req.fut, False, _timeout_error(c.ref, timeout))  # sent or still waiting
+        resolve(req.fut, False, timeout_error(c.ref, timeout))  # sent or still waiting
         if sent:
             c.bytes -= req.size
             if c.waiting:
@@ -505,6 +526,9 @@ class Runtime:
 
     def _fail_all(self, c: ProcConn, error: ZmeshError) -> None:
         """Fail everything on ``c``, sent or waiting, with ``error``."""
+        if self.sync_calls:
+            for call in self._sync_calls_to(c):
+                call.settle(False, error)
         failed = list(c.pending.values())
         c.pending.clear()
         c.bytes = 0
@@ -554,7 +578,13 @@ class Runtime:
 
     def _on_disconnect(self, c: ProcConn, sock: AsyncSocket) -> None:
         """A connection of ``c``'s socket dropped: its calls are lost."""
-        if c.sock is not sock or c.broken is not None or not c.pending:
+        if c.sock is not sock or c.broken is not None:
+            return
+        if self.sync_calls:
+            sync = self._sync_calls_to(c)
+            if sync:
+                self.loop.call_later(DISCONNECT_GRACE, self._fail_lost_sync, c, sync)
+        if not c.pending:
             return
         lost = list(c.pending)
         # Replaced, not reconnected: the old socket's queue is dropped with
@@ -562,6 +592,20 @@ class Runtime:
         sock.close(linger=0)
         c.sock = self._socket(c)
         self.loop.call_later(DISCONNECT_GRACE, self._fail_lost, c, lost)
+
+    def _sync_calls_to(self, c: ProcConn) -> list[SyncCall]:
+        with self.sync_lock:
+            calls = self.sync_calls.get(c.ref.addr, ())
+            return [call for call in calls if call.ref.mesh == c.mesh]
+
+    def _fail_lost_sync(self, c: ProcConn, lost: list[SyncCall]) -> None:
+        err = ConnectionLostError(
+            "the connection to the proc dropped with this call on it: "
+            "it may or may not have run",
+            reason="connection lost", **c.context(),
+        )  # fmt: skip
+        for call in lost:
+            call.settle(False, err)  # unless answered meanwhile
 
     def _fail_lost(self, c: ProcConn, lost: list[int]) -> None:
         err = ConnectionLostError(
@@ -609,11 +653,24 @@ def _over(c: ProcConn, size: int) -> bool:
     return c.bytes > 0 and c.bytes + size > MAX_IN_FLIGHT_BYTES
 
 
-def _timeout_error(ref: ProcRef, timeout: float) -> CallTimeoutError:
+def timeout_error(ref: ProcRef, timeout: float) -> CallTimeoutError:
     return CallTimeoutError(
         f"no reply within {timeout}s", mesh=ref.mesh, rank=ref.rank, host=ref.host,
         log_path=ref.log_path or None,
     )  # fmt: skip
+
+
+def outcome(codec: Codec, msg: Any, frames: list[Any], ref: ProcRef) -> tuple[bool, Any]:
+    """``(ok, value)`` of a ``Reply`` (its value) or a ``Failure`` (its error) from ``ref``."""
+    if type(msg) is w.Reply:
+        try:
+            payload = msg.payload
+            if payload.blob is None:  # plain: the value is right there
+                return True, payload.args[0]
+            return True, codec.unpack_value(payload, frames)
+        except Exception as exc:
+            return False, EncodeError(f"cannot decode reply: {exc!r}")
+    return False, failure_error(msg, ref)
 
 
 def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
@@ -642,6 +699,11 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
     if msg.kind == "deadline":
         return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
     return ActorStoppedError(msg.message, **ctx)
+
+
+# Set by zmesh._client.lanes: called in a thread without a loop before it
+# sends on the I/O path (``Runtime.dispatch``), with the runtime and targets.
+before_io: Callable[[Runtime, Iterable[str] | None], None] | None = None
 
 
 # ---------------------------------------------------------- which runtime

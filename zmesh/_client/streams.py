@@ -376,10 +376,7 @@ def open_stream(
             rt, src, ref, actor, method, payload, buffers, deadline, window, block
         )
     start = (sources, refs, actor, method, payload, buffers, deadline, window, block)
-    if home:
-        _start(rt, *start)
-    else:
-        rt.loop.call_soon_threadsafe(_start, rt, *start)
+    rt.dispatch(_start, rt, *start, here=home, targets=[r.addr for r in refs])
     return stream
 
 

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
+from zmesh._actor import Endpoint, Point, set_current
 from zmesh._errors import SpawnError
 from zmesh._host.batching import Batcher
 from zmesh._host.generators import Producers
@@ -40,7 +40,7 @@ from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.codec import NONE, Codec, explain, request_of
-from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
+from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.proc")
 
@@ -172,8 +172,7 @@ class _Mailbox:
         )  # fmt: skip
 
     async def _run(self) -> None:
-        _CURRENT.set(self.point)
-        _CURRENT_ACTOR.set(self.instance)
+        set_current(self.point, self.instance)
         self.context = contextvars.copy_context()
         for batcher in self.batchers.values():
             batcher.context = self.context
@@ -335,34 +334,23 @@ class ProcServer:
             self._drop("short message")
             return None
         ident = frames[0]
-        env = frames[1]
-        if env and env[0] == BATCH_MARK:
-            try:
-                msgs = self.codec.decode_batch(env)
-            except Exception as exc:
-                self._drop(repr(exc))
-                return None
-            for msg in msgs:
-                try:  # (a try costs nothing until it catches)
-                    self._dispatch(ident, msg, frames[1:])
-                except Exception as exc:
-                    self._dispatch_failed(ident, msg, exc)
-            return len(msgs)
+        body = frames[1:]
         try:
-            msg = self.codec.decode(frames[1:])
+            msgs = self.codec.decode_frames(body)
         except Exception as exc:  # never fatal: count, log once, drop
             self._drop(repr(exc))
-            req = request_of(env, w.PROC_REQUESTS)
+            req = request_of(body[0], w.PROC_REQUESTS)  # (never a batch's)
             if req is not None:  # its sender gets an answer, not a wait
                 why = explain(req[0], exc)
                 f = w.Failure(req[1], "endpoint", type(exc).__name__, why)
                 self.router.send([ident, *self.codec.encode(f)])
             return None
-        try:
-            self._dispatch(ident, msg, frames[1:])
-        except Exception as exc:
-            self._dispatch_failed(ident, msg, exc)
-        return None
+        for msg in msgs:
+            try:  # (a try costs nothing until it catches)
+                self._dispatch(ident, msg, body)
+            except Exception as exc:
+                self._dispatch_failed(ident, msg, exc)
+        return len(msgs)
 
     def _dispatch_failed(self, ident: bytes, msg: Any, exc: Exception) -> None:
         """A handler raised: log it and answer, so the socket's reader goes on."""
@@ -413,13 +401,13 @@ class ProcServer:
                 ) from exc
             instance = cls.__new__(cls)
             # Meshes spawned inside __init__ are owned (supervised) by this actor.
-            _CURRENT_ACTOR.set(instance)
+            set_current(actor=instance)
             instance.__init__(*args, **kwargs)
             return instance
 
         try:
             ctx = contextvars.copy_context()
-            ctx.run(_CURRENT.set, point)
+            ctx.run(set_current, point)
             instance = await asyncio.get_running_loop().run_in_executor(
                 self.pool, functools.partial(ctx.run, build)
             )
@@ -463,7 +451,7 @@ class ProcServer:
             self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
             return
         fn = ep.fn
-        _REQUEST.set(call.request)  # zmesh.current_request(), for dedup by actors
+        set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
         if ep.info.stream:  # a generator: its items stream back (zmesh._host.generators)
             await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
             return

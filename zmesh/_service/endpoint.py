@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._client import runtime as _runtime
+from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
 from zmesh._client.runtime import Runtime
 from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
-from zmesh._service.routing import _SESSION, Session
+from zmesh._service.routing import Session, current_session
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -39,28 +40,6 @@ def _copy_result(src: asyncio.Future[Any], dst: concurrent.futures.Future[Any]) 
         dst.set_exception(src.exception())
     else:
         dst.set_result(src.result())
-
-
-def run_on(rt: Runtime, start: Callable[[], asyncio.Future[R]]) -> Future[R]:
-    """Run ``start`` on ``rt``'s loop; a ``Future`` usable from anywhere."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
-        return Future(afut=start())
-    cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            afut = start()
-        except BaseException as exc:
-            cfut.set_exception(exc)
-            return
-        afut.add_done_callback(lambda f: _copy_result(f, cfut))
-
-    rt.loop.call_soon_threadsafe(run)
-    return Future(cfut=cfut)
 
 
 class ServiceEndpoint(Generic[R]):
@@ -92,7 +71,7 @@ class ServiceEndpoint(Generic[R]):
         return ServiceEndpoint(self._svc, self._name, timeout, s or self._session)
 
     def _session_now(self) -> Session | None:
-        s = self._session or _SESSION.get()
+        s = self._session or current_session()
         return s if s is not None and s.service.id == self._svc.id else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -175,10 +154,7 @@ class ServiceEndpoint(Generic[R]):
         def send() -> None:
             svc._client_for(rt).broadcast(self._name, payload, buffers)
 
-        if home:
-            send()
-        else:
-            rt.loop.call_soon_threadsafe(send)
+        rt.dispatch(send, here=home)
 
     def __repr__(self) -> str:
         return f"<service endpoint {self._name} of {self._svc!r}>"

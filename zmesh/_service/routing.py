@@ -159,6 +159,11 @@ _SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 )
 
 
+def current_session() -> Session | None:
+    """The session the caller is in (``with svc.session():``), if any."""
+    return _SESSION.get()
+
+
 class Session:
     """Keeps calls on one replica: ``async with svc.session() as s:``.
 

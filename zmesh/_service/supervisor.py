@@ -26,7 +26,7 @@ from typing import Any
 
 from zmesh._actor import Options
 from zmesh._client import local as _local
-from zmesh._client.mesh import ActorMesh, _stop_procs, spawn_owned_mesh
+from zmesh._client.mesh import ActorMesh, spawn_owned_mesh, stop_procs
 from zmesh._client.runtime import Runtime
 from zmesh._errors import SpawnError, ZmeshError
 from zmesh._service.client import ServiceClient, encode_table
@@ -100,7 +100,7 @@ class Supervisor:
         self.client.stop()
         self.report()  # clients elsewhere stop first: nothing is re-sent to what stops next
         for mesh in meshes:
-            await _stop_procs(self.rt, mesh._refs)
+            await stop_procs(self.rt, mesh._refs)
         self.report()  # a last table, STOPPED: handles elsewhere stop too
 
     def attach(self, other: ServiceClient) -> None:
@@ -146,7 +146,7 @@ class Supervisor:
             f"{self.name}-r{index}", self._args, self._kwargs, self._placement(index),
         )  # fmt: skip
         if self.stopped:
-            await _stop_procs(self.rt, mesh._refs)
+            await stop_procs(self.rt, mesh._refs)
             return
         self._agents.update(r.agent for r in mesh._refs)
         self._generations[index] += 1
@@ -186,7 +186,7 @@ class Supervisor:
             # Stopping the whole replica fails what is still in flight on its
             # surviving ranks (at once, client-side), and those are re-sent.
             # The agent may be unreachable (a partition): do not wait for it.
-            self._spawn_task(_stop_procs(self.rt, old._refs))
+            self._spawn_task(stop_procs(self.rt, old._refs))
         loop, cfg, slot = self.rt.loop, self.config, self.client.dispatcher.slots[index]
         times = self._restart_times[index]
         while not self.stopped:
@@ -280,6 +280,5 @@ class Supervisor:
             id=self.service_id,
             table=encode_table(table),
         )
-        frames = Codec(w.AGENT_INBOX).encode(w.ServiceReport(summary))
         for addr in self._agents:
-            self.rt.controller.agent(addr).ctrl.send(frames)
+            self.rt.controller.agent(addr).client.send(w.ServiceReport(summary))

@@ -1,4 +1,4 @@
-"""The payload codec: user values in and out of wire messages, batching.
+"""The payload codec: user values in and out of wire messages, and batches.
 
 A message travels as ZeroMQ frames ``[envelope, *buffers]``. User values
 (arguments and return values) are carried in two ways:
@@ -14,10 +14,17 @@ A message travels as ZeroMQ frames ``[envelope, *buffers]``. User values
 Pickle keeps Python values exact (a tuple stays a tuple), which is what a
 user of Ray or Monarch expects; the plain path makes the common small call
 cheap.
+
+A *batch* is one frame that carries several envelopes: ``BATCH_MARK``, then a
+msgpack array header, then the envelopes back to back, so the bytes after
+the mark are one msgpack array of messages (``encode_batch``). The sockets
+make batches (``zmesh._wire.zsock``); receivers read a frame with
+``Codec.decode_frames``, which tells a batch from a single message.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from typing import Any
@@ -26,11 +33,16 @@ import msgspec
 import zmq
 
 from zmesh._errors import EncodeError
-from zmesh._wire import zsock
 from zmesh._wire.messages import KINDS, NAME_PATTERN, NAME_RULE, Payload
 
 # Values at or above this size travel as their own ZeroMQ frame.
 BIG_BUFFER = 64 * 1024
+# One frame, at most; a larger one makes the receiver drop the connection
+# (the sockets' MAXMSGSIZE), so ``Codec.encode`` refuses it first.
+MAX_MSG_SIZE = int(os.environ.get("ZMESH_MAX_MSG_SIZE", str(1 << 31)))
+# The first byte of a batch frame: one msgpack never uses.
+BATCH_MARK = 0xC1
+_MARK = bytes((BATCH_MARK,))
 
 _EXT_BYTES = 1
 _EXT_BYTEARRAY = 2
@@ -71,13 +83,13 @@ class Codec:
         """Return the frames of ``msg``: the envelope then ``buffers``.
 
         Raises:
-            EncodeError: a frame is over ``zmesh.zsock.MAX_MSG_SIZE``. The
+            EncodeError: a frame is over ``zmesh._wire.codec.MAX_MSG_SIZE``. The
                 receiver would drop the connection over it (and every other
                 message on it), so it is refused here, before anything goes.
         """
         env = self._encoder.encode(msg)
-        if len(env) > zsock.MAX_MSG_SIZE:
-            raise _too_big(len(env), zsock.MAX_MSG_SIZE)
+        if len(env) > MAX_MSG_SIZE:
+            raise _too_big(len(env), MAX_MSG_SIZE)
         if buffers:
             _check_parts(buffers)
             return [env, *buffers]
@@ -155,8 +167,22 @@ class Codec:
         finally:
             self._frames = []
 
+    def decode_frames(self, frames: list[Any]) -> list[Any]:
+        """The messages of a received message: one, or each of a batch, in order.
+
+        A batch carries no buffer frames; a single message's are ``frames[1:]``.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError, RecursionError: the
+                receiver counts and drops the message (a batch: all of it).
+        """
+        env = frames[0]
+        if env and env[0] == BATCH_MARK:
+            return self._batch_decoder.decode(memoryview(env)[1:])
+        return [self.decode(frames)]
+
     def decode_batch(self, frame: bytes) -> list[Any]:
-        """Decode a batch frame (see ``zmesh._wire.zsock``): its messages, in order.
+        """Decode a batch frame (see ``encode_batch``): its messages, in order.
 
         Raises:
             msgspec.DecodeError, msgspec.ValidationError, RecursionError: the
@@ -190,6 +216,19 @@ class Codec:
         if code == _EXT_MEMORYVIEW:
             return _buf(frame)
         raise ValueError(f"unknown msgpack extension {code}")
+
+
+def is_batch(envelope: Any) -> bool:
+    """Whether a received envelope is a batch (``encode_batch``)."""
+    return bool(envelope) and envelope[0] == BATCH_MARK
+
+
+def encode_batch(envelopes: list[bytes]) -> bytes:
+    """One frame carrying ``envelopes`` (two or more) in order; ``decode_frames`` reads it."""
+    n = len(envelopes)
+    # The msgpack array header: a fixarray below 16, else an array 16.
+    head = bytes((BATCH_MARK, 0x90 | n)) if n < 16 else _MARK + b"\xdc" + n.to_bytes(2, "big")
+    return head + b"".join(envelopes)
 
 
 def request_of(envelope: Any, kinds: frozenset[str]) -> tuple[str, int] | None:
@@ -233,18 +272,18 @@ def nbytes(buf: Any) -> int:
 
 
 def check_size(payload: Payload, buffers: list[Any]) -> None:
-    """Refuse user values with a part over ``zmesh.zsock.MAX_MSG_SIZE``.
+    """Refuse user values with a part over ``zmesh._wire.codec.MAX_MSG_SIZE``.
 
     Raises:
         EncodeError: naming the part's size and the limit.
     """
-    if payload.blob is not None and len(payload.blob) > zsock.MAX_MSG_SIZE:
-        raise _too_big(len(payload.blob), zsock.MAX_MSG_SIZE)
+    if payload.blob is not None and len(payload.blob) > MAX_MSG_SIZE:
+        raise _too_big(len(payload.blob), MAX_MSG_SIZE)
     _check_parts(buffers)
 
 
 def _check_parts(buffers: list[Any]) -> None:
-    limit = zsock.MAX_MSG_SIZE
+    limit = MAX_MSG_SIZE
     for b in buffers:
         n = nbytes(b)
         if n > limit:
@@ -254,7 +293,7 @@ def _check_parts(buffers: list[Any]) -> None:
 def _too_big(n: int, limit: int) -> EncodeError:
     return EncodeError(
         f"a message part of {n:,} bytes is over the limit of {limit:,} bytes per part "
-        "(zmesh.zsock.MAX_MSG_SIZE, set with ZMESH_MAX_MSG_SIZE): split it into smaller values"
+        "(set with ZMESH_MAX_MSG_SIZE): split it into smaller values"
     )
 
 

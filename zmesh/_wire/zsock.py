@@ -15,20 +15,26 @@ out at once) are coalesced into one ZeroMQ frame, a *batch*. The profile of a
 pipelined caller showed a third of each side's CPU in ZeroMQ's per-message
 send and receive (each send wakes libzmq's I/O thread); a batch pays that once
 for up to ``BATCH_MAX`` messages. The receiver tells a batch by its first byte
-(``BATCH_MARK``, which msgpack never uses) and decodes it in one call, see
-``zmesh._wire.Codec.decode_batch``.
+(``BATCH_MARK``, which msgpack never uses) and decodes it in one call; the
+format is the codec's (``zmesh._wire.codec.encode_batch``, ``Codec.decode_frames``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
+
+# MAX_MSG_SIZE: one frame at most; a larger one makes the receiver drop the
+# connection, so senders refuse it first (``Codec.encode``). BATCH_MARK: the
+# first byte of a batch frame. Both are the codec's; re-exported here.
+from zmesh._wire.codec import BATCH_MARK as BATCH_MARK
+from zmesh._wire.codec import MAX_MSG_SIZE as MAX_MSG_SIZE
+from zmesh._wire.codec import encode_batch
 
 # Messages handled per wake-up before yielding to other tasks.
 _BATCH = 256
@@ -50,11 +56,6 @@ _Frame = zmq.Frame
 # Below this a zero-copy send costs more (a Frame, pyzmq's GC thread) than a memcpy.
 _ZERO_COPY_MIN = 1 << 20
 
-# A batch frame is BATCH_MARK, then a msgpack array header, then the msgpack
-# envelopes of its messages back to back: the bytes after the mark are one
-# msgpack array of messages.
-BATCH_MARK = 0xC1
-_MARK = bytes((BATCH_MARK,))
 # A full batch goes out at once, so the peer starts on it while more are made:
 # both ends keep working instead of taking turns.
 BATCH_MAX = 64
@@ -66,9 +67,6 @@ _now = time.monotonic
 
 # Bounded linger: a message queued to a dead peer must never hang close/term.
 LINGER_MS = 200
-# One frame; a larger one makes the receiver drop the connection, so senders
-# refuse it first (``zmesh._wire.Codec.encode``) with an error naming this.
-MAX_MSG_SIZE = int(os.environ.get("ZMESH_MAX_MSG_SIZE", str(1 << 31)))
 # Well above any in-flight limit zmesh applies (``zmesh._client.runtime``), so a
 # pipe never reaches it: a full receive pipe makes libzmq stop reading the
 # connection (and meets libzmq's ``_input_stopped`` bug on reconnect).
@@ -241,16 +239,7 @@ class AsyncSocket:
         envs = self._outbox.pop(key)
         if not self._outbox:
             self._since = 0.0
-        n = len(envs)
-        if n == 1:
-            frame = envs[0]
-        else:
-            # The msgpack array header: a fixarray below 16, else an array 16.
-            if n < 16:
-                envs.insert(0, bytes((BATCH_MARK, 0x90 | n)))
-            else:
-                envs.insert(0, _MARK + b"\xdc" + n.to_bytes(2, "big"))
-            frame = b"".join(envs)
+        frame = envs[0] if len(envs) == 1 else encode_batch(envs)
         self._send_or_queue([key, frame] if key is not None else [frame])
 
     def _flush_outbox(self) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from zmesh._client.agents import AgentClient
+from zmesh._errors import AgentError
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -103,12 +105,8 @@ class _Agent:
         self.health_at = 0.0  # when GetHealth was last answered (or given up on)
         self.health_asked = 0.0
         self.ended: dict[str, float] = {}
-        self.futures: dict[int, asyncio.Future[Any]] = {}
-        self.codec = Codec(w.AGENT_REPLIES, allow_pickle=False)
         self.stream_codec = Codec(w.OBSERVER_STREAM, allow_pickle=False)
-        ctrl = secure_client(configure(col.ctx.socket(zmq.DEALER)), addr=address)
-        ctrl.connect(address)
-        self.ctrl = AsyncSocket(ctrl, col.loop, self._on_reply)
+        self.client = AgentClient(col.ctx, address, col.loop, allow_pickle=False)
         self.sub: AsyncSocket | None = None
         self.stats_sub: AsyncSocket | None = None
         self.task = col.loop.create_task(self._start())
@@ -118,9 +116,9 @@ class _Agent:
             try:
                 info = await self.request(w.Describe, 1.0)
                 break
-            except asyncio.TimeoutError:
+            except AgentError:
                 continue  # not up yet: keep asking
-        self.label = info.label
+        self.label = self.client.label = info.label
         self.epoch = info.epoch
         sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -130,7 +128,7 @@ class _Agent:
 
     async def refresh(self) -> None:
         """Ask for the agent's statistics now (at start, and when it is back)."""
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(AgentError):
             reply = await self.request(w.GetStats, 2.0)
             if self.stats_sub is None and reply.stream:
                 sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=reply.stream)
@@ -149,28 +147,17 @@ class _Agent:
         try:
             reply = await self.request(w.GetHealth, 2.0)
             self.stopped = list(reply.stopped)
-        except asyncio.TimeoutError:
+        except AgentError:
             pass  # an agent that does not know GetHealth: judged from its ranks alone
         self.health_at = time.monotonic()
 
     async def request(self, make: Any, timeout: float) -> Any:
-        req_id = next(self.col.ids)
-        fut: asyncio.Future[Any] = self.col.loop.create_future()
-        self.futures[req_id] = fut
-        self.ctrl.send(self.codec.encode(make(req_id)))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self.futures.pop(req_id, None)
+        """The agent's reply to ``make(id)`` (an ``Ack`` that says no is returned).
 
-    def _on_reply(self, frames: list[Any]) -> None:
-        try:
-            msg = self.codec.decode(frames)
-        except Exception:  # garbled: the request times out
-            return
-        fut = self.futures.get(msg.id)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        Raises:
+            AgentTimeoutError: no reply within ``timeout`` (a ``TimeoutError``).
+        """
+        return await self.client.request(make, timeout, check=False)
 
     def _on_stream(self, frames: list[Any]) -> None:
         try:
@@ -270,7 +257,7 @@ class _Agent:
     def close(self) -> None:
         if not self.task.done():
             self.task.cancel()
-        self.ctrl.close()
+        self.client.close()
         for sub in (self.sub, self.stats_sub):
             if sub is not None:
                 sub.close()
@@ -307,7 +294,8 @@ class Collector:
         """Send ``make(id)`` to the agent at ``address``; its reply.
 
         Raises:
-            asyncio.TimeoutError: no reply within ``timeout`` seconds.
+            AgentTimeoutError: no reply within ``timeout`` seconds (an
+                ``asyncio.TimeoutError`` too).
             LookupError: not an agent this collector follows.
         """
         agent = next((a for a in self.agents if a.address == address), None)
