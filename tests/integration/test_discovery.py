@@ -43,6 +43,7 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A runtime directory of this test's own (short: sockets go in it)."""
     path = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
     monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
+    monkeypatch.setenv("ZMESH_FORWARD_LOGS", "0")  # the script's stdout is its READY line
     for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
         monkeypatch.delenv(var, raising=False)
     try:

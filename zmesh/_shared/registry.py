@@ -38,6 +38,8 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
         owner: the pid it lives for (an embedded agent's client), else 0.
         started: wall clock when it started serving.
         log_dir: where its procs log.
+        operator: what ``zmesh stop`` proves with that it runs as this
+            agent's user (the entry is readable by that user only).
     """
 
     address: str
@@ -48,6 +50,7 @@ class Entry(msgspec.Struct, frozen=True, omit_defaults=True):
     owner: int = 0
     started: float = 0.0
     log_dir: str = ""
+    operator: str = ""
 
 
 def directory(create: bool = True) -> str:
@@ -76,6 +79,7 @@ def register(
     keys: str = "",
     owner: int = 0,
     log_dir: str = "",
+    operator: str = "",
 ) -> str:
     """Write this process's entry; return its path (for ``unregister``).
 
@@ -86,7 +90,7 @@ def register(
     entry = Entry(
         address=address, pid=pid, label=label, start=start_time(pid),
         keys=os.path.abspath(keys) if keys else "", owner=owner or 0,
-        started=time.time(), log_dir=log_dir,
+        started=time.time(), log_dir=log_dir, operator=operator,
     )  # fmt: skip
     base = directory()
     path = os.path.join(base, f"{pid}.json")

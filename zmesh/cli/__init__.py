@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("zmesh.cli.top", "health now: exit 0 healthy, 1 degraded, 2 unreachable"),
     "ps": ("zmesh.cli.top", "one line per proc (history folded unless --all)"),
     "stack": ("zmesh.cli.top", "the Python stack of every thread of a live proc"),
+    "logs": ("zmesh.cli.logs", "what a mesh's procs printed (every rank by default; -f follows)"),
+    "stop": ("zmesh.cli.logs", "stop a mesh by name, on every agent that has it"),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import secrets
 import sys
 from typing import Any
 
@@ -62,6 +63,8 @@ def run_agent(args: argparse.Namespace) -> int:
         )
 
     entry = ""
+    # Whoever reads our registry entry (this user only) may stop our meshes.
+    agent.operator_secret = secrets.token_hex(16)  # type: ignore[attr-defined]
 
     def ready(info: dict[str, Any]) -> None:
         nonlocal entry  # `zmesh top` and friends find us here with no --agents
@@ -69,6 +72,7 @@ def run_agent(args: argparse.Namespace) -> int:
             entry = _registry.register(
                 info["control"], info["label"], keys=args.keys or "",
                 owner=args.parent_pid or 0, log_dir=info["log_dir"],
+                operator=agent.operator_secret,  # type: ignore[attr-defined]
             )  # fmt: skip
         except SecurityError as exc:  # we still serve; the CLI just cannot find us
             logging.getLogger("zmesh.agent").warning("not registered: %s", exc)

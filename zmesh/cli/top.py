@@ -64,9 +64,14 @@ def run_top(args: argparse.Namespace) -> int:
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
         return 2
+    from zmesh._shared import registry
     from zmesh.top._app import run
 
-    asyncio.run(run(addresses, args.window, args.keep * 60))
+    operators = {e.address: e.operator for e in registry.live()}  # K stops as this user
+    try:
+        asyncio.run(run(addresses, args.window, args.keep * 60, operators))
+    except KeyboardInterrupt:  # Ctrl+C: quit, quietly
+        pass
     return 0
 
 
