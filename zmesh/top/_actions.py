@@ -38,9 +38,7 @@ def open_detail(view: View, screen: Screen) -> None:
     screen.overlay = "detail"
     if screen.pane == "procs":
         screen.stack_title = f"{row.mesh}[{row.rank}]"
-        endpoints = sorted(
-            {e.endpoint for e in view.endpoints[1:] if e.actor.split("/")[0] == row.mesh}
-        )
+        endpoints = sorted({e.endpoint for e in view.endpoints[1:] if e.mesh == row.mesh})
         screen.stack = [
             f"mesh       {row.mesh}",
             f"rank       {row.rank}",
@@ -81,7 +79,7 @@ def ask_stop(view: View, screen: Screen) -> None:
     row = selected_row(view, screen)
     if row is None or screen.pane not in ("procs", "actors"):
         return
-    mesh = row.mesh if screen.pane == "procs" else row.actor.split("/")[0]
+    mesh = row.mesh
     live = sum(1 for p in view.procs if p.mesh == mesh and p.state in ("Running", "Initializing"))
     screen.confirm = mesh
     screen.message = f"stop mesh {mesh} ({live} live rank(s))? y to stop, any other key not"

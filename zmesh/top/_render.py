@@ -307,7 +307,7 @@ def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table
     t = _table(
         "actors",
         [
-            ("actor", {"min_width": _longest(e.actor for e in view.endpoints[1:])}),
+            ("actor", {"min_width": _longest(f"{e.mesh}/{e.actor}" for e in view.endpoints[1:])}),
             ("endpoint", {"ratio": 2, "min_width": 8}),
             ("calls/s", _R),
             ("p50", _R),
