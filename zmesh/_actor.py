@@ -196,11 +196,10 @@ class Options(Generic[A]):
         name: str | None = None,
         **service_config: Any,
     ) -> None:
-        if procs < 1 or hosts < 1 or replicas < 1:
-            raise ValueError(
-                "procs, hosts and replicas must be at least 1, "
-                f"got procs={procs} hosts={hosts} replicas={replicas}"
-            )
+        from zmesh._client.mistakes import check_options
+
+        # Said in options' terms: a size that is no int, an unknown setting.
+        check_options(cls, {"procs": procs, "hosts": hosts, "replicas": replicas}, service_config)
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
@@ -212,10 +211,6 @@ class Options(Generic[A]):
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
         self.service_config = service_config
-        if service_config:
-            from zmesh._service.routing import ServiceConfig
-
-            ServiceConfig(**service_config)  # unknown or bad settings fail here, at once
 
     def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
         """Spawn ``hosts x procs`` actors; return a future of their ``ActorMesh``.
@@ -247,6 +242,12 @@ class Actor:
     An actor handles one message at a time, in send order per sender, unless
     an endpoint opts into ``concurrent=True``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from zmesh._client.mistakes import check_endpoint_names
+
+        check_endpoint_names(cls)  # an endpoint a handle's own attribute would hide
 
     @classmethod
     def options(

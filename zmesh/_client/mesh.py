@@ -636,8 +636,9 @@ async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
     heard = asyncio.ensure_future(ready.wait())
     waits: set[asyncio.Future[Any]] = {heard}
     probe = None
-    if _security.active() is not None and addr.startswith("tcp://"):
-        # A refused key is silence to the socket, but a monitor hears it.
+    if addr.startswith("tcp://"):
+        # A refused key (or none, to a keyed agent) is silence to the socket,
+        # but a monitor hears it.
         probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
         waits.add(probe)
     deadline = rt.loop.time() + 10.0

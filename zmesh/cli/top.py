@@ -193,9 +193,14 @@ def run_ps(args: argparse.Namespace) -> int:
 
 def unreachable(snap: Snapshot) -> list[str]:
     """The agents that never answered, each said on stderr."""
+    from zmesh._wire import security as _security
+
     silent = [a.address for a in snap.agents if a.stats is None]
     for address in silent:
-        print(f"zmesh: agent {address} did not answer", file=sys.stderr)
+        why = _security.probe(address, 1.0)  # a keyed agent drops a keyless peer: say so
+        print(
+            f"zmesh: agent {address} did not answer" + (f": {why}" if why else ""), file=sys.stderr
+        )
     return silent
 
 
