@@ -133,14 +133,15 @@ def live() -> list[Entry]:
                 entry = msgspec.json.decode(f.read(), type=Entry)
         except (OSError, msgspec.DecodeError):
             continue
-        if not _running(entry):
+        if not running(entry):
             unregister(path)
             continue
         found.append(entry)
     return sorted(found, key=lambda e: (e.started, e.pid))
 
 
-def _running(entry: Entry) -> bool:
+def running(entry: Entry) -> bool:
+    """Whether the agent of ``entry`` runs now (its pid, with the same start time)."""
     try:
         os.kill(entry.pid, 0)
     except ProcessLookupError:
