@@ -434,7 +434,7 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
         title = (
             f"stack of {screen.stack_title}" if screen.overlay == "stack" else screen.stack_title
         )
-        parts.append(Text(title, style="bold underline"))
+        parts.append(Text(title, style="bold underline", no_wrap=True, overflow="ellipsis"))
         parts.extend(Text(ln, no_wrap=True, overflow="ellipsis") for ln in lines)
         parts.extend(Text("") for _ in range(max(0, room - len(lines))))
         return Group(*parts, Text(f"any key closes the {screen.overlay}", style="dim"))
