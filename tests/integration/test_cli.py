@@ -13,7 +13,19 @@ from _fabric import wait_for
 
 import zmesh
 
-COMMANDS = ["agent", "cluster", "keygen", "top", "status", "ps", "stack"]
+COMMANDS = [
+    "agent",
+    "cluster",
+    "keygen",
+    "top",
+    "status",
+    "ps",
+    "stack",
+    "logs",
+    "stop",
+    "up",
+    "down",
+]
 
 
 def zmesh_cmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
