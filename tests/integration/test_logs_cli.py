@@ -111,6 +111,12 @@ def zmesh_cmd(*args: str, timeout: float = 60, **env: str) -> subprocess.Complet
     )  # fmt: skip
 
 
+def logs_with(mesh: str, text: str, count: int) -> subprocess.CompletedProcess[str] | None:
+    """``zmesh logs MESH`` once it shows ``text`` ``count`` times, else None."""
+    done = zmesh_cmd("logs", mesh)
+    return done if done.stdout.count(text) == count else None
+
+
 def test_prints_are_forwarded_with_a_prefix_and_deduplicated(
     runtime_dir: str, script_path: Path
 ) -> None:
@@ -142,11 +148,8 @@ def test_forwarding_can_be_turned_off(runtime_dir: str, script_path: Path) -> No
         entries = os.listdir(os.path.join(runtime_dir, "agents"))
         assert len(entries) == 1
         # The line is in the log (zmesh logs has it) but never on our stdout.
-        logs = wait_for(
-            lambda: (d := zmesh_cmd("logs", "talk")).stdout.count("quiet-please") == 2 and d,
-            30,
-            "the log lines",
-        )
+        logs = wait_for(lambda: logs_with("talk", "quiet-please", 2), 30, "the log lines")
+        assert logs is not None
         assert "[talk-" in logs.stdout
         s.send("say second")  # a round trip later: anything forwarded would be here
         s.until("DONE")
@@ -163,11 +166,8 @@ def test_zmesh_logs_by_name_all_ranks_one_rank_since_and_follow(
     try:
         s.send("own early")
         s.until("DONE")
-        every = wait_for(
-            lambda: (d := zmesh_cmd("logs", "talk")).stdout.count("early from") == 2 and d,
-            30,
-            "both ranks' lines",
-        )
+        every = wait_for(lambda: logs_with("talk", "early from", 2), 30, "both ranks' lines")
+        assert every is not None
         mesh = every.stdout.split("]")[0].strip("[").split()[0]
         assert mesh.startswith("talk-")
         lines = [x for x in every.stdout.splitlines() if "early from" in x]
