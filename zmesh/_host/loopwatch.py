@@ -27,7 +27,7 @@ from types import FrameType
 
 log = logging.getLogger("zmesh.proc")
 
-TICK = 0.1
+TICK = 0.25  # a wake-up of the loop and of the watchdog, four times a second
 THRESHOLD = float(os.environ.get("ZMESH_BLOCKED_LOOP_WARN", "0.5"))
 
 
