@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pat
             # Whatever up started and down did not stop (a failed test).
             for e in registry.live():
                 os.kill(e.pid, 15)
+            shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _zmesh(*args: str) -> subprocess.CompletedProcess[str]:
