@@ -306,6 +306,11 @@ class Options(Generic[A]):
         if config is not None:
             settings.update({f.name: getattr(config, f.name) for f in fields(config)})
         settings.update(service_config)
+        from zmesh._client.mistakes import check_options
+
+        # Said in options' terms: a size that is no int, an unknown setting.
+        sizes = {"procs": procs, "hosts": hosts, "replicas": 1 if replicas is None else replicas}
+        check_options(cls, sizes, settings)
         if procs < 1 or hosts < 1 or (replicas is not None and replicas < 1):
             raise ValueError(
                 "procs, hosts and replicas must be at least 1, "
@@ -371,6 +376,12 @@ class Actor:
     An actor handles one message at a time, in send order per sender, unless
     an endpoint opts into ``concurrent=True``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from zmesh._client.mistakes import check_endpoint_names
+
+        check_endpoint_names(cls)  # an endpoint a handle's own attribute would hide
 
     @classmethod
     def options(

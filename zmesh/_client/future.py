@@ -76,7 +76,13 @@ class Future(Generic[T]):
             except RuntimeError:
                 running = None
             if running is self._afut.get_loop():
-                raise RuntimeError("Future.get() would block its own event loop: use await")
+                # Nothing will ever wait for it: cancel it, so that a spawn
+                # this refers to leaves no mesh behind.
+                self._afut.cancel()
+                raise RuntimeError(
+                    "Future.get() would block the event loop it runs on: use 'await' inside "
+                    "async code (the operation was cancelled)"
+                )
         cfut = self._concurrent()
         try:
             return cfut.result(timeout)
@@ -114,6 +120,14 @@ class Future(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<zmesh.Future {'done' if self.done() else 'pending'}>"
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names a Future lacks: `mesh.incr` on a forgotten await/.get().
+        from zmesh._client.mistakes import future_attribute_error
+
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise future_attribute_error(name)
 
 
 async def _wait(afut: asyncio.Future[T]) -> T:

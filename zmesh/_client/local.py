@@ -255,6 +255,9 @@ def note_used(addr: str) -> None:
     heart = _ensure_heart()
     if new:
         heart.wake.set()  # beat now: the agent learns at once whom to watch
+        from zmesh._client import logforward
+
+        logforward.watch(addr, owner_id())  # actors' prints on our stdout
 
 
 class _OwnerHeart(threading.Thread):

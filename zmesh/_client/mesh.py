@@ -508,17 +508,25 @@ def this_host() -> HostMesh:
     return HostMesh(None, hosts=1)
 
 
-def connect(addresses: list[str], *, keys: str | None = None) -> HostMesh:
+def connect(
+    addresses: list[str], *, keys: str | None = None, forward_logs: bool | None = None
+) -> HostMesh:
     """Use these agents (``tcp://host:port`` each) from now on; a ``HostMesh`` of them.
 
     Args:
         addresses: the agents' control addresses, one per host.
         keys: a ``zmesh keygen`` directory, for agents started with ``--keys``
             (default: the ``ZMESH_KEYS`` variable, if set).
+        forward_logs: print what actors print on our stdout, prefixed
+            ``(mesh rank host)`` (default: on, unless ``ZMESH_FORWARD_LOGS=0``).
 
     Raises:
         SecurityError: ``keys`` cannot be read.
     """
+    if forward_logs is not None:
+        from zmesh._client import logforward
+
+        logforward.enable(forward_logs)
     if not addresses:
         raise ValueError("connect() needs at least one agent address")
     if keys is not None:
@@ -644,8 +652,9 @@ async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
     heard = asyncio.ensure_future(ready.wait())
     waits: set[asyncio.Future[Any]] = {heard}
     probe = None
-    if _security.active() is not None and addr.startswith("tcp://"):
-        # A refused key is silence to the socket, but a monitor hears it.
+    if addr.startswith("tcp://"):
+        # A refused key (or none, to a keyed agent) is silence to the socket,
+        # but a monitor hears it.
         probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
         waits.add(probe)
     deadline = rt.loop.time() + 10.0

@@ -57,6 +57,7 @@ import zmq
 from zmesh._errors import SecurityError
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import janitor as _janitor
+from zmesh._host import logtail as _logtail
 from zmesh._host import ptree as _ptree
 from zmesh._host import stacks as _stacks
 from zmesh._shared import liveness as _liveness
@@ -198,6 +199,7 @@ class HostAgent:
         # live procs (pid -> start time and the (mesh, rank, generation) they name).
         self._orphans: dict[int, _Orphan] = {}
         self._daemons: dict[int, tuple[int | None, tuple[Any, Any, Any]]] = {}
+        self._logs = _logtail.LogTail(self.meshes, self.label)  # zmesh logs; forwarded prints
 
     # ------------------------------------------------------------ serving
 
@@ -234,6 +236,7 @@ class HostAgent:
         stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys, stats)
         self.stats_addr = _bind(stats_pub, stats)
         self._stats_pub = AsyncSocket(stats_pub, loop, None)
+        self._logs.bind(ctx, loop, self.keys, stream)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         log.info("agent %s control=%s stream=%s", self.label, self.control_addr, self.stream_addr)
@@ -253,6 +256,7 @@ class HostAgent:
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
+            self._logs.close()
             if self._gate is not None:
                 self._gate.stop()
             if self._socket_dir:  # every socket file of ours and of our procs
@@ -342,6 +346,7 @@ class HostAgent:
                     epoch=self.epoch,
                     pid=info["pid"],
                     hostname=socket.gethostname(),
+                    logs=self._logs.address,
                 ),
             )
         elif isinstance(msg, w.OwnerGone):
@@ -360,6 +365,8 @@ class HostAgent:
             self.services[msg.summary.name] = (msg.summary, time.monotonic())
         elif isinstance(msg, w.GetStats):
             self._reply(ident, w.StatsReply(msg.id, self.stats(), self.stats_addr))
+        elif isinstance(msg, w.GetLogs):
+            self._reply(ident, self._logs.answer(msg))
         elif isinstance(msg, w.GetStack | w.GetHealth):
             self._on_ops_request(ident, msg)
 
@@ -616,7 +623,9 @@ class HostAgent:
         mesh = self.meshes.get(name)
         if mesh is None:
             return w.Ack(req_id, ok=False, error=f"no mesh named {name!r} on {self.label}")
-        if not self._is_owner(mesh.spec.owner, secret):
+        operator = getattr(self, "operator_secret", "")  # `zmesh stop`, as this agent's user
+        is_operator = bool(operator) and hmac.compare_digest(operator, secret)
+        if not self._is_owner(mesh.spec.owner, secret) and not is_operator:
             log.warning("refused a Stop of mesh %s from a client that does not own it", name)
             error = f"mesh {name!r} on {self.label}: {_not_owner(mesh.spec.owner)}"
             return w.Ack(req_id, ok=False, denied=True, error=error)
@@ -702,6 +711,7 @@ class HostAgent:
         )
         self._poll_children(now)
         self._sweep(now)
+        self._logs.tick()
         if self._gate is not None:
             self._gate.refresh()  # keys added to or removed from authorized/
         for mesh in self.meshes.values():

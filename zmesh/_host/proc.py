@@ -34,9 +34,11 @@ import zmq
 
 from zmesh._actor import Endpoint, Point, set_current
 from zmesh._errors import SpawnError
+from zmesh._host import loopwatch as _loopwatch
 from zmesh._host.batching import Batcher
 from zmesh._host.generators import Producers
 from zmesh._shared import stats as _stats
+from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.codec import NONE, Codec, explain, request_of
@@ -276,6 +278,7 @@ class ProcServer:
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
+        _loopwatch.start(loop)  # warns when an async endpoint blocks the loop
         ctx: zmq.Context[Any] = zmq.Context.instance()
         # Where our agent tells us: an ipc:// path in its private directory,
         # or tcp://ADDR:* (CURVE and an allow-list when it has keys).
@@ -536,11 +539,7 @@ class ProcServer:
 
     def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            blob = pickle.dumps(exc)
-            pickle.loads(blob)  # an exception that cannot come back is sent as text only
-        except Exception:
-            blob = None
+        blob = _excpickle.dumps(exc)  # None: it cannot come back, and is sent as text only
         qual = type(exc).__qualname__
         mod = type(exc).__module__
         name = qual if mod == "builtins" else f"{mod}.{qual}"

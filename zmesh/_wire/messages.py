@@ -246,6 +246,7 @@ class AgentInfo(Message, frozen=True):
     epoch: str
     pid: int
     hostname: str
+    logs: str = ""  # where the agent publishes ``LogLines`` (topic: the owner id)
 
 
 class OwnerHeartbeat(Message, frozen=True):
@@ -329,6 +330,49 @@ class HealthReply(Message, frozen=True):
     # Meshes stopped on request: by their owner, or for their owner (it
     # exited, or went silent). A failed rank of such a mesh is history.
     stopped: list[str] = []
+
+
+class GetLogs(Message, frozen=True):
+    """Ask an agent for a piece of a proc's log (``zmesh logs``, top's logs view).
+
+    From byte ``offset`` (``-1``: from where the log stood ``since`` seconds
+    ago, or its last ``limit`` bytes when ``since`` is 0), at most ``limit``
+    bytes. ``generation`` 0 is the rank's latest.
+    """
+
+    id: int
+    mesh: str
+    rank: RankNo
+    offset: int = -1
+    since: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    limit: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 64 << 10
+    generation: Count = 0
+
+
+class LogsReply(Message, frozen=True):
+    id: int
+    ok: bool = True
+    text: str = ""  # the bytes read, decoded with replacement
+    offset: int = 0  # where the next read starts (the end of ``text``)
+    size: int = 0  # the log's size now
+    path: str = ""
+    live: bool = True  # the proc still runs: more may come
+    error: str = ""
+
+
+class LogLines(Message, frozen=True):
+    """Lines a proc wrote to its log, published for the mesh's owner (topic: its id).
+
+    ``skipped`` counts bytes not sent (the proc wrote faster than the
+    forwarding rate); they are in the log at ``path``.
+    """
+
+    mesh: str
+    rank: int
+    agent: str
+    lines: list[str]
+    skipped: int = 0
+    path: str = ""
 
 
 # -------------------------------------------------------- proc -> agent
@@ -422,7 +466,7 @@ class StatsReply(Message, frozen=True):
 # Messages that carry a request id in their first field and expect an
 # answer: one that fails to decode is answered with an error naming why.
 AGENT_REQUESTS = frozenset(
-    {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats"}
+    {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
 )
 PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
 
@@ -444,8 +488,13 @@ AGENT_INBOX: Any = (
     | GetStats
     | GetStack
     | GetHealth
+    | GetLogs
 )
-AGENT_REPLIES: Any = Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply
+AGENT_REPLIES: Any = (
+    Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply
+)
+# What a client's log forwarder decodes from an agent's log stream.
+LOG_STREAM: Any = LogLines
 STREAM: Any = Event | Heartbeat
 # What an observer (``zmesh top``) decodes from an agent's two streams.
 OBSERVER_STREAM: Any = Event | Heartbeat | Stats

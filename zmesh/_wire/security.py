@@ -316,7 +316,7 @@ def throwaway_keys(name: str) -> Keys:
 
 
 def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
-    """Connect to ``addr`` with our keys and watch the CURVE handshake (blocking).
+    """Connect to ``addr`` with our keys (or none) and watch the handshake (blocking).
 
     A server that refuses our key says nothing to the socket itself (calls
     would just wait), but libzmq reports the refusal to a socket monitor.
@@ -328,7 +328,7 @@ def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
     import zmq.utils.monitor
 
     keys = keys or active()
-    if keys is None or not _curve(addr):
+    if not _curve(addr):
         return ""
     events = (
         zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -350,6 +350,12 @@ def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
         sock.close(linger=0)
     if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
         return ""
+    if keys is None:  # we spoke NULL to a CURVE server: it drops us at the greeting
+        return (
+            f"the agent at {addr} requires CURVE keys (it runs with --keys) and this client "
+            "has none: set ZMESH_KEYS=DIR or zmesh.connect([...], keys=DIR), with DIR from "
+            "'zmesh keygen --client DIR --authorize-in AGENTS_DIR'"
+        )
     if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return (
             f"the agent at {addr} refused our CURVE key (ZAP status {event['value']}): "

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import secrets
 import sys
 from typing import Any
 
 from zmesh._errors import SecurityError
 from zmesh._host.agent import HostAgent
+from zmesh._shared import registry as _registry
 from zmesh._wire.security import Keys
+from zmesh.cli._common import normalize_address
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``zmesh agent``: run one host agent in the foreground."""
-    parser = argparse.ArgumentParser(prog="zmesh agent", description=main.__doc__)
+def configure_agent(parser: argparse.ArgumentParser) -> None:
+    """``zmesh agent``'s options."""
     parser.add_argument(
         "--bind",
         default="ipc://",
@@ -31,7 +33,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="allow a TCP bind without keys (anyone who reaches it runs code as you)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--json", action="store_true", help="the ready line as bare JSON (no ZMESH-AGENT-READY)"
+    )
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """``zmesh agent``: run one host agent in the foreground, registered for the CLI."""
+    if not args.bind.startswith(("ipc://", "tcp://")):
+        args.bind = normalize_address(args.bind)  # HOST:PORT
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         keys = Keys.load(args.keys) if args.keys else None
@@ -40,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
             keys=keys, insecure=args.insecure,
         )  # fmt: skip
     except SecurityError as exc:
-        parser.error(str(exc))
+        print(f"zmesh agent: error: {exc}", file=sys.stderr)
+        return 2
     if keys is None and args.bind.startswith("tcp://"):
         print(
             f"\n*** WARNING: zmesh agent on {args.bind} WITHOUT authentication (--insecure).\n"
@@ -51,12 +62,29 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
+    entry = ""
+    # Whoever reads our registry entry (this user only) may stop our meshes.
+    agent.operator_secret = secrets.token_hex(16)  # type: ignore[attr-defined]
+
     def ready(info: dict[str, Any]) -> None:
+        nonlocal entry  # `zmesh top` and friends find us here with no --agents
+        try:
+            entry = _registry.register(
+                info["control"], info["label"], keys=args.keys or "",
+                owner=args.parent_pid or 0, log_dir=info["log_dir"],
+                operator=agent.operator_secret,  # type: ignore[attr-defined]
+            )  # fmt: skip
+        except SecurityError as exc:  # we still serve; the CLI just cannot find us
+            logging.getLogger("zmesh.agent").warning("not registered: %s", exc)
         # One machine-readable line, for whoever started us and waits for it.
-        print("ZMESH-AGENT-READY " + json.dumps(info), flush=True)
+        print(("" if args.json else "ZMESH-AGENT-READY ") + json.dumps(info), flush=True)
 
     try:
         agent.run(ready)
     except SecurityError as exc:  # a socket or log directory that is not ours alone
         print(f"zmesh agent: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        return 2
+    finally:
+        if entry:
+            _registry.unregister(entry)
+    return 0

@@ -10,9 +10,11 @@ the agents' keys given with ``--keys``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
+import sys
 import threading
 
 from zmesh._errors import ZmeshError
@@ -21,9 +23,8 @@ from zmesh._wire import security as _security
 from zmesh.testing import AgentProcess, start_agent, stop_agent
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Start N agents, print the ``ZMESH_AGENTS=...`` line, stop them on Ctrl+C."""
-    parser = argparse.ArgumentParser(prog="zmesh cluster", description=__doc__)
+def configure_cluster(parser: argparse.ArgumentParser) -> None:
+    """``zmesh cluster``'s options."""
     parser.add_argument("--agents", type=int, default=2, help="how many agents (hosts)")
     parser.add_argument("--log-dir", default=None, help="where agent and proc logs go")
     parser.add_argument(
@@ -35,11 +36,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="with --tcp: no keys (every local user can run code as you)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--json", action="store_true", help='one JSON line {"agents", "keys", "logs"} when ready'
+    )
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """Start N agents, print the ``ZMESH_AGENTS=...`` line, stop them on Ctrl+C."""
     if args.agents < 1:
-        parser.error("--agents must be at least 1")
+        print("zmesh cluster: error: --agents must be at least 1", file=sys.stderr)
+        return 2
     if (args.keys or args.insecure) and not args.tcp:
-        parser.error("--keys and --insecure go with --tcp")
+        print("zmesh cluster: error: --keys and --insecure go with --tcp", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -60,16 +69,27 @@ def main(argv: list[str] | None = None) -> None:
             stop_agent(a)
         if made_keys:
             shutil.rmtree(made_keys, ignore_errors=True)
-        parser.exit(2, f"zmesh cluster: error: {exc}\n")
+        print(f"zmesh cluster: error: {exc}", file=sys.stderr)
+        return 2
     try:
-        print(f"ZMESH_AGENTS={','.join(a.control for a in agents)}", flush=True)
-        if keys:
-            print(f"ZMESH_KEYS={os.path.abspath(keys)}", flush=True)
-        print(f"# {len(agents)} agents; logs in {base}; Ctrl+C stops them all", flush=True)
+        if args.json:
+            out = {
+                "agents": [a.control for a in agents],
+                "keys": os.path.abspath(keys) if keys else "",
+                "logs": base,
+            }
+            print(json.dumps(out), flush=True)
+        else:
+            print(f"ZMESH_AGENTS={','.join(a.control for a in agents)}", flush=True)
+            if keys:
+                print(f"ZMESH_KEYS={os.path.abspath(keys)}", flush=True)
+            print(f"# {len(agents)} agents; logs in {base}; Ctrl+C stops them all", flush=True)
         while not stop.wait(0.5):
             for a in list(agents):
                 if a.popen.poll() is not None:
-                    print(f"# agent {a.label} exited with code {a.popen.returncode}", flush=True)
+                    if not args.json:
+                        code = a.popen.returncode
+                        print(f"# agent {a.label} exited with code {code}", flush=True)
                     agents.remove(a)
             if not agents:
                 break
@@ -78,3 +98,4 @@ def main(argv: list[str] | None = None) -> None:
             stop_agent(a)
         if made_keys:
             shutil.rmtree(made_keys, ignore_errors=True)
+    return 0

@@ -12,57 +12,12 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from zmesh._client import local as _local
-from zmesh._errors import ZmeshError
-from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w
-from zmesh._wire import security as _security
+from zmesh.cli._common import agent_addresses, agent_args
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, judge
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render
 from zmesh.top._view import KEEP, Options, derive
-
-
-def _agent_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agents", default=None, help="agents' control addresses, comma separated")
-    parser.add_argument("--hostfile", default=None, help="a file with one agent address a line")
-    parser.add_argument(
-        "--keys", default=None, help="a 'zmesh keygen' directory (default: ZMESH_KEYS)"
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds to wait for the agents' data"
-    )
-
-
-def agent_addresses(args: argparse.Namespace) -> list[str]:
-    """Agents from ``--agents``, else ``--hostfile``, else ``ZMESH_AGENTS``/``ZMESH_HOSTFILE``,
-    else this user's ipc:// agents on this machine; and the keys to reach them
-    from ``--keys`` or ``ZMESH_KEYS``.
-
-    Raises:
-        SystemExit: no agents given, or unreadable keys (exit code 2, with a hint).
-    """
-    try:
-        if args.keys:
-            _security.use(args.keys)
-        if args.agents:
-            found: list[str] | None = [a.strip() for a in args.agents.split(",") if a.strip()]
-        elif args.hostfile:
-            found = _local.read_hostfile(args.hostfile)
-        else:
-            # Else this user's own agents here (they are in the runtime directory).
-            found = _local.configured_agents() or _paths.local_agents()
-    except ZmeshError as exc:
-        print(f"zmesh: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not found:
-        print(
-            "zmesh: no agents to watch: give --agents tcp://host:port,..., "
-            "set ZMESH_AGENTS, or give --hostfile",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-    return found
 
 
 async def collect(addresses: list[str], samples: int, timeout: float, window: float) -> Snapshot:
@@ -75,10 +30,9 @@ async def collect(addresses: list[str], samples: int, timeout: float, window: fl
         col.close()
 
 
-def top_main(argv: list[str] | None = None) -> None:
+def configure_top(parser: argparse.ArgumentParser) -> None:
     """``zmesh top``: a live dashboard of a mesh, straight from its agents."""
-    parser = argparse.ArgumentParser(prog="zmesh top", description=top_main.__doc__)
-    _agent_args(parser)
+    agent_args(parser)
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON and exit")
     parser.add_argument(
@@ -86,7 +40,10 @@ def top_main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--width", type=int, default=None, help="columns for --once")
     _keep_arg(parser)
-    args = parser.parse_args(argv)
+
+
+def run_top(args: argparse.Namespace) -> int:
+    """``zmesh top``: a live dashboard of a mesh, straight from its agents."""
     addresses = agent_addresses(args)
     if args.once or args.json:
         # Two samples a second apart give rates over what happened between them.
@@ -103,13 +60,19 @@ def top_main(argv: list[str] | None = None) -> None:
             screen = Screen(keep=args.keep * 60)
             frame = render(derive(snap, screen.options()), screen)
             Console(width=width, highlight=False).print(frame)
-        return
+        return 0
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
-        raise SystemExit(2)
+        return 2
+    from zmesh._shared import registry
     from zmesh.top._app import run
 
-    asyncio.run(run(addresses, args.window, args.keep * 60))
+    operators = {e.address: e.operator for e in registry.live()}  # K stops as this user
+    try:
+        asyncio.run(run(addresses, args.window, args.keep * 60, operators))
+    except KeyboardInterrupt:  # Ctrl+C: quit, quietly
+        pass
+    return 0
 
 
 def _keep_arg(parser: argparse.ArgumentParser) -> None:
@@ -141,12 +104,14 @@ def _endpoint(e: object) -> dict[str, object]:
     return d
 
 
-def status_main(argv: list[str] | None = None) -> None:
+def configure_status(parser: argparse.ArgumentParser) -> None:
     """``zmesh status``: is what runs now healthy? Exit 0 healthy, 1 degraded, 2 unreachable."""
-    parser = argparse.ArgumentParser(prog="zmesh status", description=status_main.__doc__)
-    _agent_args(parser)
+    agent_args(parser)
     parser.add_argument("--json", action="store_true", help="the judgement as one JSON object")
-    args = parser.parse_args(argv)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``zmesh status``: is what runs now healthy? Exit 0 healthy, 1 degraded, 2 unreachable."""
     snap = asyncio.run(collect(agent_addresses(args), 1, args.timeout, 10))
     view = derive(snap)
     h = view.header
@@ -162,7 +127,7 @@ def status_main(argv: list[str] | None = None) -> None:
             ],
         }
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
-        raise SystemExit(health.exit_code)
+        return health.exit_code
     services = ""
     if h.services_ok or h.services_degraded:
         services = f", services {h.services_ok} ok" + (
@@ -179,25 +144,28 @@ def status_main(argv: list[str] | None = None) -> None:
         print("healthy")
     else:
         print(f"{health.state}: {len(health.problems)} problem(s)")
-    raise SystemExit(health.exit_code)
+    return health.exit_code
 
 
-def ps_main(argv: list[str] | None = None) -> None:
+def configure_ps(parser: argparse.ArgumentParser) -> None:
     """``zmesh ps``: one line per proc of every agent (history folded unless --all)."""
-    parser = argparse.ArgumentParser(prog="zmesh ps", description=ps_main.__doc__)
-    _agent_args(parser)
+    agent_args(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per proc, as a list")
     parser.add_argument(
         "--all", action="store_true", help="also the procs of dead generations and stopped meshes"
     )
-    args = parser.parse_args(argv)
+
+
+def run_ps(args: argparse.Namespace) -> int:
+    """``zmesh ps``: one line per proc of every agent (history folded unless --all)."""
     snap = asyncio.run(collect(agent_addresses(args), 1, args.timeout, 10))
+    silent = unreachable(snap)
     view = derive(snap, Options(show_history=args.all))
     procs = view.procs
     if args.json:
         rows = [dict(vars(p), restarts=p.restarts) for p in procs]
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
-        return
+        return 2 if silent else 0
     fmt = "{:<10} {:<28} {:>4} {:>8} {:<12} {:>5} {:>7} {:>3} {:>7}  {}"
     print(fmt.format("HOST", "MESH", "RANK", "PID", "STATE", "CPU", "RSS", "GEN", "UPTIME", "EXIT"))
     for p in procs:
@@ -220,21 +188,37 @@ def ps_main(argv: list[str] | None = None) -> None:
             f"(+{view.header.history} history rows: dead generations and stopped meshes; "
             "--all shows them)"
         )
+    return 2 if silent else 0
 
 
-def stack_main(argv: list[str] | None = None) -> None:
+def unreachable(snap: Snapshot) -> list[str]:
+    """The agents that never answered, each said on stderr."""
+    from zmesh._wire import security as _security
+
+    silent = [a.address for a in snap.agents if a.stats is None]
+    for address in silent:
+        why = _security.probe(address, 1.0)  # a keyed agent drops a keyless peer: say so
+        print(
+            f"zmesh: agent {address} did not answer" + (f": {why}" if why else ""), file=sys.stderr
+        )
+    return silent
+
+
+def configure_stack(parser: argparse.ArgumentParser) -> None:
     """``zmesh stack``: the Python stack of every thread of a live proc (all ranks by default)."""
-    parser = argparse.ArgumentParser(prog="zmesh stack", description=stack_main.__doc__)
     parser.add_argument("mesh", help="a mesh: its full name (zmesh ps) or the name it was given")
     parser.add_argument("rank", nargs="?", type=int, default=None, help="one rank (default: all)")
-    _agent_args(parser)
+    agent_args(parser)
     parser.add_argument("--json", action="store_true", help="a JSON list, one object per rank")
-    args = parser.parse_args(argv)
+
+
+def run_stack(args: argparse.Namespace) -> int:
+    """``zmesh stack``: the Python stack of every thread of a live proc (all ranks by default)."""
     addresses = agent_addresses(args)
     results, error = asyncio.run(_stacks(addresses, args.mesh, args.rank, args.timeout))
     if error:
         print(f"zmesh stack: {error}", file=sys.stderr)
-        raise SystemExit(2)
+        return 2
     if args.json:
         sys.stdout.write(json.dumps(results, indent=1) + "\n")
     else:
@@ -247,7 +231,7 @@ def stack_main(argv: list[str] | None = None) -> None:
             else:
                 print(f"error: {r['error']}")
             print()
-    raise SystemExit(0 if all(r["ok"] for r in results) else 1)
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 async def _stacks(

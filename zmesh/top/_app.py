@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.live import Live
 
 from zmesh._wire import messages as w
+from zmesh.top import _actions
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._render import WINDOWS, Screen, pane_rows, render
 from zmesh.top._view import KEEP, PANES, SORTS, View, derive
@@ -37,6 +38,8 @@ _KEYS = {
     b"\x7f": "backspace",
     b"\x08": "backspace",
     b"\x03": "ctrl-c",
+    b"\x1bOP": "f1",
+    b"\x1b[11~": "f1",
 }
 
 
@@ -81,37 +84,44 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
             screen.filter += key
         screen.selected.clear()
         return True
+    if screen.confirm is not None:  # K asked: only y stops it
+        mesh, screen.confirm = screen.confirm, None
+        screen.stop_wanted = mesh if key == "y" else None
+        screen.message = f"stopping {mesh}..." if key == "y" else f"{mesh} not stopped"
+        return key != "ctrl-c"
+    screen.message = ""
     if screen.help:
         screen.help = False
         return key not in ("q", "ctrl-c")
     if screen.stack is not None:
-        screen.stack = None  # any key closes the stack view
+        screen.stack = None  # any key closes the overlay (stack, detail, logs)
+        screen.logs_key = None
         return key not in ("q", "ctrl-c")
     pane = screen.pane
     n = pane_rows(view, pane)
     sel = screen.selected.get(pane, 0)
     if key in ("q", "ctrl-c"):
         return False
-    if key == "?":
+    if key in ("?", "h", "f1"):
         screen.help = True
+    elif key == "enter":
+        _actions.open_detail(view, screen)
+    elif key == "L":
+        _actions.open_logs(view, screen)
+    elif key == "K":
+        _actions.ask_stop(view, screen)
     elif key == "tab":
         screen.focus = (screen.focus + 1) % len(PANES)
     elif key == "backtab":
         screen.focus = (screen.focus - 1) % len(PANES)
     elif key in "12345" and len(key) == 1:
         screen.focus = int(key) - 1
-    elif key in ("down", "j"):
-        screen.selected[pane] = min(max(0, n - 1), sel + 1)
-    elif key in ("up", "k"):
-        screen.selected[pane] = max(0, sel - 1)
-    elif key == "pgdn":
-        screen.selected[pane] = min(max(0, n - 1), sel + page)
-    elif key == "pgup":
-        screen.selected[pane] = max(0, sel - page)
-    elif key in ("home", "g"):
-        screen.selected[pane] = 0
-    elif key in ("end", "G"):
-        screen.selected[pane] = max(0, n - 1)
+    elif key in ("down", "j", "up", "k", "pgdn", "pgup", "home", "g", "end", "G"):
+        moved = {"down": 1, "j": 1, "up": -1, "k": -1, "pgdn": page, "pgup": -page}
+        to = 0 if key in ("home", "g") else n - 1 if key in ("end", "G") else sel + moved[key]
+        screen.selected[pane] = max(0, min(max(0, n - 1), to))
+        if pane == "events":  # at the newest it follows new events again
+            screen.follow_events = screen.selected[pane] >= n - 1
     elif key == "/":
         screen.editing = True
     elif key == "esc":
@@ -131,6 +141,7 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
     elif key == "S" and pane == "procs" and view.procs:
         p = view.procs[min(sel, len(view.procs) - 1)]
         address = next((h.address for h in view.hosts if h.label == p.host), "")
+        screen.overlay = "stack"
         screen.stack_title = f"{p.mesh}[{p.rank}] pid {p.pid or '-'} on {p.host}"
         screen.stack = ["asking its agent for the stack..."]
         screen.stack_wanted = (address, p.mesh, p.rank)
@@ -175,8 +186,17 @@ def _cbreak(fd: int) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
 
 
-async def run(addresses: list[str], window: float, keep: float = KEEP) -> None:
-    """Run the dashboard in this terminal until ``q``."""
+async def run(
+    addresses: list[str],
+    window: float,
+    keep: float = KEEP,
+    operators: dict[str, str] | None = None,
+) -> None:
+    """Run the dashboard in this terminal until ``q``.
+
+    ``operators``: agent address -> the secret that lets this user stop its
+    meshes (``K``), from the registry.
+    """
     console = Console()
     screen = Screen(window=window, keep=keep)
     col = Collector(addresses, window)
@@ -205,10 +225,13 @@ async def run(addresses: list[str], window: float, keep: float = KEEP) -> None:
                     if snap is None or not screen.paused:
                         snap = col.snapshot(screen.window)
                     view = derive(snap, screen.options())
+                    if screen.follow_events:
+                        screen.selected["events"] = max(0, len(view.events) - 1)
                     height = console.size.height
                     live.update(render(view, screen, height), refresh=True)
                     try:
-                        key = await asyncio.wait_for(keys.get(), REFRESH)
+                        every = _actions.LOG_EVERY if screen.logs_key else REFRESH
+                        key = await asyncio.wait_for(keys.get(), every)
                     except asyncio.TimeoutError:
                         continue
                     pending = [key]
@@ -220,6 +243,12 @@ async def run(addresses: list[str], window: float, keep: float = KEEP) -> None:
                     if screen.stack_wanted is not None:
                         col.spawn(_show_stack(col, screen, *screen.stack_wanted))
                         screen.stack_wanted = None
+                    if screen.logs_wanted is not None:
+                        screen.logs_key, screen.logs_wanted = screen.logs_wanted, None
+                        col.spawn(_actions.follow_logs(col, screen, *screen.logs_key))
+                    if screen.stop_wanted is not None:
+                        mesh, screen.stop_wanted = screen.stop_wanted, None
+                        col.spawn(_actions.stop_mesh(col, screen, view, mesh, operators or {}))
             finally:
                 loop.remove_reader(fd)
     finally:

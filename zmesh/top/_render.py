@@ -21,8 +21,11 @@ from zmesh.top._view import KEEP, PANES, SORTS, EndpointRow, Options, View, desc
 WINDOWS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 HELP = [
-    ("q", "quit"),
-    ("?", "this help (any key closes it)"),
+    ("q, Ctrl+C", "quit"),
+    ("? h F1", "this help (any key closes it)"),
+    ("Enter", "details of the selected row: mesh, rank, pid, host, log, last error, endpoints"),
+    ("L", "the log of the selected proc, following new lines (procs pane)"),
+    ("K", "stop the selected row's mesh (asks to confirm with y)"),
     ("Tab / 1-5", "focus a pane: 1 hosts, 2 procs, 3 actors, 4 services, 5 events"),
     ("↑ ↓ / j k", "move the selection; PgUp PgDn, g G: by page, to the ends"),
     ("/", "filter rows (Enter keeps it, Esc clears it)"),
@@ -53,6 +56,13 @@ class Screen:
     stack: list[str] | None = None  # the stack view's lines, when open
     stack_title: str = ""
     stack_wanted: tuple[str, str, int] | None = None  # (agent address, mesh, rank) to ask
+    overlay: str = "stack"  # what the overlay lines are: stack, detail, logs
+    logs_wanted: tuple[str, str, int] | None = None  # the logs view to start following
+    logs_key: tuple[str, str, int] | None = None  # the proc the open logs view follows
+    confirm: str | None = None  # a mesh to stop, once the user says y
+    stop_wanted: str | None = None  # confirmed: the loop stops it
+    message: str = ""  # one line for the footer (what an action did)
+    follow_events: bool = True  # the events pane's selection stays on the newest
 
     @property
     def pane(self) -> str:
@@ -235,12 +245,17 @@ def hosts_table(view: View, screen: Screen, rows: range | None = None) -> Table:
     return t
 
 
+def _longest(names: Any, cap: int = 24) -> int:
+    """A name column's minimum width: its longest name, up to ``cap`` (then it is cut)."""
+    return min(cap, max((len(n) for n in names), default=4))
+
+
 def procs_table(view: View, screen: Screen, rows: range | None = None) -> RenderableType:
     t = _table(
         "procs",
         [
-            ("host", {"ratio": 1, "min_width": 5}),
-            ("mesh", {"ratio": 2, "min_width": 10}),
+            ("host", {"ratio": 1, "min_width": 4, "max_width": 12}),
+            ("mesh", {"min_width": _longest(p.mesh for p in view.procs)}),
             ("rank", _R),
             ("pid", _R),
             ("state", {}),
@@ -248,7 +263,7 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Render
             ("rss", _R),
             ("rst", _R),
             ("up", _R),
-            ("exit", {"ratio": 2, "min_width": 10}),
+            ("exit", {"ratio": 2, "min_width": 4}),
         ],
         screen.sort.get("procs", 0),
     )
@@ -292,7 +307,7 @@ def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table
     t = _table(
         "actors",
         [
-            ("actor", {"ratio": 3, "min_width": 12}),
+            ("actor", {"min_width": _longest(f"{e.mesh}/{e.actor}" for e in view.endpoints[1:])}),
             ("endpoint", {"ratio": 2, "min_width": 8}),
             ("calls/s", _R),
             ("p50", _R),
@@ -413,11 +428,16 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
         parts.append(help_t)
         return Group(*parts, footer)
     if screen.stack is not None:
-        lines = screen.stack[: max(0, body - 1)]
-        parts.append(Text(f"stack of {screen.stack_title}", style="bold underline"))
+        room = max(0, body - 1)
+        # The logs view follows the newest lines; the others start at the top.
+        lines = screen.stack[-room:] if screen.overlay == "logs" and room else screen.stack[:room]
+        title = (
+            f"stack of {screen.stack_title}" if screen.overlay == "stack" else screen.stack_title
+        )
+        parts.append(Text(title, style="bold underline", no_wrap=True, overflow="ellipsis"))
         parts.extend(Text(ln, no_wrap=True, overflow="ellipsis") for ln in lines)
-        parts.extend(Text("") for _ in range(max(0, body - 1 - len(lines))))
-        return Group(*parts, Text("any key closes the stack", style="dim"))
+        parts.extend(Text("") for _ in range(max(0, room - len(lines))))
+        return Group(*parts, Text(f"any key closes the {screen.overlay}", style="dim"))
     pane = screen.pane
     tail = 0
     if pane != "events" and view.events and body >= 14:
@@ -445,14 +465,17 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
 
 
 def _footer(screen: Screen) -> Text:
+    if screen.confirm is not None or screen.message:
+        style = "bold yellow" if screen.confirm is not None else "bold"
+        return Text(screen.message, style=style, no_wrap=True, overflow="ellipsis")
     if screen.editing:
         t = Text("filter: ", style="bold cyan")
         t.append(screen.filter + "█")
         t.append("   Enter keep  Esc clear", style="dim")
         return t
     return Text(
-        "q quit  ? help  Tab/1-5 pane  j/k move  / filter  < > sort  Space pause  "
-        "e errors  H history  S stack  +/- window",
+        "q quit  h help  Enter detail  L logs  S stack  K stop  Tab/1-5 pane  j/k move  "
+        "/ filter  < > sort  Space pause  e errors  H history  +/- window",
         style="dim",
         no_wrap=True,
         overflow="ellipsis",

@@ -52,6 +52,8 @@ class ProcRow:
     uptime: float | None = None
     reason: str = ""
     history: bool = False  # a dead generation or a stopped mesh (folded by default)
+    log: str = ""  # its log file, on its host
+    address: str = ""  # its agent's control address
 
     @property
     def restarts(self) -> int:
@@ -303,6 +305,8 @@ def _proc_rows(a: AgentSample, history: set[tuple[str, str]], since: float) -> l
                     p.uptime if p else None,
                     reason,
                     past,
+                    log=r.log_path,
+                    address=a.address,
                 )
             )
     return rows

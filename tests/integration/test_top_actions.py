@@ -1,0 +1,117 @@
+"""``zmesh top`` as a tool, in a real terminal (tmux): Enter, L, S, K, h, Ctrl+C at 80x24.
+
+The mesh is an embedded agent's, in another script, found with no arguments
+(the registry), so K stops it as this agent's user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _fabric import wait_for
+from test_logs_cli import SCRIPT, Script
+from test_top import Tmux
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+
+@pytest.fixture
+def talker(runtime_dir: str, tmp_path: Path) -> Iterator[Script]:
+    path = tmp_path / "talker.py"
+    path.write_text(SCRIPT)
+    s = Script(path, {"ZMESH_FORWARD_LOGS": "0"})
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
+    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
+    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _ps() -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "zmesh", "ps", "--all", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    rows: list[dict[str, object]] = json.loads(done.stdout)
+    return rows
+
+
+def test_enter_l_s_k_h_and_ctrl_c_in_80_columns(talker: Script, tmp_path: Path) -> None:
+    talker.send("say printed-before-top")
+    talker.until("DONE")
+    mesh = str(_ps()[0]["mesh"])
+    err = tmp_path / "top.err"
+    tmux = Tmux()
+    try:
+        # The shell outlives Ctrl+C (a trapped signal is reset in its child) to say how top ended.
+        cmd = f"trap true INT; {sys.executable} -m zmesh top 2>{err}; echo TOP-EXIT=$?; sleep 60"
+        tmux.start(["sh", "-c", cmd], 80, 24)
+        wait_for(lambda: "procs 2/2" in tmux.screen(), 30, "the first frame")
+        tmux.keys("2")  # the procs pane: full mesh names even at 80 columns
+        wait_for(lambda: tmux.screen().count(mesh) == 2, 10, "both ranks with the full name")
+
+        tmux.keys("Enter")
+        wait_for(lambda: f"{mesh}[0]" in tmux.screen(), 10, "the detail view")
+        screen = tmux.screen()
+        assert ".0.g1.log" in screen and "endpoints  own, say" in screen, screen
+        tmux.keys("Escape")
+        wait_for(lambda: "any key closes" not in tmux.screen(), 10, "the view closed")
+
+        tmux.keys("L")
+        wait_for(lambda: "printed-before-top" in tmux.screen(), 15, "the log so far")
+        talker.send("say printed-while-watching")
+        talker.until("DONE")
+        wait_for(lambda: "printed-while-watching" in tmux.screen(), 15, "the log to follow")
+        tmux.keys("x")
+        wait_for(lambda: "printed-before-top" not in tmux.screen(), 10, "the logs view closed")
+
+        tmux.keys("S")
+        wait_for(lambda: "Thread" in tmux.screen(), 15, "the stack")
+        tmux.keys("x")
+
+        tmux.keys("h")
+        wait_for(
+            lambda: "Enter" in tmux.screen() and "stop the selected" in tmux.screen(), 10, "help"
+        )
+        tmux.keys("x")
+
+        tmux.keys("K")
+        wait_for(lambda: f"stop mesh {mesh} (2 live rank(s))?" in tmux.screen(), 10, "confirm")
+        tmux.keys("n")
+        wait_for(lambda: f"{mesh} not stopped" in tmux.screen(), 10, "not stopped")
+        assert all(p["state"] == "Running" for p in _ps())
+        tmux.keys("K")
+        wait_for(lambda: "? y to stop" in tmux.screen(), 10, "confirm again")
+        tmux.keys("y")
+        wait_for(lambda: f"stopped {mesh}" in tmux.screen(), 15, "the stop")
+        wait_for(lambda: all(p["state"] == "Stopped" for p in _ps()), 30, "the ranks stopped")
+
+        tmux.keys("C-c")
+        wait_for(lambda: "TOP-EXIT=0" in tmux.screen(), 15, "top to quit on Ctrl+C")
+        assert "Traceback" not in tmux.screen() and err.read_text() == "", err.read_text()
+    finally:
+        tmux.close()
+    assert os.path.exists(err)

@@ -1,0 +1,116 @@
+"""Forwarded output: deduplicated and rate-limited on the client; tailed and capped at the agent."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from zmesh._client import logforward
+from zmesh._client.logforward import Printer
+from zmesh._host import logtail
+from zmesh._host.logtail import LogTail
+from zmesh._wire import messages as w
+
+
+def lines(mesh: str, rank: int, *text: str, skipped: int = 0) -> w.LogLines:
+    return w.LogLines(mesh, rank, "host0", list(text), skipped=skipped, path="/x.log")
+
+
+def test_the_same_line_from_many_ranks_is_printed_once_then_counted() -> None:
+    out = io.StringIO()
+    p = Printer(out)
+    for r in range(4):
+        p.lines(lines("m-1", r, "loading model"), 100.0)
+    p.lines(lines("m-1", 2, "rank 2 only"), 100.1)
+    assert out.getvalue().splitlines() == [
+        "(m-1 0 host0) loading model",
+        "(m-1 2 host0) rank 2 only",
+    ]
+    p.flush(100.0 + logforward.DEDUP_WINDOW)
+    assert out.getvalue().splitlines()[-1] == "(m-1 host0) loading model [repeated 3x across ranks]"
+    p.lines(lines("m-1", 0, "loading model"), 200.0)  # a new window: shown again
+    assert out.getvalue().splitlines()[-1] == "(m-1 0 host0) loading model"
+
+
+def test_past_the_rate_lines_are_cut_and_counted() -> None:
+    out = io.StringIO()
+    p = Printer(out)
+    p.lines(lines("m-1", 0, *(f"line {i}" for i in range(logforward.MAX_LINES + 50))), 10.0)
+    assert len(out.getvalue().splitlines()) == logforward.MAX_LINES
+    p.flush(11.0)
+    assert (
+        out.getvalue().splitlines()[-1]
+        == "[zmesh: 50 lines of actor output not shown; see zmesh logs]"
+    )
+    p.lines(lines("m-1", 0, "skipped some", skipped=1234), 11.5)
+    assert "1234 bytes of output not forwarded" in out.getvalue().splitlines()[-1]
+
+
+class FakePub:
+    def __init__(self) -> None:
+        self.sent: list[w.LogLines] = []
+
+    def send(self, frames: list[bytes]) -> None:
+        from zmesh._wire.codec import Codec
+
+        self.sent.append(Codec(w.LOG_STREAM).decode(frames[1:]))
+
+
+def _tail(tmp_path: Path) -> tuple[LogTail, Path, FakePub]:
+    log = tmp_path / "m-1.0.g1.log"
+    log.write_bytes(b"")
+    proc = SimpleNamespace(log_path=str(log), generation=1, reaped=False)
+    mesh = SimpleNamespace(spec=SimpleNamespace(owner="me"), procs={0: proc})
+    tail = LogTail({"m-1": mesh}, "host0")
+    pub = FakePub()
+    tail._pub = pub  # type: ignore[assignment]
+    tail._subscribed[b"me"] = 1
+    return tail, log, pub
+
+
+def test_the_agent_forwards_whole_lines_to_their_owner(tmp_path: Path) -> None:
+    tail, log, pub = _tail(tmp_path)
+    with open(log, "ab") as f:
+        f.write(b"one\ntwo\npart")
+    tail.tick()
+    assert [m.lines for m in pub.sent] == [["one", "two"]]
+    with open(log, "ab") as f:
+        f.write(b"ial\n")
+    tail.tick()
+    assert pub.sent[-1].lines == ["partial"] and pub.sent[-1].mesh == "m-1"
+
+
+def test_a_proc_over_the_rate_is_skipped_to_its_newest_lines(tmp_path: Path) -> None:
+    tail, log, pub = _tail(tmp_path)
+    tail.tick()
+    line = b"x" * 99 + b"\n"
+    with open(log, "ab") as f:
+        f.write(line * (2 * logtail.RATE // len(line)))  # two seconds' worth at once
+    tail.tick()
+    sent = pub.sent[-1]
+    assert (
+        sent.skipped >= logtail.RATE // 2 and sent.lines and all(len(x) == 99 for x in sent.lines)
+    )
+    assert sum(len(x) + 1 for x in sent.lines) <= logtail.RATE
+
+
+def test_get_logs_reads_from_an_offset_or_since_a_time(tmp_path: Path) -> None:
+    tail, log, _ = _tail(tmp_path)
+    log.write_bytes(b"early\n")
+    tail.tick()
+    all_ = tail.answer(w.GetLogs(1, "m-1", 0, offset=0))
+    assert all_.ok and all_.text == "early\n" and all_.offset == 6 and all_.live
+    time.sleep(0.05)
+    mark = time.time()
+    time.sleep(0.05)
+    with open(log, "ab") as f:
+        f.write(b"late\n")
+    tail.tick()
+    since = tail.answer(w.GetLogs(2, "m-1", 0, since=time.time() - mark))
+    assert since.text == "late\n", since
+    more = tail.answer(w.GetLogs(3, "m-1", 0, offset=all_.offset))
+    assert more.text == "late\n"
+    missing = tail.answer(w.GetLogs(4, "m-1", 5))
+    assert not missing.ok and "no rank 5" in missing.error

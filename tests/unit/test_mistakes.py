@@ -1,0 +1,71 @@
+"""The mistakes people make get messages that say what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import pickle
+
+import pytest
+
+import zmesh
+from zmesh._client.future import Future
+from zmesh._wire import excpickle
+
+
+@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints"])
+def test_an_endpoint_named_like_a_handle_attribute_is_refused_at_class_definition(
+    name: str,
+) -> None:
+    with pytest.raises(TypeError, match=rf"Bad\.{name}: an endpoint may not be named '{name}'"):
+        type("Bad", (zmesh.Actor,), {name: zmesh.endpoint(lambda self: 1)})
+
+
+def test_other_endpoint_names_are_fine() -> None:
+    class Fine(zmesh.Actor):
+        @zmesh.endpoint
+        def get_state(self) -> int:
+            return 1
+
+    assert Fine.options().name == "fine"
+
+
+def test_options_say_what_is_wrong_in_their_own_terms() -> None:
+    class Counter(zmesh.Actor):
+        pass
+
+    with pytest.raises(TypeError, match=r"Counter\.options\(\): procs must be an int .*'2'"):
+        Counter.options(procs="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Counter\.options\(\): hosts must be at least 1"):
+        Counter.options(hosts=0)
+    with pytest.raises(TypeError, match=r"unknown setting 'procz' \(did you mean 'procs'\?\)"):
+        Counter.options(procz=2)
+    with pytest.raises(ValueError, match=r"Counter\.options\(\): max_concurrent_requests"):
+        Counter.options(replicas=2, max_concurrent_requests=0)
+
+
+def test_a_forgotten_await_or_get_gets_a_hint() -> None:
+    fut: Future[int] = Future(cfut=concurrent.futures.Future())
+    with pytest.raises(AttributeError, match=r"no attribute 'incr'.*forget 'await' or '\.get\(\)'"):
+        fut.incr  # noqa: B018
+    with pytest.raises(AttributeError):
+        fut.__wrapped__  # noqa: B018  (a protocol's name: a plain AttributeError)
+
+
+class Coded(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+
+
+def test_an_exception_with_a_multi_argument_init_comes_back_whole_with_its_cause() -> None:
+    try:
+        try:
+            raise ValueError("the root")
+        except ValueError as root:
+            raise Coded(7, "bad input") from root
+    except Coded as exc:
+        blob = excpickle.dumps(exc)
+    assert blob is not None
+    back = pickle.loads(blob)
+    assert type(back) is Coded and back.code == 7 and str(back) == "7: bad input"
+    assert isinstance(back.__cause__, ValueError) and str(back.__cause__) == "the root"

@@ -1,0 +1,196 @@
+"""Actors' output on the client's terminal: ``(mesh rank host) line``, Ray style.
+
+Every agent this client spawns on publishes the new lines of its procs' logs
+under the owner's id (``zmesh._host.logtail``). This module follows those
+streams from one daemon thread with its own sockets, so the call path never
+sees it, and prints each line with a prefix naming where it came from.
+
+* Deduplicated: the same line from several ranks of one mesh (every rank
+  prints "loading model") within ``DEDUP_WINDOW`` is printed once, then
+  ``[repeated Nx across ranks]``.
+* Rate-limited: at most ``MAX_LINES`` lines a second reach the terminal
+  (the agent also caps each proc's bytes); what is cut is counted, and the
+  logs keep everything (``zmesh logs MESH``).
+* Off with ``ZMESH_FORWARD_LOGS=0`` or ``zmesh.connect(..., forward_logs=False)``.
+
+A proc's stdout and stderr share one log file, so both arrive on the
+client's stdout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+import zmq
+
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
+
+DEDUP_WINDOW = 2.0
+MAX_LINES = 200  # a second, to the terminal
+_enabled: bool | None = None  # None: ask ZMESH_FORWARD_LOGS
+_lock = threading.Lock()
+_forwarder: _Forwarder | None = None
+
+
+def enable(on: bool) -> None:
+    """Forward (or stop forwarding) actors' output to this process's stdout."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    if _enabled is not None:
+        return _enabled
+    return os.environ.get("ZMESH_FORWARD_LOGS", "1").strip().lower() not in ("0", "false", "no")
+
+
+def watch(control: str, owner: str) -> None:
+    """Follow the log stream of the agent at ``control`` for ``owner``'s procs."""
+    global _forwarder
+    if not enabled() or os.environ.get("ZMESH_PROC"):
+        return  # a proc's own meshes print into its log, which its owner follows
+    with _lock:
+        if _forwarder is None or _forwarder.pid != os.getpid():
+            _forwarder = _Forwarder(owner)
+            _forwarder.start()
+            atexit.register(_forwarder.drain)
+        _forwarder.add(control)
+
+
+class Printer:
+    """Prefixes, deduplicates and rate-limits lines onto ``out`` (one thread's)."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out
+        self.seen: dict[tuple[str, str], list[Any]] = {}  # (mesh, text) -> [first, n, host]
+        self.second = 0.0
+        self.shown = 0
+        self.cut = 0
+
+    def lines(self, msg: w.LogLines, now: float) -> None:
+        for text in msg.lines:
+            key = (msg.mesh, text)
+            seen = self.seen.get(key)
+            if seen is not None and now - seen[0] < DEDUP_WINDOW:
+                seen[1] += 1
+                continue
+            self.seen[key] = [now, 0, msg.agent]
+            self._emit(f"({msg.mesh} {msg.rank} {msg.agent}) {text}", now)
+        if msg.skipped:
+            self._emit(
+                f"({msg.mesh} {msg.rank} {msg.agent}) [zmesh: {msg.skipped} bytes of output "
+                f"not forwarded (over the rate); the log has them: {msg.path}]",
+                now,
+                always=True,
+            )
+
+    def flush(self, now: float) -> None:
+        """Say what repeated, once its window closed; report cut lines."""
+        for key, (first, n, host) in list(self.seen.items()):
+            if now - first >= DEDUP_WINDOW:
+                del self.seen[key]
+                if n:
+                    self._emit(f"({key[0]} {host}) {key[1]} [repeated {n}x across ranks]", now)
+        if self.cut and now - self.second >= 1.0:
+            cut, self.cut = self.cut, 0
+            self._emit(f"[zmesh: {cut} lines of actor output not shown; see zmesh logs]", now)
+
+    def _emit(self, line: str, now: float, always: bool = False) -> None:
+        if now - self.second >= 1.0:
+            self.second, self.shown = now, 0
+        if self.shown >= MAX_LINES and not always:
+            self.cut += 1
+            return
+        self.shown += 1
+        out = self.out or sys.stdout
+        with contextlib.suppress(ValueError, OSError):  # stdout closed at exit
+            out.write(line + "\n")
+            out.flush()
+
+
+class _Forwarder(threading.Thread):
+    def __init__(self, owner: str) -> None:
+        super().__init__(name="zmesh-logs", daemon=True)
+        self.pid = os.getpid()
+        self.owner = owner.encode()
+        self.pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.watched: set[str] = set()
+        self.printer = Printer()
+        self.idle = threading.Event()
+        self._stop = False
+
+    def add(self, control: str) -> None:
+        if control not in self.watched:
+            self.watched.add(control)
+            self.pending.put(control)
+
+    def drain(self, timeout: float = 0.3) -> None:
+        """At exit: print what is on its way (a proc's last words), briefly."""
+        deadline = time.monotonic() + timeout
+        self.idle.clear()
+        while time.monotonic() < deadline and not self.idle.wait(0.05):
+            pass
+        self._stop = True
+
+    def run(self) -> None:
+        ctx: Any = zmq.Context.instance()
+        poller = zmq.Poller()
+        subs: list[Any] = []  # one SUB per agent: each has its own keys (or none, on ipc)
+        codec = Codec(w.LOG_STREAM, allow_pickle=False)
+        try:
+            while not self._stop:
+                while not self.pending.empty():
+                    sub = self._subscribe(ctx, self.pending.get())
+                    if sub is not None:
+                        subs.append(sub)
+                        poller.register(sub, zmq.POLLIN)
+                ready = dict(poller.poll(100)) if subs else {}
+                if not subs:
+                    time.sleep(0.1)  # nothing to follow yet (an agent without a log stream)
+                for sub in ready:
+                    while sub.poll(0):
+                        frames = sub.recv_multipart(copy=True)
+                        with contextlib.suppress(Exception):  # one bad message, not the thread
+                            msg = codec.decode(frames[1:])
+                            if isinstance(msg, w.LogLines):
+                                self.printer.lines(msg, time.monotonic())
+                if not ready:
+                    self.idle.set()
+                self.printer.flush(time.monotonic())
+        finally:
+            for sub in subs:
+                sub.close(linger=0)
+
+    def _subscribe(self, ctx: Any, control: str) -> Any:
+        """Ask the agent where its log stream is, and follow our topic there."""
+        req = secure_client(ctx.socket(zmq.DEALER), addr=control)
+        req.setsockopt(zmq.LINGER, 0)
+        try:
+            req.connect(control)
+            req.send_multipart(Codec(w.AGENT_INBOX).encode(w.Describe(1)))
+            if not req.poll(10_000):
+                return None  # the caller hears of a silent agent elsewhere
+            info = Codec(w.AGENT_REPLIES, allow_pickle=False).decode(req.recv_multipart())
+        except Exception:  # forwarding is best effort; calls are not affected
+            return None
+        finally:
+            req.close(linger=0)
+        if not isinstance(info, w.AgentInfo) or not info.logs:
+            return None  # an agent without a log stream
+        where = info.logs
+        if "://0.0.0.0:" in where and control.startswith("tcp://"):
+            where = where.replace("0.0.0.0", control[6:].rsplit(":", 1)[0])
+        sub = secure_client(ctx.socket(zmq.SUB), addr=where)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.owner)
+        sub.connect(where)
+        return sub

@@ -1,0 +1,175 @@
+"""``zmesh logs`` and ``zmesh stop``: a mesh by the name the user gave it (or its full name)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import sys
+from typing import Any
+
+from zmesh._wire import messages as w
+from zmesh.cli._common import agent_addresses, agent_args, json_arg, print_json
+from zmesh.top._actions import stop_one
+from zmesh.top._collect import Collector, Snapshot
+from zmesh.top._health import find_meshes
+
+FOLLOW_EVERY = 0.3  # seconds between reads with -f
+LIMIT = 1 << 20  # bytes a read asks for
+
+
+def configure_logs(parser: argparse.ArgumentParser) -> None:
+    """``zmesh logs MESH [RANK]``: what a mesh's procs printed."""
+    parser.add_argument("mesh", help="the name given (name=, spawn name) or the full name (ps)")
+    parser.add_argument("rank", nargs="?", type=int, default=None, help="one rank (default: all)")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    parser.add_argument(
+        "--since", type=float, default=0.0, metavar="SECONDS", help="only what came in the last N s"
+    )
+    agent_args(parser)
+    json_arg(parser, 'one {"mesh", "rank", "host", "path", "text"} per read (JSON lines with -f)')
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    """Print the logs; exit 2 when no mesh or rank has that name."""
+    return asyncio.run(_logs(agent_addresses(args), args))
+
+
+async def _targets(
+    col: Collector, name: str, rank: int | None, timeout: float
+) -> tuple[Snapshot, list[tuple[str, str, str, int]], str]:
+    """``(snapshot, [(agent address, host, mesh, rank)], error)`` for ``name``."""
+    await col.wait(1, timeout)
+    snap = col.snapshot()
+    meshes = find_meshes(snap, name)
+    if not meshes:
+        known = sorted({m.name for a in snap.agents if a.stats for m in a.stats.meshes})
+        agents = len(snap.agents)
+        return (
+            snap,
+            [],
+            f"no mesh named {name!r} on {agents} agent(s) (known: {', '.join(known) or 'none'})",
+        )
+    out: list[tuple[str, str, str, int]] = []
+    for a in snap.agents:
+        if a.stats is None:
+            continue
+        for m in a.stats.meshes:
+            if m.name in meshes:
+                out.extend(
+                    (a.address, a.stats.agent, m.name, r.rank)
+                    for r in m.ranks
+                    if rank is None or r.rank == rank
+                )
+    if not out:
+        return snap, [], f"no rank {rank} in {', '.join(meshes)}"
+    return snap, sorted(out, key=lambda t: (t[2], t[3])), ""
+
+
+async def _logs(addresses: list[str], args: argparse.Namespace) -> int:
+    col = Collector(addresses, 10)
+    try:
+        _snap, targets, error = await _targets(col, args.mesh, args.rank, args.timeout)
+        if error:
+            print(f"zmesh logs: {error}", file=sys.stderr)
+            return 2
+        prefix = args.rank is None
+        offsets: dict[tuple[str, str, int], int] = {}
+        code = 0
+        first = True
+        while True:
+            live = False
+            for address, host, mesh, rank in targets:
+                key = (address, mesh, rank)
+                while True:  # until we have all there is now
+                    start = offsets.get(key, -1 if first and args.since else 0)
+                    make = functools.partial(
+                        w.GetLogs, mesh=mesh, rank=rank, offset=start,
+                        since=args.since if start < 0 else 0.0, limit=LIMIT,
+                    )  # fmt: skip
+                    try:
+                        reply = await col.request(address, make, args.timeout)
+                    except asyncio.TimeoutError:
+                        print(f"zmesh logs: agent {address} did not answer", file=sys.stderr)
+                        code = 1
+                        break
+                    if not reply.ok:
+                        print(f"zmesh logs: {mesh}[{rank}]: {reply.error}", file=sys.stderr)
+                        code = 1
+                        break
+                    offsets[key] = reply.offset
+                    _show(args, host, mesh, rank, reply, prefix)
+                    if reply.offset >= reply.size or not reply.text:
+                        live = live or reply.live
+                        break
+            first = False
+            if not args.follow or not live:
+                return code
+            await asyncio.sleep(FOLLOW_EVERY)
+    finally:
+        col.close()
+
+
+def _show(
+    args: argparse.Namespace, host: str, mesh: str, rank: int, reply: Any, prefix: bool
+) -> None:
+    if args.json:
+        if reply.text or not args.follow:
+            obj = {"mesh": mesh, "rank": rank, "host": host, "path": reply.path}
+            obj["text"] = reply.text
+            if args.follow:
+                print(json.dumps(obj), flush=True)
+            else:
+                print_json(obj)
+        return
+    if not reply.text:
+        return
+    lines = reply.text.splitlines()
+    if prefix:
+        sys.stdout.write("".join(f"[{mesh} {rank}] {ln}\n" for ln in lines))
+    else:
+        sys.stdout.write("".join(f"{ln}\n" for ln in lines))
+    sys.stdout.flush()
+
+
+def configure_stop(parser: argparse.ArgumentParser) -> None:
+    """``zmesh stop NAME``: stop a mesh (on every agent that has it)."""
+    parser.add_argument("mesh", help="the name given (name=, spawn name) or the full name (ps)")
+    agent_args(parser)
+    json_arg(parser, '[{"mesh", "host", "ok", "error"}]')
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    """Stop it; exit 0 when every agent did, 1 when one refused, 2 when no mesh has that name."""
+    return asyncio.run(_stop(agent_addresses(args), args))
+
+
+async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
+    from zmesh._shared import registry
+
+    operators = {e.address: e.operator for e in registry.live()}
+    col = Collector(addresses, 10)
+    try:
+        _snap, targets, error = await _targets(col, args.mesh, None, args.timeout)
+        if error:
+            print(f"zmesh stop: {error}", file=sys.stderr)
+            return 2
+        where = sorted({(t[0], t[1], t[2]) for t in targets})
+        results = await asyncio.gather(
+            *(stop_one(col, a, mesh, operators.get(a, ""), args.timeout) for a, _, mesh in where)
+        )
+    finally:
+        col.close()
+    rows = [
+        {"mesh": mesh, "host": host, "ok": ok, "error": err}
+        for (_, host, mesh), (ok, err) in zip(where, results, strict=True)
+    ]
+    if args.json:
+        print_json(rows)
+    else:
+        for r in rows:
+            print(
+                f"{r['mesh']} on {r['host']}: " + ("stopped" if r["ok"] else f"error: {r['error']}")
+            )
+    return 0 if all(r["ok"] for r in rows) else 1

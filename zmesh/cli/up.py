@@ -1,0 +1,268 @@
+"""``zmesh up HOSTFILE`` / ``zmesh down HOSTFILE``: one agent per host, over ssh or any launcher.
+
+The host file lists one host a line, ``HOST [ADDR]`` (``#`` comments): HOST
+is what the launcher is given as ``{host}``, ADDR where that host's agent
+binds and is reached (default: HOST). For each host ``zmesh up``
+
+1. copies the agents' keys there (``--keys DIR``, made with ``zmesh keygen``
+   if missing), as a tar stream on the launcher's stdin, into
+   ``$HOME/.zmesh/up/HOST`` (0700);
+2. starts ``zmesh agent --bind tcp://ADDR:PORT --keys ...`` there, detached
+   (``nohup``; its log is ``$HOME/.zmesh/up/HOST/agent.log``), or, with
+   ``--attach``, as a child that lives while ``zmesh up`` does (for ``srun``);
+3. waits until every agent answers (with the keys), then prints
+   ``ZMESH_AGENTS=... ZMESH_KEYS=...``.
+
+The launcher is a command prefix with ``{host}`` in it: ``ssh {host} --``
+(the default), ``srun -w {host} --``, ``ip netns exec {host}``, ... The
+command to run is appended as ``sh -c SCRIPT`` (one quoted word for ssh,
+which hands its command to the remote shell). ``zmesh down HOSTFILE`` runs
+``zmesh down --local ADDR`` through the same launcher: it stops the agent of
+that address registered on the host (SIGTERM; its procs go with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from zmesh._errors import AgentError
+from zmesh.cli._common import json_arg, print_json
+
+DEFAULT_LAUNCHER = "ssh {host} --"
+REMOTE_DIR = '"$HOME/.zmesh/up/{host}"'
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # what the launcher reaches
+    addr: str  # where the agent binds
+
+    def control(self, port: int) -> str:
+        return f"tcp://{self.addr}:{port}"
+
+
+def read_hosts(path: str) -> list[Host]:
+    """``HOST [ADDR]`` a line.
+
+    Raises:
+        AgentError: unreadable, empty, or a line with more than two words.
+    """
+    try:
+        with open(path) as f:
+            lines = [ln.split("#", 1)[0].split() for ln in f]
+    except OSError as exc:
+        raise AgentError(f"cannot read the host file {path!r}: {exc}") from exc
+    hosts = []
+    for i, words in enumerate(lines, 1):
+        if not words:
+            continue
+        if len(words) > 2:
+            raise AgentError(f"{path}:{i}: expected 'HOST [ADDR]', got {' '.join(words)!r}")
+        hosts.append(Host(words[0], words[-1]))
+    if not hosts:
+        raise AgentError(f"the host file {path!r} lists no host")
+    return hosts
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("hostfile", nargs="?", help="one 'HOST [ADDR]' a line")
+    parser.add_argument(
+        "--launcher",
+        default=DEFAULT_LAUNCHER,
+        help="the command prefix that runs a command on {host} (default: %(default)r)",
+    )
+    parser.add_argument("--port", type=int, default=7411, help="the agents' control port")
+    parser.add_argument(
+        "--zmesh", default="zmesh", help="how to run zmesh on the hosts (default: %(default)s)"
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per step")
+
+
+def configure_up(parser: argparse.ArgumentParser) -> None:
+    """``zmesh up``'s options."""
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    _common(parser)
+    parser.add_argument("--keys", default=None, help="the agents' keys (made if missing)")
+    parser.add_argument(
+        "--attach", action="store_true", help="keep the agents as children until Ctrl+C (srun)"
+    )
+    json_arg(parser, '{"agents", "keys"} once every agent answers')
+
+
+def _launch(launcher: str, host: Host, script: str) -> list[str]:
+    prefix = shlex.split(launcher.replace("{host}", host.name))
+    if prefix and os.path.basename(prefix[0]) == "ssh":
+        return [*prefix, shlex.join(["sh", "-c", script])]  # ssh hands one string to a shell
+    return [*prefix, "sh", "-c", script]
+
+
+def _key_tar(keys: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(keys, arcname="keys")
+    return buf.getvalue()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    """Start the agents; print where they are once they all answer."""
+    from zmesh._wire import security as _security
+
+    if not args.hostfile:
+        raise AgentError("zmesh up needs a HOSTFILE")
+    hosts = read_hosts(args.hostfile)
+    keys = args.keys or os.path.join(
+        os.path.expanduser("~"), ".zmesh", "up-" + os.path.basename(args.hostfile)
+    )
+    if not os.path.exists(os.path.join(keys, "zmesh.key_secret")):
+        _security.keygen(keys)
+        _say(args, f"# made the agents' keys in {keys}")
+    keys = os.path.abspath(keys)
+    tar = _key_tar(keys)
+    children: list[subprocess.Popen[bytes]] = []
+    for h in hosts:
+        remote = REMOTE_DIR.format(host=h.name)
+        copy = f"umask 077 && mkdir -p {remote} && tar -x -C {remote} -f -"
+        done = subprocess.run(
+            _launch(args.launcher, h, copy), input=tar, capture_output=True, timeout=args.timeout
+        )
+        if done.returncode != 0:
+            raise AgentError(
+                f"copying the keys to {h.name} failed: {done.stderr.decode(errors='replace')}"
+            )
+        agent = (
+            f"{args.zmesh} agent --bind {shlex.quote(h.control(args.port))} "
+            f"--label {shlex.quote(h.name)} --keys {remote}/keys --log-dir {remote}/logs"
+        )
+        if args.attach:
+            children.append(subprocess.Popen(_launch(args.launcher, h, f"exec {agent}")))
+        else:
+            start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
+            done = subprocess.run(
+                _launch(args.launcher, h, start), capture_output=True, timeout=args.timeout
+            )
+            if done.returncode != 0:
+                err = done.stderr.decode(errors="replace")
+                raise AgentError(f"starting the agent on {h.name} failed: {err}")
+    controls = [h.control(args.port) for h in hosts]
+    _security.use(keys)
+    silent = wait_answering(controls, args.timeout)
+    if silent:
+        for c in children:
+            c.terminate()
+        raise AgentError(
+            f"no answer within {args.timeout}s from {', '.join(silent)} "
+            f"(see $HOME/.zmesh/up/HOST/agent.log there)"
+        )
+    if args.json:
+        print_json({"agents": controls, "keys": keys})
+    else:
+        print(f"ZMESH_AGENTS={','.join(controls)} ZMESH_KEYS={keys}", flush=True)
+    if not args.attach:
+        return 0
+    # Attached: the agents live while we do (SIGTERM, as Ctrl+C, stops them).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while any(c.poll() is None for c in children):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for c in children:
+            c.terminate()
+        for c in children:
+            c.wait(10)
+    return 0
+
+
+def wait_answering(controls: list[str], timeout: float) -> list[str]:
+    """Ask each agent ``Describe`` until it answers; the ones silent at ``timeout``."""
+    import zmq
+
+    from zmesh._wire import messages as w
+    from zmesh._wire.codec import Codec
+    from zmesh._wire.security import secure_client
+
+    ctx: Any = zmq.Context.instance()
+    deadline = time.monotonic() + timeout
+    silent = list(controls)
+    while silent and time.monotonic() < deadline:
+        for addr in list(silent):
+            s = secure_client(ctx.socket(zmq.DEALER), addr=addr)
+            s.setsockopt(zmq.LINGER, 0)
+            try:
+                s.connect(addr)
+                s.send_multipart(Codec(w.AGENT_INBOX).encode(w.Describe(1)))
+                if s.poll(1000):
+                    silent.remove(addr)
+            finally:
+                s.close(linger=0)
+    return silent
+
+
+def configure_down(parser: argparse.ArgumentParser) -> None:
+    """``zmesh down``'s options."""
+    _common(parser)
+    parser.add_argument(
+        "--local", metavar="ADDR", default=None, help="on a host: stop our agent of ADDR"
+    )
+    json_arg(parser, '[{"host", "agent", "ok", "error"}]')
+
+
+def run_down(args: argparse.Namespace) -> int:
+    """Stop the agents of the host file (each through the launcher)."""
+    if args.local:
+        return _down_local(args.local, args.timeout)
+    if not args.hostfile:
+        raise AgentError("zmesh down needs a HOSTFILE")
+    rows = []
+    for h in read_hosts(args.hostfile):
+        control = h.control(args.port)
+        cmd = f"{args.zmesh} down --local {shlex.quote(control)}"
+        done = subprocess.run(
+            _launch(args.launcher, h, cmd), capture_output=True, text=True, timeout=args.timeout
+        )
+        err = (done.stderr or done.stdout).strip()
+        rows.append({"host": h.name, "agent": control, "ok": done.returncode == 0, "error": err})
+    if args.json:
+        print_json(rows)
+    else:
+        for r in rows:
+            said = "stopped" if r["ok"] else r["error"]
+            print(f"{r['host']} ({r['agent']}): {said}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _down_local(address: str, timeout: float) -> int:
+    from zmesh._shared import registry
+
+    entries = [e for e in registry.live() if e.address == address]
+    if not entries:
+        print(f"zmesh down: no agent of yours at {address} on this host", file=sys.stderr)
+        return 1
+    for e in entries:
+        os.kill(e.pid, signal.SIGTERM)  # it stops its procs, then exits
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(registry.running(e) for e in entries):
+            return 0
+        time.sleep(0.1)
+    for e in entries:
+        if registry.running(e):
+            os.kill(e.pid, signal.SIGKILL)
+    return 0
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    if not args.json:
+        print(line, file=sys.stderr, flush=True)
