@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from _fabric import wait_for
 
 import zmesh
+
+from _helpers import wait_for
 
 COMMANDS = [
     "agent",

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from _fabric import wait_for
 
 from zmesh._shared import registry
+
+from _helpers import wait_for
 
 SCRIPT = textwrap.dedent(
     """

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fabric import wait_for
+
+from _helpers import wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -193,11 +194,12 @@ def test_zmesh_logs_by_name_all_ranks_one_rank_since_and_follow(
             [sys.executable, "-m", "zmesh", "logs", "talk", "0", "-f"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert follow.stdout is not None
-        wait_for(lambda: "late" in follow.stdout.readline(), 30, "the log so far")
+        out = follow.stdout
+        assert out is not None
+        wait_for(lambda: "late" in out.readline(), 30, "the log so far")
         s.send("say followed")
         s.until("DONE")
-        wait_for(lambda: "followed" in follow.stdout.readline(), 30, "the new line")
+        wait_for(lambda: "followed" in out.readline(), 30, "the new line")
         # No such mesh: the known ones are named.
         none = zmesh_cmd("logs", "nosuch")
         assert none.returncode == 2 and "known: talk-" in none.stderr

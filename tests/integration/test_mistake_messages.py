@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fabric import wait_for
 
 import zmesh
 from zmesh._client import local as _local
 from zmesh._client.local import await_ready
 from zmesh._wire import security as _security
 from zmesh.testing import AgentProcess
+
+from _helpers import wait_for
 
 
 class Coded(Exception):

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _fabric import wait_for
 from test_logs_cli import SCRIPT, Script
 from test_top import Tmux
+
+from _helpers import wait_for
 
 pytestmark = [
     pytest.mark.slow,
