@@ -170,7 +170,7 @@ class ForkServer:
         if line is None:
             # It may still fork this request later: kill it first, so the
             # only late fork possible is the one in flight (the agent
-            # refuses its hello: see HostAgent._on_hello).
+            # refuses its hello: see ProcTable.hello).
             self._break("did not answer")
             self.popen.kill()
             return None

@@ -200,7 +200,7 @@ class OwnerHeartbeat(Message, frozen=True):
     machine: Text = ""  # boot id and pid namespace; "" = not watchable
     pid: Count = 0
     start: Count = 0  # the process's start time, in clock ticks after boot
-    secret: Text = ""  # the owner's proof (see HostAgent._is_owner)
+    secret: Text = ""  # the owner's proof (see owners.Owners.is_owner)
 
 
 class OwnerGone(Message, frozen=True):
