@@ -157,7 +157,7 @@ class ModelAgent:
     def answer(self, msg: Any) -> Any:
         if isinstance(msg, w.GetState):
             meshes = [
-                w.MeshState(name, "owner", view.status.value,
+                w.MeshReport(name, "owner", view.status.value,
                             [rank_state(r, s) for r, s in sorted(view.ranks.items())])
                 for name, view in self.meshes.items()
                 if not msg.name or name == msg.name

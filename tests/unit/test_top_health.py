@@ -23,12 +23,12 @@ def rank(r: int, status: str, gen: int = 1, reason: str = "") -> w.RankState:
     return w.RankState(r, status, gen, reason, pid=100 + r)
 
 
-def mesh(name: str, *ranks: w.RankState, owner: str = "owner") -> w.MeshState:
-    return w.MeshState(name, owner, "Running", list(ranks))
+def mesh(name: str, *ranks: w.RankState, owner: str = "owner") -> w.MeshReport:
+    return w.MeshReport(name, owner, "Running", list(ranks))
 
 
 def agent(
-    *meshes: w.MeshState,
+    *meshes: w.MeshReport,
     services: tuple[_stats.ServiceSummary, ...] = (),
     stopped: tuple[str, ...] = (),
     ended: dict[str, float] | None = None,

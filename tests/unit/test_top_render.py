@@ -45,7 +45,7 @@ def agent_stats(
         meshes.setdefault("train", []).append(
             w.RankState(r, "Failed", 1, "killed by SIGKILL", exit_code=-9)
         )
-    states = [w.MeshState(name, "me", "Running", ranks) for name, ranks in meshes.items()]
+    states = [w.MeshReport(name, "me", "Running", ranks) for name, ranks in meshes.items()]
     return w.Stats(label, "e1", 3, t, 1.0, HOST, f"tcp://{label}:1", states, procs)
 
 

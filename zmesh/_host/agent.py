@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -57,6 +58,7 @@ from zmesh._host.statsbook import StatsBook
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import Rank
 from zmesh._wire import messages as w
+from zmesh._wire.boundary import AgentReady
 from zmesh._wire.codec import Codec, explain, request_of
 from zmesh._wire.security import Gate, Keys, secure_server
 from zmesh._wire.zsock import AsyncSocket, configure
@@ -124,11 +126,12 @@ class HostAgent:
 
     # ------------------------------------------------------------ serving
 
-    def run(self, ready: Any = None) -> None:
+    def run(self, ready: Callable[[AgentReady], None] | None = None) -> None:
         """Serve until SIGTERM/SIGINT or the parent is gone."""
         asyncio.run(self.serve(ready))
 
-    async def serve(self, ready: Any = None) -> None:
+    async def serve(self, ready: Callable[[AgentReady], None] | None = None) -> None:
+        """Serve until stopped; call ``ready`` once every socket is bound."""
         loop = asyncio.get_running_loop()
         # Orphans below us come to us, and everything we start carries our epoch.
         _forkserver.become_subreaper()
@@ -164,7 +167,7 @@ class HostAgent:
             loop.add_signal_handler(sig, self._stopping.set)
         log.info("agent %s control=%s stream=%s", self.label, self.control_addr, self.stream_addr)
         if ready is not None:
-            ready(self.info_dict())
+            ready(self.ready_info())
         ticker = asyncio.ensure_future(self._tick_forever())
         try:
             await self._stopping.wait()
@@ -183,15 +186,12 @@ class HostAgent:
             if self._socket_dir:  # every socket file of ours and of our procs
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
 
-    def info_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "control": self.control_addr,
-            "stream": self.stream_addr,
-            "epoch": self.epoch,
-            "pid": os.getpid(),
-            "log_dir": self.log_dir,
-        }
+    def ready_info(self) -> AgentReady:
+        """What this agent says of itself once it serves (``zmesh agent``'s ready line)."""
+        return AgentReady(
+            label=self.label, control=self.control_addr, stream=self.stream_addr,
+            epoch=self.epoch, pid=os.getpid(), log_dir=self.log_dir,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Ask the agent to stop its procs and exit."""
@@ -398,11 +398,11 @@ class HostAgent:
         _stacks.background(answer())
 
 
-def _mesh_state(mesh: Mesh) -> w.MeshState:
-    return w.MeshState(
+def _mesh_state(mesh: Mesh) -> w.MeshReport:
+    return w.MeshReport(
         name=mesh.name,
         owner=mesh.spec.owner,
-        status=mesh.view.status.value,
+        status=mesh.view.status,
         ranks=[_rank_state(r, s) for r, s in sorted(mesh.view.ranks.items())],
         dims=mesh.spec.dims,
     )
@@ -411,7 +411,7 @@ def _mesh_state(mesh: Mesh) -> w.MeshState:
 def _rank_state(rank: int, s: Rank) -> w.RankState:
     return w.RankState(
         rank=rank,
-        status=s.status.value,
+        status=s.status,
         generation=s.generation,
         reason=s.reason,
         pid=s.pid,

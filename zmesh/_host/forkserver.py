@@ -14,10 +14,10 @@ forks twice: a short-lived middle child forks the proc and exits at once,
 which hands the orphaned proc to the agent. When the forkserver reports the
 proc's pid, the proc is the agent's child already.
 
-The protocol is one JSON object per line: the agent writes
-``{"id", "log", "env", "cwd", "agent_pid"}`` to the forkserver's stdin and
-reads ``{"id", "pid"}`` or ``{"id", "error"}`` from its stdout. The
-forkserver exits when its stdin closes, and dies with the agent.
+The protocol is one JSON object per line (``zmesh._wire.boundary``): the
+forkserver says ``ForkReady`` once warm; the agent writes a ``ForkRequest``
+to its stdin and reads ``Forked`` (the pid) or ``ForkFailed`` from its
+stdout. The forkserver exits when its stdin closes, and dies with the agent.
 
 ``ZMESH_FORKSERVER=0`` turns it off (procs are then started with Popen). If
 the forkserver is not ready, or dies, the agent starts procs with Popen.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import json
 import logging
 import os
 import select
@@ -36,7 +35,11 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import NoReturn
+
+import msgspec
+
+from zmesh._wire import boundary as b
 
 log = logging.getLogger("zmesh.agent")
 
@@ -158,10 +161,10 @@ class ForkServer:
                 return None  # still importing (or gone): Popen this time
             self.ready = True
         self._ids += 1
-        req = {"id": self._ids, "log": log_path, "env": env, "cwd": cwd, "agent_pid": os.getpid()}
+        req = b.ForkRequest(self._ids, log_path, env, cwd, os.getpid())
         assert self.popen.stdin is not None
         try:
-            self.popen.stdin.write(json.dumps(req).encode() + b"\n")
+            self.popen.stdin.write(b.encode(req) + b"\n")
             self.popen.stdin.flush()
             line = self._read_line(REPLY_TIMEOUT)
         except OSError as exc:
@@ -174,11 +177,16 @@ class ForkServer:
             self._break("did not answer")
             self.popen.kill()
             return None
-        reply = json.loads(line)
-        if reply.get("id") != self._ids or "pid" not in reply:
-            log.warning("forkserver could not fork: %s", reply.get("error", reply))
+        try:
+            reply = b.decode_fork_reply(line)
+        except msgspec.DecodeError as exc:
+            self._break(f"answered what is no reply ({exc})")
+            self.popen.kill()
             return None
-        return Child(int(reply["pid"]))
+        if not isinstance(reply, b.Forked) or reply.id != self._ids:
+            log.warning("forkserver could not fork: %s", reply)
+            return None
+        return Child(reply.pid)
 
     def _read_line(self, timeout: float) -> bytes | None:
         assert self.popen.stdout is not None
@@ -230,7 +238,7 @@ def serve(agent_pid: int) -> None:
     # these modules starts a thread or reads ZMESH_* settings at import.
     import zmesh._host.proc  # noqa: F401
 
-    os.write(1, b'{"ready": true}\n')
+    os.write(1, b.encode(b.ForkReady()) + b"\n")
     buf = b""
     while True:
         chunk = os.read(0, 65536)
@@ -239,18 +247,18 @@ def serve(agent_pid: int) -> None:
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            req = json.loads(line)
-            os.write(1, json.dumps(_fork(req)).encode() + b"\n")
+            req = b.decode_fork_request(line)
+            os.write(1, b.encode(_fork(req)) + b"\n")
 
 
-def _fork(req: dict[str, Any]) -> dict[str, Any]:
+def _fork(req: b.ForkRequest) -> b.Forked | b.ForkFailed:
     r, w = os.pipe()
     try:
         middle = os.fork()
     except OSError as exc:
         os.close(r)
         os.close(w)
-        return {"id": req["id"], "error": f"fork: {exc}"}
+        return b.ForkFailed(req.id, f"fork: {exc}")
     if middle == 0:  # the middle child: fork the proc, report it, exit
         os.close(r)
         try:
@@ -269,17 +277,17 @@ def _fork(req: dict[str, Any]) -> dict[str, Any]:
     os.close(r)
     os.waitpid(middle, 0)  # once reaped, the proc's parent is the agent
     if not data:
-        return {"id": req["id"], "error": "fork failed in the middle child"}
-    return {"id": req["id"], "pid": int(data)}
+        return b.ForkFailed(req.id, "fork failed in the middle child")
+    return b.Forked(req.id, int(data))
 
 
-def _become_proc(req: dict[str, Any]) -> NoReturn:
+def _become_proc(req: b.ForkRequest) -> NoReturn:
     """In the forked proc: set up what Popen would have, then run the proc."""
     code = 1
     try:
         os.setsid()  # Ctrl+C at the client's terminal is the client's
         _set_name(PROC_NAME)
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
+        fd = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
@@ -287,9 +295,9 @@ def _become_proc(req: dict[str, Any]) -> NoReturn:
         os.dup2(null, 0)
         os.close(null)
         os.environ.clear()
-        os.environ.update(req["env"])
-        if req.get("cwd"):
-            os.chdir(req["cwd"])
+        os.environ.update(req.env)
+        if req.cwd:
+            os.chdir(req.cwd)
         from zmesh._host import proc as _proc
 
         sys.argv = [_proc.__file__ or "zmesh._host.proc"]
@@ -297,7 +305,7 @@ def _become_proc(req: dict[str, Any]) -> NoReturn:
         # The middle child exits right after forking us; wait for the agent
         # to adopt us, so the proc's parent checks see the agent.
         deadline = time.monotonic() + 5.0
-        while os.getppid() != int(req["agent_pid"]) and time.monotonic() < deadline:
+        while os.getppid() != req.agent_pid and time.monotonic() < deadline:
             time.sleep(0.001)
         _proc.main()
         code = 0

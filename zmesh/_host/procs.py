@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -33,14 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import msgspec
-
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import ptree as _ptree
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import MeshView, Rank, Status
+from zmesh._wire import boundary as b
 from zmesh._wire import messages as w
 
 log = logging.getLogger("zmesh.agent")
@@ -152,23 +150,14 @@ class ProcTable:
             bind += str(self._started)
         if os.path.dirname(os.path.abspath(log_path)) != os.path.abspath(self.log_dir):
             raise OSError(f"log path {log_path!r} leaves the log directory")  # names forbid it
-        spec = {
-            "mesh": mesh.name,
-            "rank": rank,
-            "generation": gen,
-            "dims": mesh.spec.dims,
-            "agent": self.control_addr,
-            "agent_pid": os.getpid(),
-            "host": self.label,
-            "bind": bind,
-            "log_path": log_path,
-            "main": msgspec.to_builtins(mesh.spec.main),
-            "keys": self._keys_dir,
-            "epoch": self.epoch,
-        }
+        spec = b.ProcEnv(
+            mesh=mesh.name, rank=rank, generation=gen, dims=mesh.spec.dims,
+            agent=self.control_addr, agent_pid=os.getpid(), host=self.label, bind=bind,
+            log_path=log_path, main=mesh.spec.main, keys=self._keys_dir, epoch=self.epoch,
+        )  # fmt: skip
         env = dict(os.environ)
         env.update(mesh.spec.env)
-        env["ZMESH_PROC"] = json.dumps(spec)  # also says whose its descendants are
+        env[b.PROC_ENV_VAR] = b.encode(spec).decode()  # also says whose its descendants are
         env[_ptree.EPOCH_VAR] = self.epoch
         cwd = mesh.spec.main.dir or None
         popen: subprocess.Popen[bytes] | _forkserver.Child | None = None

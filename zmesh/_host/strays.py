@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zmesh._host import ptree as _ptree
+from zmesh._wire.boundary import proc_env_of
 
 log = logging.getLogger("zmesh.agent")
 
@@ -82,10 +83,10 @@ class Strays:
                 continue
             daemon = self._daemons.get(pid)
             if daemon is None or daemon[0] != start:
-                spec = _ptree.tag(pid) or {}
-                mine = spec.get("epoch") == self.epoch
-                owner = (spec.get("mesh"), spec.get("rank"), spec.get("generation"))
-                daemon = self._daemons[pid] = (start, owner if mine else _NOBODY)
+                spec = proc_env_of(_ptree.tag(pid))
+                mine = spec is not None and spec.epoch == self.epoch
+                owner = (spec.mesh, spec.rank, spec.generation) if spec and mine else _NOBODY
+                daemon = self._daemons[pid] = (start, owner)
             if self._proc_alive(*daemon[1]):
                 continue
             del self._daemons[pid]

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from zmesh._shared.state import Status
 from zmesh._shared.stats import HostStatistics, ProcStatistics, ServiceSummary
 
 
@@ -211,8 +212,10 @@ class OwnerGone(Message, frozen=True):
 
 
 class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One rank's state as an agent publishes it (``zmesh._shared.state.Rank``)."""
+
     rank: int
-    status: str
+    status: Status
     generation: int
     reason: str = ""
     pid: int = 0
@@ -221,10 +224,15 @@ class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
     exit_code: int | None = None
 
 
-class MeshState(msgspec.Struct, frozen=True, omit_defaults=True):
+class MeshReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an agent reports of one mesh: its ranks on that agent's host.
+
+    (The client's ``zmesh.MeshState`` is the whole mesh, across hosts.)
+    """
+
     name: str
     owner: str
-    status: str
+    status: Status  # the worst of its ranks'
     ranks: list[RankState]
     dims: dict[str, int] = {}
 
@@ -241,7 +249,7 @@ class StateReply(Message, frozen=True):
     agent: str
     epoch: str
     seq: int
-    meshes: list[MeshState]
+    meshes: list[MeshReport]
 
 
 class GetStack(Message, frozen=True):
@@ -352,7 +360,7 @@ class Stats(Message, frozen=True):
     interval: float
     host: HostStatistics
     control: str = ""
-    meshes: list[MeshState] = []
+    meshes: list[MeshReport] = []
     procs: list[ProcStatistics] = []
     services: list[ServiceSummary] = []
 

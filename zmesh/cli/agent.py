@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from typing import Any
 
 from zmesh._errors import SecurityError
 from zmesh._host.agent import HostAgent
+from zmesh._wire.boundary import AgentReady, ready_line
 from zmesh._wire.security import Keys
 
 
@@ -51,9 +50,9 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
-    def ready(info: dict[str, Any]) -> None:
+    def ready(info: AgentReady) -> None:
         # One machine-readable line, for whoever started us and waits for it.
-        print("ZMESH-AGENT-READY " + json.dumps(info), flush=True)
+        print(ready_line(info), flush=True)
 
     try:
         agent.run(ready)
