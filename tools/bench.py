@@ -665,6 +665,7 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
         target("fan-out call to 64 p50", r["call_fanout64_p50_us"]["zmesh"] / 1000, "<=", 5.0,
                "ms"),
         target("cold start (main -> first reply)", cold["main_to_first_reply_s"], "<=", 1.0, "s"),
+        target("spawn 64 procs, warm agent", r["spawn64_s"]["zmesh"], "<=", 0.5, "s"),
         target("idle proc RSS", rss["proc_idle"], "<=", 60.0, "MB"),
         target("agent RSS", rss["agent_idle"], "<=", 60.0, "MB"),
     ]  # fmt: skip

@@ -7,6 +7,7 @@ refused at the reader, with why.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -67,9 +68,10 @@ def test_fork_lines_read_back_as_written() -> None:
         b.decode_fork_reply(b'{"id": 1, "pid": 99}')  # untagged: the old form
 
 
-def test_a_forkserver_that_answers_nonsense_costs_no_spawn(tmp_path: object) -> None:
+@pytest.mark.anyio
+async def test_a_forkserver_that_answers_nonsense_costs_no_spawn() -> None:
     # A forkserver that is warm, then answers each request with no reply:
-    # the agent stops using it (the rank is started as a fresh interpreter).
+    # the agent stops using it, and the request is started another way.
     script = textwrap.dedent(
         """
         import os, sys
@@ -81,10 +83,13 @@ def test_a_forkserver_that_answers_nonsense_costs_no_spawn(tmp_path: object) -> 
     popen = subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    fs = _forkserver.ForkServer(popen)
+    answers: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+    fs = _forkserver.ForkServer(popen, lambda rid, child: answers.put_nowait((rid, child)))
     try:
-        assert fs.spawn("/dev/null", {}, None) is None
-        assert fs.broken
+        rid = fs.request("/dev/null", {}, None)
+        assert rid is not None
+        assert await asyncio.wait_for(answers.get(), 10) == (rid, None)
+        assert fs.broken and fs.request("/dev/null", {}, None) is None
     finally:
         popen.kill()
         popen.wait()

@@ -137,7 +137,7 @@ class HostAgent:
         _forkserver.become_subreaper()
         os.environ[_ptree.EPOCH_VAR] = self.epoch
         # First, so that its imports overlap with ours and the first spawn.
-        self.procs.forkserver = _forkserver.ForkServer.start()
+        self.procs.spawner.use(_forkserver.ForkServer.start())
         self._janitor = _janitor.Janitor(self.epoch)
         # Its own default must be private; a directory the user named must be theirs.
         _paths.private_dir(self.log_dir, strict=self._default_log_dir)
@@ -174,8 +174,8 @@ class HostAgent:
         finally:
             ticker.cancel()
             await self.procs.shutdown()
-            if self.procs.forkserver is not None:
-                self.procs.forkserver.close()
+            if self.procs.spawner.forkserver is not None:
+                self.procs.spawner.forkserver.close()
             if self._janitor is not None:  # all clear: it needs one look only
                 self._janitor.close()
             self._ctrl.close()

@@ -5,6 +5,8 @@ a ``ProcTable``, which starts procs, follows each rank through its statuses
 (``zmesh._shared.state``) and tells the agent of every transition through
 one callback, which the agent publishes as an ``Event``.
 
+* Procs are started by a ``Spawner`` (``spawner.py``) without waiting: a
+  rank is Initializing once its process exists, Running at its hello.
 * A proc's death is seen by reaping it: a pidfd on the loop, so at once (or
   the tick's poll where there is no pidfd). Procs are forked by a warm
   forkserver (``forkserver.py``) and adopted by the agent, so it is their
@@ -26,14 +28,12 @@ import logging
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from zmesh._host import forkserver as _forkserver
 from zmesh._host import ptree as _ptree
+from zmesh._host.spawner import Launch, Process, Spawner
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
 from zmesh._shared import paths as _paths
@@ -55,7 +55,7 @@ class Proc:
     mesh: str
     rank: int
     generation: int
-    popen: subprocess.Popen[bytes] | _forkserver.Child
+    popen: Process
     log_path: str
     started: float
     last_beat: float
@@ -76,6 +76,7 @@ class Mesh:
     view: MeshView
     procs: dict[int, Proc] = field(default_factory=dict)
     stopped: bool = False
+    failure: str = ""  # why it was stopped, if something broke
 
 
 # What the table tells its agent of a rank transition: (mesh, rank, new state).
@@ -112,9 +113,12 @@ class ProcTable:
         self.control_addr = ""
         self._proc_bind = ""  # where procs bind: tcp://host:* or an ipc prefix
         self._keys_dir = ""
-        self.forkserver: _forkserver.ForkServer | None = None
+        self.spawner = Spawner(self._started, self._failed)
+        # Launches not started yet, and the hellos that came before their pid.
+        self._starting: dict[tuple[str, int, int], None] = {}
+        self._early: dict[tuple[str, int, int], w.ProcHello] = {}
         self._by_pidfd: dict[int, Proc] = {}
-        self._started = 0
+        self._count = 0  # procs started: a number for each one's ipc socket
         self.strays = Strays(epoch, self._proc_alive)
 
     def configure(self, control_addr: str, proc_bind: str, keys_dir: str) -> None:
@@ -144,10 +148,10 @@ class ProcTable:
         """Start the next generation of ``rank``: Initializing until its hello."""
         gen = mesh.view.ranks[rank].generation + 1
         log_path = os.path.join(self.log_dir, f"{mesh.name}.{rank}.g{gen}.log")
-        self._started += 1
+        self._count += 1
         bind = self._proc_bind
         if bind.startswith("ipc://"):
-            bind += str(self._started)
+            bind += str(self._count)
         if os.path.dirname(os.path.abspath(log_path)) != os.path.abspath(self.log_dir):
             raise OSError(f"log path {log_path!r} leaves the log directory")  # names forbid it
         spec = b.ProcEnv(
@@ -155,41 +159,51 @@ class ProcTable:
             agent=self.control_addr, agent_pid=os.getpid(), host=self.label, bind=bind,
             log_path=log_path, main=mesh.spec.main, keys=self._keys_dir, epoch=self.epoch,
         )  # fmt: skip
-        env = dict(os.environ)
-        env.update(mesh.spec.env)
-        env[b.PROC_ENV_VAR] = b.encode(spec).decode()  # also says whose its descendants are
-        env[_ptree.EPOCH_VAR] = self.epoch
-        cwd = mesh.spec.main.dir or None
-        popen: subprocess.Popen[bytes] | _forkserver.Child | None = None
-        if self.forkserver is not None:
-            popen = self.forkserver.spawn(log_path, env, cwd)
-        if popen is None:
-            with os.fdopen(_paths.open_private(log_path), "ab") as out:
-                popen = subprocess.Popen(
-                    [sys.executable, "-m", "zmesh._host.proc"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,  # Ctrl+C at the client's terminal is the client's
-                    cwd=cwd,
-                )
-        now = time.monotonic()
-        proc = Proc(mesh.name, rank, gen, popen, log_path, now, now, ipc=_paths.ipc_path(bind))
-        mesh.procs[rank] = proc
+        launch = Launch(spec, mesh.spec.env, mesh.spec.main.dir or None)
+        self._starting[launch.key] = None
+        self.spawner.start(launch)
+
+    def _started(self, launch: Launch, popen: Process) -> None:
+        """A launch is a process now: Initializing (or stopping, if its mesh is)."""
+        self._starting.pop(launch.key, None)
+        hello = self._early.pop(launch.key, None)
+        mesh = self.meshes.get(launch.spec.mesh)
+        if mesh is None:  # pruned meanwhile: nobody wants it
+            _ptree.kill_tree(popen.pid)
+            popen.wait()
+            return
+        spec, now = launch.spec, time.monotonic()
+        proc = Proc(mesh.name, spec.rank, spec.generation, popen, spec.log_path, now, now)
+        proc.ipc = _paths.ipc_path(spec.bind)
+        mesh.procs[spec.rank] = proc
         try:
             proc.pidfd = os.pidfd_open(popen.pid)
             self._by_pidfd[proc.pidfd] = proc
             asyncio.get_running_loop().add_reader(proc.pidfd, self._on_pidfd, proc.pidfd)
         except (AttributeError, OSError):
             proc.pidfd = None  # no pidfd here: the ticker polls instead
-        state = Rank(Status.INITIALIZING, gen, pid=popen.pid, log_path=log_path)
-        self.transition(mesh, rank, state)
+        state = Rank(Status.INITIALIZING, spec.generation, pid=popen.pid, log_path=spec.log_path)
+        self.transition(mesh, spec.rank, state)
+        if mesh.stopped:  # stopped while it was being forked
+            self._stop_proc(mesh, spec.rank, proc, mesh.failure, now)
+        elif hello is not None:  # it said hello before the forkserver said its pid
+            self.hello(hello)
+
+    def _failed(self, launch: Launch, exc: Exception) -> None:
+        self._starting.pop(launch.key, None)
+        self._early.pop(launch.key, None)
+        mesh = self.meshes.get(launch.spec.mesh)
+        if mesh is not None:
+            state = Rank(Status.FAILED, launch.spec.generation, reason=f"spawn failed: {exc}")
+            self.transition(mesh, launch.spec.rank, state)
 
     def hello(self, msg: w.ProcHello) -> None:
         """A proc is ready: Running, at the address it gives."""
         proc = self.find(msg.mesh, msg.rank, msg.generation)
         if proc is None:
+            key = (msg.mesh, msg.rank, msg.generation)
+            if key in self._starting:  # its fork's reply is still on its way
+                self._early[key] = msg
             return
         if msg.pid != proc.popen.pid:
             # Not the process we started for this rank: a fork the forkserver
@@ -288,21 +302,25 @@ class ProcTable:
         """Stop a mesh's procs: a clean stop, or with ``failure`` a stop forced
         by something broken, which its owner will see as Failed(failure)."""
         mesh.stopped = True
+        mesh.failure = failure
         now = time.monotonic()
         for rank, proc in mesh.procs.items():
-            if proc.reaped or proc.stop_at is not None:
-                continue
-            proc.stop_at = now
-            proc.fail_reason = failure
-            if not failure:
-                current = mesh.view.ranks[rank]
-                self.transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
-            # Its descendants, and its daemons we adopted, get their SIGTERM now
-            # too (as a cgroup's would); what is left when it exits is swept.
-            owner = (proc.mesh, proc.rank, proc.generation)
-            for pid in _ptree.descendants(proc.popen.pid) + self.strays.daemons_of(owner):
-                _ptree.signal_tree(pid, signal.SIGTERM)
-            _signal(proc, signal.SIGTERM)
+            self._stop_proc(mesh, rank, proc, failure, now)
+
+    def _stop_proc(self, mesh: Mesh, rank: int, proc: Proc, failure: str, now: float) -> None:
+        if proc.reaped or proc.stop_at is not None:
+            return
+        proc.stop_at = now
+        proc.fail_reason = failure
+        if not failure:
+            current = mesh.view.ranks[rank]
+            self.transition(mesh, rank, replace(current, status=Status.STOPPING, reason=""))
+        # Its descendants, and its daemons we adopted, get their SIGTERM now
+        # too (as a cgroup's would); what is left when it exits is swept.
+        owner = (proc.mesh, proc.rank, proc.generation)
+        for pid in _ptree.descendants(proc.popen.pid) + self.strays.daemons_of(owner):
+            _ptree.signal_tree(pid, signal.SIGTERM)
+        _signal(proc, signal.SIGTERM)
 
     async def shutdown(self) -> None:
         """Stop every proc and everything below them, and reap them all."""
@@ -311,8 +329,9 @@ class ProcTable:
         deadline = time.monotonic() + STOP_GRACE + 1.0
         while time.monotonic() < deadline and (self.alive() or self.strays.pending):
             now = time.monotonic()
+            self.spawner.tick(now)
             self._poll_children()
-            self.strays.sweep(now, self._ours())
+            self._sweep(now)
             await asyncio.sleep(0.02)
         for mesh in self.meshes.values():
             for proc in mesh.procs.values():
@@ -324,15 +343,17 @@ class ProcTable:
         self.strays.kill_all(self._ours)
 
     def alive(self) -> bool:
-        """Whether any proc is not reaped yet."""
-        return any(not p.reaped for m in self.meshes.values() for p in m.procs.values())
+        """Whether any proc is being started or is not reaped yet."""
+        procs = (p for m in self.meshes.values() for p in m.procs.values())
+        return bool(self._starting) or any(not p.reaped for p in procs)
 
     # ------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
         """Reap, sweep strays, and judge every live proc: hung, late, or past its grace."""
+        self.spawner.tick(now)
         self._poll_children()
-        self.strays.sweep(now, self._ours())
+        self._sweep(now)
         for mesh in self.meshes.values():
             for rank, proc in mesh.procs.items():
                 if proc.reaped:
@@ -360,12 +381,19 @@ class ProcTable:
         )
         _signal(proc, signal.SIGKILL)
 
+    def _sweep(self, now: float) -> None:
+        # A proc forked and not reported yet is our child already, and not
+        # ours to tell from an orphan (its environment is the forkserver's):
+        # strays wait until every fork in flight is answered.
+        if not self.spawner.pending:
+            self.strays.sweep(now, self._ours())
+
     def _ours(self) -> set[int]:
         """Our children that are live procs or helpers: no strays."""
         ours = {p.popen.pid for m in self.meshes.values() for p in m.procs.values() if not p.reaped}
-        if self.forkserver is not None:
-            self.forkserver.check()  # reaps it if it died
-            ours.add(self.forkserver.pid)
+        if self.spawner.forkserver is not None:
+            self.spawner.forkserver.check()  # reaps it if it died
+            ours.add(self.spawner.forkserver.pid)
         return ours | self._helpers()
 
     def _proc_alive(self, mesh: object, rank: object, generation: object) -> bool:
