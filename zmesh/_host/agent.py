@@ -286,15 +286,20 @@ class HostAgent:
         if not self.owners.bind(msg.spec.owner, msg.secret):
             return w.Ack(msg.id, ok=False, denied=True, error=not_owner(msg.spec.owner))
         existing = self.procs.meshes.get(msg.name)
-        if existing is not None and not existing.stopped:
-            if existing.spec == msg.spec:
-                return w.Ack(msg.id)  # idempotent
-            return w.Ack(msg.id, ok=False, error=f"mesh {msg.name!r} exists with another spec")
+        if existing is not None and existing.spec == msg.spec and not existing.stopped:
+            return w.Ack(msg.id)  # idempotent
+        live = existing is not None and not existing.stopped
+        if existing is not None and live and existing.spec.owner != msg.spec.owner:
+            error = f"mesh {msg.name!r} on {self.label}: {not_owner(existing.spec.owner)}"
+            return w.Ack(msg.id, ok=False, denied=True, error=error)
         error = spec_error(msg.spec)
         if error:
             return w.Ack(msg.id, ok=False, error=f"bad CreateOrUpdate of {msg.name!r}: {error}")
         self.owners.track(msg.spec.owner)
-        self.procs.create(msg.name, msg.spec)
+        if existing is not None and live:
+            self.procs.update(existing, msg.spec)  # grow, shrink or roll, in place
+        else:
+            self.procs.create(msg.name, msg.spec)
         return w.Ack(msg.id)
 
     def _state_reply(self, req_id: int, name: str) -> w.StateReply:
@@ -405,6 +410,7 @@ def _mesh_state(mesh: Mesh) -> w.MeshReport:
         status=mesh.view.status,
         ranks=[_rank_state(r, s) for r, s in sorted(mesh.view.ranks.items())],
         dims=mesh.spec.dims,
+        generation=mesh.generation,
     )
 
 

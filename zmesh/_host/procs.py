@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from zmesh._host import ptree as _ptree
+from zmesh._host import updates as _updates
 from zmesh._host.spawner import Launch, Process, Spawner
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
@@ -77,6 +78,7 @@ class Mesh:
     procs: dict[int, Proc] = field(default_factory=dict)
     stopped: bool = False
     failure: str = ""  # why it was stopped, if something broke
+    generation: int = 1  # of its spec: one more for each update (and each reuse of its name)
 
 
 # What the table tells its agent of a rank transition: (mesh, rank, new state).
@@ -132,17 +134,51 @@ class ProcTable:
     def create(self, name: str, spec: w.ProcSpec) -> Mesh:
         """Add a mesh and start one proc per rank of ``spec``.
 
-        A rank that cannot be started is Failed; the others still start.
+        A name used before (by a stopped mesh) goes on from its generations:
+        nothing of the new mesh is taken for the old one's. A rank that
+        cannot be started is Failed; the others still start.
         """
         mesh = Mesh(name, spec, MeshView(name, spec.ranks))
+        old = self.meshes.get(name)
+        if old is not None:
+            mesh.generation = old.generation + 1
+            for rank in spec.ranks:
+                mesh.view.ranks[rank] = Rank(generation=old.view.ranks.get(rank, Rank()).generation)
         self.meshes[name] = mesh
         for rank in spec.ranks:
-            try:
-                self.spawn(mesh, rank)
-            except Exception as exc:  # this rank failed; the others still start
-                log.warning("cannot start %s[%d]: %r", name, rank, exc)
-                self.transition(mesh, rank, Rank(Status.FAILED, 1, reason=f"spawn failed: {exc}"))
+            self._spawn_or_fail(mesh, rank)
         return mesh
+
+    def update(self, mesh: Mesh, spec: w.ProcSpec) -> None:
+        """Take a running mesh to a changed spec in place (see ``updates.plan``)."""
+        todo = _updates.plan(mesh.spec, spec)
+        mesh.spec = spec
+        mesh.generation += 1
+        now = time.monotonic()
+        for rank in todo.remove + todo.roll:
+            proc = mesh.procs.get(rank)
+            if proc is not None and not proc.reaped:
+                self._stop_proc(mesh, rank, proc, "", now)
+            elif rank in todo.roll:  # nothing runs: its next generation now
+                self._spawn_or_fail(mesh, rank)
+            else:
+                self._retire(mesh, rank)
+        for rank in todo.add:
+            mesh.view.ranks.setdefault(rank, Rank())
+            self._spawn_or_fail(mesh, rank)
+
+    def _spawn_or_fail(self, mesh: Mesh, rank: int) -> None:
+        try:
+            self.spawn(mesh, rank)
+        except Exception as exc:  # this rank failed; the others still start
+            log.warning("cannot start %s[%d]: %r", mesh.name, rank, exc)
+            gen = mesh.view.ranks[rank].generation + 1
+            self.transition(mesh, rank, Rank(Status.FAILED, gen, reason=f"spawn failed: {exc}"))
+
+    def _retire(self, mesh: Mesh, rank: int) -> None:
+        """A rank the mesh shrank away from is gone: no longer in its state."""
+        mesh.view.ranks.pop(rank, None)
+        mesh.procs.pop(rank, None)
 
     def spawn(self, mesh: Mesh, rank: int) -> None:
         """Start the next generation of ``rank``: Initializing until its hello."""
@@ -286,6 +322,11 @@ class ProcTable:
             proc.rank,
             Rank(status, proc.generation, reason=reason, log_path=proc.log_path, exit_code=code),
         )
+        if mesh.procs.get(proc.rank) is proc and not mesh.stopped:  # an update stopped it
+            if proc.rank not in mesh.spec.ranks:
+                self._retire(mesh, proc.rank)
+            elif proc.stop_at is not None:
+                self._spawn_or_fail(mesh, proc.rank)  # rolled: its next generation
 
     def _poll_children(self) -> None:
         for mesh in self.meshes.values():

@@ -235,6 +235,7 @@ class MeshReport(msgspec.Struct, frozen=True, omit_defaults=True):
     status: Status  # the worst of its ranks'
     ranks: list[RankState]
     dims: dict[str, int] = {}
+    generation: int = 0  # of its spec: one more for each update in place
 
 
 class Ack(Message, frozen=True):
