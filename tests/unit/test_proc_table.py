@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from zmesh._host import updates
 from zmesh._host.procs import ProcTable
 from zmesh._host.spawner import Launch
 from zmesh._shared.state import Rank, Status
@@ -47,7 +48,7 @@ async def test_a_hello_before_the_fork_reply_and_a_stop_meanwhile(
     table.configure("ipc:///nowhere", f"ipc://{tmp_path}/p", "")
     launches: list[Launch] = []
     monkeypatch.setattr(table.spawner, "start", launches.append)  # the forks are in flight
-    mesh = table.create("m", w.ProcSpec(owner="o", ranks=[0, 1], dims={"procs": 2}))
+    mesh = updates.create(table, "m", w.ProcSpec(owner="o", ranks=[0, 1], dims={"procs": 2}))
     assert [launch.key for launch in launches] == [("m", 0, 1), ("m", 1, 1)]
     assert seen == [] and table.alive()  # nothing to report yet, but not idle
 

@@ -52,8 +52,9 @@ from zmesh._host import forkserver as _forkserver
 from zmesh._host import janitor as _janitor
 from zmesh._host import ptree as _ptree
 from zmesh._host import stacks as _stacks
+from zmesh._host import updates as _updates
 from zmesh._host.owners import Owners, not_owner
-from zmesh._host.procs import Mesh, ProcTable, signal_proc, spec_error
+from zmesh._host.procs import Mesh, Proc, ProcTable, signal_proc, spec_error
 from zmesh._host.statsbook import StatsBook
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import Rank
@@ -297,9 +298,9 @@ class HostAgent:
             return w.Ack(msg.id, ok=False, error=f"bad CreateOrUpdate of {msg.name!r}: {error}")
         self.owners.track(msg.spec.owner)
         if existing is not None and live:
-            self.procs.update(existing, msg.spec)  # grow, shrink or roll, in place
+            _updates.update(self.procs, existing, msg.spec)  # grow, shrink or roll, in place
         else:
-            self.procs.create(msg.name, msg.spec)
+            _updates.create(self.procs, msg.name, msg.spec)
         return w.Ack(msg.id)
 
     def _state_reply(self, req_id: int, name: str) -> w.StateReply:
@@ -385,7 +386,7 @@ class HostAgent:
             stopped = [m.name for m in self.procs.meshes.values() if m.stopped]
             self._reply(ident, w.HealthReply(msg.id, stopped))
             return
-        proc, error = self.procs.live(msg.mesh, msg.rank)
+        proc, error = _live_proc(self.procs, self.label, msg.mesh, msg.rank)
         if proc is None:
             self._reply(ident, w.StackReply(msg.id, ok=False, error=error))
             return
@@ -401,6 +402,21 @@ class HostAgent:
                 self._reply(ident, reply)
 
         _stacks.background(answer())
+
+
+def _live_proc(table: ProcTable, label: str, mesh: str, rank: int) -> tuple[Proc | None, str]:
+    """The live proc of ``mesh[rank]``, or ``None`` and why there is none."""
+    m = table.meshes.get(mesh)
+    proc = m.procs.get(rank) if m is not None else None
+    if m is None or proc is None:
+        if m is None:
+            return None, f"no mesh named {mesh!r} on {label}"
+        return None, f"no rank {rank} in mesh {mesh!r} on {label}"
+    status = m.view.ranks[rank].status
+    if proc.reaped or status.terminal:
+        where = f"{mesh}[{rank}] on {label}"
+        return None, f"{where} is {status.value}: no live proc (log: {proc.log_path})"
+    return proc, ""
 
 
 def _mesh_state(mesh: Mesh) -> w.MeshReport:

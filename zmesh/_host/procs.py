@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from zmesh._host import ptree as _ptree
-from zmesh._host import updates as _updates
 from zmesh._host.spawner import Launch, Process, Spawner
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
@@ -131,43 +130,8 @@ class ProcTable:
 
     # ------------------------------------------------------------ starting
 
-    def create(self, name: str, spec: w.ProcSpec) -> Mesh:
-        """Add a mesh and start one proc per rank of ``spec``.
-
-        A name used before (by a stopped mesh) goes on from its generations:
-        nothing of the new mesh is taken for the old one's. A rank that
-        cannot be started is Failed; the others still start.
-        """
-        mesh = Mesh(name, spec, MeshView(name, spec.ranks))
-        old = self.meshes.get(name)
-        if old is not None:
-            mesh.generation = old.generation + 1
-            for rank in spec.ranks:
-                mesh.view.ranks[rank] = Rank(generation=old.view.ranks.get(rank, Rank()).generation)
-        self.meshes[name] = mesh
-        for rank in spec.ranks:
-            self._spawn_or_fail(mesh, rank)
-        return mesh
-
-    def update(self, mesh: Mesh, spec: w.ProcSpec) -> None:
-        """Take a running mesh to a changed spec in place (see ``updates.plan``)."""
-        todo = _updates.plan(mesh.spec, spec)
-        mesh.spec = spec
-        mesh.generation += 1
-        now = time.monotonic()
-        for rank in todo.remove + todo.roll:
-            proc = mesh.procs.get(rank)
-            if proc is not None and not proc.reaped:
-                self._stop_proc(mesh, rank, proc, "", now)
-            elif rank in todo.roll:  # nothing runs: its next generation now
-                self._spawn_or_fail(mesh, rank)
-            else:
-                self._retire(mesh, rank)
-        for rank in todo.add:
-            mesh.view.ranks.setdefault(rank, Rank())
-            self._spawn_or_fail(mesh, rank)
-
-    def _spawn_or_fail(self, mesh: Mesh, rank: int) -> None:
+    def spawn_or_fail(self, mesh: Mesh, rank: int) -> None:
+        """Start the next generation of ``rank``, or make it Failed saying why."""
         try:
             self.spawn(mesh, rank)
         except Exception as exc:  # this rank failed; the others still start
@@ -175,7 +139,7 @@ class ProcTable:
             gen = mesh.view.ranks[rank].generation + 1
             self.transition(mesh, rank, Rank(Status.FAILED, gen, reason=f"spawn failed: {exc}"))
 
-    def _retire(self, mesh: Mesh, rank: int) -> None:
+    def retire(self, mesh: Mesh, rank: int) -> None:
         """A rank the mesh shrank away from is gone: no longer in its state."""
         mesh.view.ranks.pop(rank, None)
         mesh.procs.pop(rank, None)
@@ -221,7 +185,7 @@ class ProcTable:
         state = Rank(Status.INITIALIZING, spec.generation, pid=popen.pid, log_path=spec.log_path)
         self.transition(mesh, spec.rank, state)
         if mesh.stopped:  # stopped while it was being forked
-            self._stop_proc(mesh, spec.rank, proc, mesh.failure, now)
+            self.stop_proc(mesh, spec.rank, proc, mesh.failure, now)
         elif hello is not None:  # it said hello before the forkserver said its pid
             self.hello(hello)
 
@@ -265,20 +229,6 @@ class ProcTable:
         m = self.meshes.get(mesh)
         proc = m.procs.get(rank) if m is not None else None
         return proc if proc is not None and proc.generation == generation else None
-
-    def live(self, mesh: str, rank: int) -> tuple[Proc | None, str]:
-        """The live proc of ``mesh[rank]``, or ``None`` and why there is none."""
-        m = self.meshes.get(mesh)
-        proc = m.procs.get(rank) if m is not None else None
-        if m is None or proc is None:
-            if m is None:
-                return None, f"no mesh named {mesh!r} on {self.label}"
-            return None, f"no rank {rank} in mesh {mesh!r} on {self.label}"
-        status = m.view.ranks[rank].status
-        if proc.reaped or status.terminal:
-            where = f"{mesh}[{rank}] on {self.label}"
-            return None, f"{where} is {status.value}: no live proc (log: {proc.log_path})"
-        return proc, ""
 
     def transition(self, mesh: Mesh, rank: int, new: Rank) -> None:
         """Apply ``new`` to a rank; tell the agent if its state changed."""
@@ -324,9 +274,9 @@ class ProcTable:
         )
         if mesh.procs.get(proc.rank) is proc and not mesh.stopped:  # an update stopped it
             if proc.rank not in mesh.spec.ranks:
-                self._retire(mesh, proc.rank)
+                self.retire(mesh, proc.rank)
             elif proc.stop_at is not None:
-                self._spawn_or_fail(mesh, proc.rank)  # rolled: its next generation
+                self.spawn_or_fail(mesh, proc.rank)  # rolled: its next generation
 
     def _poll_children(self) -> None:
         for mesh in self.meshes.values():
@@ -346,9 +296,9 @@ class ProcTable:
         mesh.failure = failure
         now = time.monotonic()
         for rank, proc in mesh.procs.items():
-            self._stop_proc(mesh, rank, proc, failure, now)
+            self.stop_proc(mesh, rank, proc, failure, now)
 
-    def _stop_proc(self, mesh: Mesh, rank: int, proc: Proc, failure: str, now: float) -> None:
+    def stop_proc(self, mesh: Mesh, rank: int, proc: Proc, failure: str, now: float) -> None:
         if proc.reaped or proc.stop_at is not None:
             return
         proc.stop_at = now
@@ -410,7 +360,7 @@ class ProcTable:
                         self._hung(mesh, proc, why)
                 elif status == Status.INITIALIZING and now - proc.started > STARTUP_TIMEOUT:
                     self._hung(mesh, proc, f"not ready after {STARTUP_TIMEOUT:.0f}s")
-        self._prune()
+        _prune(self.meshes)
 
     def _hung(self, mesh: Mesh, proc: Proc, reason: str) -> None:
         # Timeout is frozen for this generation; kill the proc so that a
@@ -442,15 +392,16 @@ class ProcTable:
         proc = m.procs.get(rank) if m is not None and isinstance(rank, int) else None
         return proc is not None and proc.generation == generation and not proc.reaped
 
-    def _prune(self) -> None:
-        # Keep stopped meshes for a while so late GetState calls can explain them.
-        if len(self.meshes) < 256:
-            return
-        for name, mesh in list(self.meshes.items()):
-            if mesh.stopped and not any(not p.reaped for p in mesh.procs.values()):
-                del self.meshes[name]
-                if len(self.meshes) < 128:
-                    return
+
+def _prune(meshes: dict[str, Mesh]) -> None:
+    # Keep stopped meshes for a while so late GetState calls can explain them.
+    if len(meshes) < 256:
+        return
+    for name, mesh in list(meshes.items()):
+        if mesh.stopped and not any(not p.reaped for p in mesh.procs.values()):
+            del meshes[name]
+            if len(meshes) < 128:
+                return
 
 
 def spec_error(spec: w.ProcSpec) -> str:
