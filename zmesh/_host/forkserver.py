@@ -159,6 +159,7 @@ class ForkServer:
         self._answered = 0.0  # when it last answered
         self._rbuf = b""
         self._wbuf = bytearray()
+        self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -231,10 +232,17 @@ class ForkServer:
     def _send(self, req: b.ForkRequest) -> None:
         self._out[req.id] = time.monotonic()
         self._wbuf += b.encode(req) + b"\n"
-        self._flush()
+        if not self._flush_soon and self._loop is not None:
+            # After this loop pass: every request of one CreateOrUpdate goes
+            # in one write, and the forkserver forks them in full batches.
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        assert self.popen.stdin is not None and self._loop is not None
+        self._flush_soon = False
+        if self._loop is None or self.broken or not self._wbuf:
+            return
+        assert self.popen.stdin is not None
         fd = self.popen.stdin.fileno()
         try:
             n = os.write(fd, self._wbuf)
