@@ -62,7 +62,7 @@ def test_bench_quick_writes_json(tmp_path: Path) -> None:
     names = {t["name"] for t in report["targets"]}
     assert {"call_one p50 vs raw", "pipelined vs raw", "1 MiB GB/s vs raw (memoryview, zero-copy)",
             "fan-out call to 64 p50", "cold start (main -> first reply)",
-            "idle proc RSS", "agent RSS"} <= names  # fmt: skip
+            "idle proc RSS", "agent RSS", "spawn 64 procs, warm agent"} <= names  # fmt: skip
     assert all(isinstance(t["met"], bool) for t in report["targets"])
     if "skipped" in report["ray"]:
         assert "ray not installed" in proc.stdout or "skipped" in proc.stdout

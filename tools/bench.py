@@ -762,6 +762,7 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
         target("streamed items/s vs pipelined call_one", r["stream_items_per_s"]["ratio_vs_base"],
                ">=", 0.8, "x calls"),
         target("cold start (main -> first reply)", cold["main_to_first_reply_s"], "<=", 1.0, "s"),
+        target("spawn 64 procs, warm agent", r["spawn64_s"]["zmesh"], "<=", 0.5, "s"),
         target("idle proc RSS", rss["proc_idle"], "<=", 60.0, "MB"),
         target("agent RSS", rss["agent_idle"], "<=", 60.0, "MB"),
     ]  # fmt: skip

@@ -174,7 +174,7 @@ class NetnsCluster:
                 start_new_session=True, env={**os.environ, **self.env},
             )  # fmt: skip
         info = await_ready(h.agent, log_path)
-        h.control = str(info["control"])
+        h.control = info.control
 
     def partition(self, index: int) -> None:
         """Cut host ``index`` off the network (its link goes down; nothing is killed)."""

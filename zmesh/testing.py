@@ -124,7 +124,7 @@ def start_agent(
     log_dir = log_dir or _paths.new_run_dir(f"{label}-{os.getpid()}", unique=True)
     popen, log_path = _local.launch_agent(label, log_dir, bind=bind, keys=keys, insecure=insecure)
     info = _local.await_ready(popen, log_path, timeout)
-    return AgentProcess(label, info["control"], info["stream"], popen.pid, log_dir, popen)
+    return AgentProcess(label, info.control, info.stream, popen.pid, log_dir, popen)
 
 
 def stop_agent(agent: AgentProcess, timeout: float = 5.0) -> None:

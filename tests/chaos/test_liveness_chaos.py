@@ -97,7 +97,7 @@ async def collect(mesh: zmesh.ActorMesh[Any], into: list[zmesh.SupervisionEvent]
         into.append(ev)
 
 
-async def agent_view(mesh: zmesh.ActorMesh[Any]) -> w.MeshState:
+async def agent_view(mesh: zmesh.ActorMesh[Any]) -> w.MeshReport:
     """The mesh as its agent sees it now (a GetState round trip, not the client's view)."""
     rt, _ = _runtime.current()
     (conn,) = rt.controller.agents.values()
@@ -256,7 +256,7 @@ def _agent_at(addr: str, label: str, log_dir: Path) -> AgentProcess:
             start_new_session=True,
         )  # fmt: skip
     info = _local.await_ready(popen, log_path)
-    return AgentProcess(label, info["control"], info["stream"], popen.pid, str(log_dir), popen)
+    return AgentProcess(label, info.control, info.stream, popen.pid, str(log_dir), popen)
 
 
 @contextlib.contextmanager

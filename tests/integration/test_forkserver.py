@@ -198,3 +198,22 @@ def _request(sock: zmq.Socket[Any], frames: list[Any]) -> list[bytes]:
     sock.send_multipart(frames)
     assert sock.poll(5000), "no answer from the agent"
     return sock.recv_multipart()
+
+
+def test_a_burst_of_64_procs_is_forked_answers_and_is_reaped(agent: testing.AgentProcess) -> None:
+    """64 ranks in one CreateOrUpdate: requests to the forkserver are pipelined, each
+    proc is adopted as its reply comes, every one serves, and stop reaps them all."""
+    warm = Probe.options(procs=1).as_actor().get(timeout=60)  # the forkserver is warm
+    warm.facts.call_one().get(timeout=30)
+    mesh = Probe.options(procs=64).as_actor().get(timeout=120)
+    facts = list(mesh.facts.call().get(timeout=60).values())
+    pids = {f["pid"] for f in facts}
+    assert len(pids) == 64
+    assert all(f["ppid"] == agent.pid for f in facts)  # the agent's own children
+    assert all(f["comm"] == "zmesh-proc" for f in facts)  # all forked: none fell back
+    assert pids <= session_pids("proc")
+    mesh.stop().get(timeout=30)
+    wait_gone(pids, 20, "the 64 procs after stop")
+    stopped = {zmesh.Status.STOPPED}
+    wait_for(lambda: {r.status for r in mesh.state().ranks.values()} == stopped, 10, "Stopped")
+    assert warm.facts.call_one().get(timeout=30)["pid"] not in pids  # the other mesh serves on

@@ -105,7 +105,7 @@ def keyed_agent(tmp_path: Path) -> Iterator[str]:
             stdout=subprocess.PIPE, stderr=err, start_new_session=True,
         )  # fmt: skip
     try:
-        yield str(await_ready(popen, str(logs / "agent.log"))["control"])
+        yield await_ready(popen, str(logs / "agent.log")).control
     finally:
         zmesh.shutdown()
         _local.configure(None)

@@ -78,7 +78,7 @@ def keyed_agent(tmp_path: Path) -> Iterator[tuple[str, str]]:
         )  # fmt: skip
     try:
         info = await_ready(popen, str(logs / "agent.log"))
-        yield info["control"], keys
+        yield info.control, keys
     finally:
         zmesh.shutdown()
         _local.configure(None)
@@ -318,7 +318,7 @@ def test_insecure_loopback_agent_warns_out_loud(tmp_path: Path) -> None:
     )
     try:
         info = await_ready(popen, log_path)
-        assert info["control"].startswith("tcp://127.0.0.1:")
+        assert info.control.startswith("tcp://127.0.0.1:")
         log = Path(log_path).read_text()
         assert "WITHOUT authentication (--insecure)" in log and "unpickled" in log
     finally:

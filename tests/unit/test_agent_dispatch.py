@@ -15,6 +15,7 @@ import pytest
 from zmesh._host.agent import HostAgent
 from zmesh._host.proc import ProcServer
 from zmesh._wire import messages as w
+from zmesh._wire.boundary import ProcEnv
 from zmesh._wire.codec import NONE, Codec
 
 
@@ -50,7 +51,7 @@ def test_an_agent_handler_that_raises_is_answered(
 
 
 def test_a_proc_handler_that_raises_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = ProcServer({"mesh": "m", "rank": 0, "generation": 1})
+    server = ProcServer(ProcEnv(mesh="m", rank=0, generation=1))
     out = Recorder()
     server.router = out  # type: ignore[assignment]
 

@@ -64,7 +64,7 @@ STEPS = ["hello", "hello", "stop", "reap", "hang"]
 
 
 def rank_state(rank: int, s: Rank) -> w.RankState:
-    return w.RankState(rank, s.status.value, s.generation, s.reason, s.pid, s.addr,
+    return w.RankState(rank, s.status, s.generation, s.reason, s.pid, s.addr,
                        s.log_path, s.exit_code)  # fmt: skip
 
 
@@ -157,7 +157,7 @@ class ModelAgent:
     def answer(self, msg: Any) -> Any:
         if isinstance(msg, w.GetState):
             meshes = [
-                w.MeshState(name, "owner", view.status.value,
+                w.MeshReport(name, "owner", view.status,
                             [rank_state(r, s) for r, s in sorted(view.ranks.items())])
                 for name, view in self.meshes.items()
                 if not msg.name or name == msg.name

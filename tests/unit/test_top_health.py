@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 
 from zmesh._shared import stats as _stats
+from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh.top._app import apply_key
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
@@ -20,15 +21,15 @@ KILLED = "killed by SIGKILL"
 
 
 def rank(r: int, status: str, gen: int = 1, reason: str = "") -> w.RankState:
-    return w.RankState(r, status, gen, reason, pid=100 + r)
+    return w.RankState(r, Status(status), gen, reason, pid=100 + r)
 
 
-def mesh(name: str, *ranks: w.RankState, owner: str = "owner") -> w.MeshState:
-    return w.MeshState(name, owner, "Running", list(ranks))
+def mesh(name: str, *ranks: w.RankState, owner: str = "owner") -> w.MeshReport:
+    return w.MeshReport(name, owner, Status.RUNNING, list(ranks))
 
 
 def agent(
-    *meshes: w.MeshState,
+    *meshes: w.MeshReport,
     services: tuple[_stats.ServiceSummary, ...] = (),
     stopped: tuple[str, ...] = (),
     ended: dict[str, float] | None = None,

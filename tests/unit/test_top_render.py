@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 
 from zmesh._shared import stats as _stats
+from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh.top._app import apply_key, parse_keys
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
@@ -40,12 +41,12 @@ def agent_stats(
 ) -> w.Stats:
     meshes: dict[str, list[w.RankState]] = {}
     for p in procs:
-        meshes.setdefault(p.mesh, []).append(w.RankState(p.rank, "Running", 1, pid=p.pid))
+        meshes.setdefault(p.mesh, []).append(w.RankState(p.rank, Status.RUNNING, 1, pid=p.pid))
     for r in failed:
         meshes.setdefault("train", []).append(
-            w.RankState(r, "Failed", 1, "killed by SIGKILL", exit_code=-9)
+            w.RankState(r, Status.FAILED, 1, "killed by SIGKILL", exit_code=-9)
         )
-    states = [w.MeshState(name, "me", "Running", ranks) for name, ranks in meshes.items()]
+    states = [w.MeshReport(name, "me", Status.RUNNING, ranks) for name, ranks in meshes.items()]
     return w.Stats(label, "e1", 3, t, 1.0, HOST, f"tcp://{label}:1", states, procs)
 
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import secrets
 import select
@@ -25,13 +24,15 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+
+import msgspec
 
 from zmesh._client.agents import AgentLink
 from zmesh._errors import AgentError
 from zmesh._shared import liveness as _liveness
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
+from zmesh._wire.boundary import AgentReady, parse_ready_line
 
 OWNER_HEARTBEAT_INTERVAL = 0.5
 AGENT_START_TIMEOUT = 30.0
@@ -216,7 +217,7 @@ def launch_agent(
 
 def await_ready(
     popen: subprocess.Popen[bytes], log_path: str, timeout: float = AGENT_START_TIMEOUT
-) -> dict[str, Any]:
+) -> AgentReady:
     """Wait for a launched agent's ready line; return what it says of itself.
 
     Raises:
@@ -233,18 +234,23 @@ def await_ready(
         if popen.poll() is not None:
             break
     popen.stdout.close()
-    if not line.startswith(b"ZMESH-AGENT-READY "):
+    try:
+        info = parse_ready_line(line)
+    except msgspec.DecodeError as exc:
+        popen.kill()
+        popen.wait()
+        raise AgentError(f"the agent said what is no ready line: {exc}", log_path=log_path) from exc
+    if info is None:
         popen.kill()
         popen.wait()
         raise AgentError("the agent did not start", log_path=log_path)
-    info: dict[str, Any] = json.loads(line.split(b" ", 1)[1])
     return info
 
 
 def _await_ready(popen: subprocess.Popen[bytes], log_path: str) -> str:
     info = await_ready(popen, log_path)
     _ensure_heart()
-    return str(info["control"])
+    return info.control
 
 
 def note_used(addr: str) -> None:

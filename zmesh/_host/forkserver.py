@@ -10,14 +10,14 @@ request in a few milliseconds.
 The proc must still belong to the agent, not to the forkserver: the agent
 reaps it (its exit code says how it died), and a proc dies with its agent,
 never with a helper. So the agent is a *child subreaper*, and the forkserver
-forks twice: a short-lived middle child forks the proc and exits at once,
-which hands the orphaned proc to the agent. When the forkserver reports the
-proc's pid, the proc is the agent's child already.
+forks twice: a short-lived middle child forks the procs of a burst of
+requests and exits at once, which hands the orphaned procs to the agent.
+When the forkserver reports a proc's pid, it is the agent's child already.
 
-The protocol is one JSON object per line: the agent writes
-``{"id", "log", "env", "cwd", "agent_pid"}`` to the forkserver's stdin and
-reads ``{"id", "pid"}`` or ``{"id", "error"}`` from its stdout. The
-forkserver exits when its stdin closes, and dies with the agent.
+The protocol is one JSON object per line (``zmesh._wire.boundary``): the
+forkserver says ``ForkReady`` once warm; the agent writes a ``ForkRequest``
+to its stdin and reads ``Forked`` (the pid) or ``ForkFailed`` from its
+stdout. The forkserver exits when its stdin closes, and dies with the agent.
 
 ``ZMESH_FORKSERVER=0`` turns it off (procs are then started with Popen). If
 the forkserver is not ready, or dies, the agent starts procs with Popen.
@@ -25,9 +25,12 @@ the forkserver is not ready, or dies, the agent starts procs with Popen.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import ctypes
-import json
+import fcntl
+import gc
 import logging
 import os
 import select
@@ -36,18 +39,28 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
+
+import msgspec
+
+from zmesh._wire import boundary as b
 
 log = logging.getLogger("zmesh.agent")
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in Python 3.10+ on Linux only
 PROC_NAME = b"zmesh-proc"  # a forked proc's name (/proc/PID/comm), for ps and tests
-# These block the agent's loop, so they stay well under a client's 1.2 s
-# agent timeout: past them the spawn falls back to Popen.
-READY_TIMEOUT = 1.0  # from its start: how long spawns wait, in all, for its imports
-REPLY_TIMEOUT = 0.5  # one fork takes milliseconds; past this it counts as broken
+# Past these a spawn falls back to Popen. Nothing waits on the agent's loop
+# meanwhile (requests are held or in flight), so the first spawns wait for
+# the warm forkserver rather than pay for fresh interpreters (~0.25 s of CPU
+# each) on a machine too loaded for it to be warm in a second.
+READY_TIMEOUT = 5.0  # from its start: how long spawns wait, in all, for its imports
+REPLY_TIMEOUT = 0.5  # one fork takes milliseconds; silent this long, it counts as broken
+BATCH = 16  # procs forked by one middle child (and answered at once)
+FORK_TIME = 0.1  # more time per request in a batch before a silence counts
 
 
 def enabled() -> bool:
@@ -116,16 +129,38 @@ class Child:
             os.kill(self.pid, sig)
 
 
-class ForkServer:
-    """The agent's handle on its forkserver. Used from the agent's loop thread."""
+# What a ForkServer tells its agent of a request: its id, and the proc it
+# forked, or None when it could not (the agent starts that proc with Popen).
+OnFork = Callable[[int, Child | None], None]
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+
+class ForkServer:
+    """The agent's handle on its forkserver. Used from the agent's loop thread.
+
+    Requests are pipelined: ``request`` writes one and returns at once, and
+    ``on_fork`` is called from the loop as each reply arrives (in order: the
+    forkserver forks one request at a time). A request written before the
+    forkserver is warm waits in the agent until it is, for ``READY_TIMEOUT``
+    from its start at most; past that it is started with Popen instead (it
+    was never sent, so it cannot be forked twice). A forkserver that stops
+    answering for ``REPLY_TIMEOUT`` while requests are out is killed, and
+    every request still out is started with Popen.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], on_fork: OnFork | None = None) -> None:
         self.popen = popen
+        self.on_fork: OnFork = on_fork or (lambda rid, child: None)
         self.ready = False
         self.broken = False
         self._ready_by = time.monotonic() + READY_TIMEOUT
-        self._buf = b""
         self._ids = 0
+        self._held: list[b.ForkRequest] = []  # until it is ready
+        self._out: dict[int, float] = {}  # written, not answered: id -> when written
+        self._answered = 0.0  # when it last answered
+        self._rbuf = b""
+        self._wbuf = bytearray()
+        self._flush_soon = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def start(cls) -> ForkServer | None:
@@ -146,60 +181,136 @@ class ForkServer:
     def pid(self) -> int:
         return self.popen.pid
 
-    def spawn(self, log_path: str, env: dict[str, str], cwd: str | None) -> Child | None:
-        """Fork a proc; ``None`` if the forkserver cannot (start it with Popen)."""
+    @property
+    def pending(self) -> int:
+        """Requests not answered yet."""
+        return len(self._held) + len(self._out)
+
+    def request(self, log_path: str, env: dict[str, str], cwd: str | None) -> int | None:
+        """Ask for a proc; return the request's id (``on_fork`` gets the proc),
+        or ``None`` if the forkserver cannot take it (start it with Popen)."""
+        if self._loop is None and not self.broken:
+            self.attach(asyncio.get_running_loop())
+        if not self.ready and not self.broken:
+            self._on_readable()  # a look without waiting: it may have said it is warm
         if self.broken:
             return None
-        if not self.ready:
-            # Bounded once, from its start: a burst of spawns never waits
-            # for each of them (past the bound, a look without waiting).
-            line = self._read_line(self._ready_by - time.monotonic())
-            if line is None:
-                return None  # still importing (or gone): Popen this time
-            self.ready = True
+        if not self.ready and time.monotonic() > self._ready_by:
+            return None  # still importing (or gone): Popen this time
         self._ids += 1
-        req = {"id": self._ids, "log": log_path, "env": env, "cwd": cwd, "agent_pid": os.getpid()}
+        req = b.ForkRequest(self._ids, log_path, env, cwd, os.getpid())
+        if self.ready:
+            self._send(req)
+        else:
+            self._held.append(req)
+        return req.id
+
+    def check_overdue(self, now: float) -> None:
+        """Give up on requests past their time (called on the agent's tick)."""
+        if self._held and not self.ready and now > self._ready_by:
+            held, self._held = self._held, []
+            for req in held:  # never sent: Popen cannot make a second copy
+                self.on_fork(req.id, None)
+        allowed = REPLY_TIMEOUT + FORK_TIME * min(len(self._out), BATCH)
+        if self._out and now - max(self._answered, min(self._out.values())) > allowed:
+            # It may still fork what it has read: kill it first, so the only
+            # late fork possible is the one in flight (the agent refuses its
+            # hello: see ProcTable.hello).
+            self.popen.kill()
+            self._break("did not answer")
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read its replies on ``loop`` (the agent's), from now on."""
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self._loop = loop
+        os.set_blocking(self.popen.stdin.fileno(), False)
+        os.set_blocking(self.popen.stdout.fileno(), False)
+        with contextlib.suppress(OSError):  # room for a burst of requests, if allowed
+            fcntl.fcntl(self.popen.stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
+        loop.add_reader(self.popen.stdout.fileno(), self._on_readable)
+
+    def _send(self, req: b.ForkRequest) -> None:
+        self._out[req.id] = time.monotonic()
+        self._wbuf += b.encode(req) + b"\n"
+        if not self._flush_soon and self._loop is not None:
+            # After this loop pass: every request of one CreateOrUpdate goes
+            # in one write, and the forkserver forks them in full batches.
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        if self._loop is None or self.broken or not self._wbuf:
+            return
         assert self.popen.stdin is not None
+        fd = self.popen.stdin.fileno()
         try:
-            self.popen.stdin.write(json.dumps(req).encode() + b"\n")
-            self.popen.stdin.flush()
-            line = self._read_line(REPLY_TIMEOUT)
+            n = os.write(fd, self._wbuf)
+        except BlockingIOError:
+            n = 0
         except OSError as exc:
             self._break(f"cannot talk to it: {exc}")
-            return None
-        if line is None:
-            # It may still fork this request later: kill it first, so the
-            # only late fork possible is the one in flight (the agent
-            # refuses its hello: see HostAgent._on_hello).
-            self._break("did not answer")
-            self.popen.kill()
-            return None
-        reply = json.loads(line)
-        if reply.get("id") != self._ids or "pid" not in reply:
-            log.warning("forkserver could not fork: %s", reply.get("error", reply))
-            return None
-        return Child(int(reply["pid"]))
+            return
+        del self._wbuf[:n]
+        self._loop.remove_writer(fd)
+        if self._wbuf:  # a full pipe: the rest when it has read some
+            self._loop.add_writer(fd, self._flush)
 
-    def _read_line(self, timeout: float) -> bytes | None:
+    def _on_readable(self) -> None:
         assert self.popen.stdout is not None
-        fd = self.popen.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = max(0.0, deadline - time.monotonic())
-            if not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self._break("it exited")
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line
+        try:
+            chunk = os.read(self.popen.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._break("exited")
+            return
+        self._rbuf += chunk
+        while b"\n" in self._rbuf and not self.broken:
+            line, self._rbuf = self._rbuf.split(b"\n", 1)
+            self._on_line(line)
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            reply = b.decode_fork_reply(line)
+        except msgspec.DecodeError as exc:
+            self.popen.kill()
+            self._break(f"answered what is no reply ({exc})")
+            return
+        self._answered = time.monotonic()
+        if isinstance(reply, b.ForkReady):
+            self.ready = True
+            held, self._held = self._held, []
+            for req in held:
+                self._send(req)
+        elif self._out.pop(reply.id, None) is not None:
+            if isinstance(reply, b.Forked):
+                self.on_fork(reply.id, Child(reply.pid))
+            else:
+                log.warning("forkserver could not fork: %s", reply.error)
+                self.on_fork(reply.id, None)
 
     def _break(self, why: str) -> None:
         if not self.broken:
             log.warning("forkserver %s: procs start as fresh interpreters from now on", why)
         self.broken = True
+        self._detach()
+        left = [r.id for r in self._held] + list(self._out)
+        self._held, self._out = [], {}
+        for rid in left:  # what it did not answer is started another way
+            self.on_fork(rid, None)
+
+    def _detach(self) -> None:
+        """Stop watching its pipes (before they close)."""
+        if self._loop is None:
+            return
+        for pipe, remove in ((self.popen.stdout, self._loop.remove_reader),
+                             (self.popen.stdin, self._loop.remove_writer)):  # fmt: skip
+            if pipe is not None and not pipe.closed:
+                remove(pipe.fileno())
+        self._loop = None
 
     def check(self) -> None:
         """Reap the forkserver if it died (so it is no zombie), and stop using it."""
@@ -208,6 +319,8 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the forkserver (it exits when its stdin closes)."""
+        self._detach()
+        self.broken = True  # no more requests
         try:
             if self.popen.stdin is not None:
                 self.popen.stdin.close()
@@ -226,60 +339,101 @@ def serve(agent_pid: int) -> None:
     if os.getppid() != agent_pid:
         os._exit(70)
     _set_name(b"zmesh-fork")
-    # Warm up: everything a proc imports before it knows its spec. None of
-    # these modules starts a thread or reads ZMESH_* settings at import.
-    import zmesh._host.proc  # noqa: F401
+    # Warm up: everything a proc imports before it runs the user's code
+    # (~30 ms of CPU each proc would spend again). None of these modules
+    # starts a thread at import; the few settings read at import
+    # (ZMESH_MAX_MSG_SIZE, ZMESH_PROC_MAX_BACKLOG, ZMESH_MAX_IN_FLIGHT...) come
+    # from the agent's environment, which an embedded agent has from its client.
+    import multiprocessing.spawn  # noqa: F401  (spawnprep re-creates __main__ with it)
 
-    os.write(1, b'{"ready": true}\n')
+    import zmesh._client.controller
+    import zmesh._client.local
+    import zmesh._client.runtime
+    import zmesh._client.spawnprep
+    import zmesh._host.proc
+    import zmesh._host.stacks  # noqa: F401
+
+    # Freeze what is loaded: a proc's collector then never walks (and so
+    # never copies, page by page) the objects it shares with us.
+    gc.freeze()
+    os.write(1, b.encode(b.ForkReady()) + b"\n")
     buf = b""
     while True:
-        chunk = os.read(0, 65536)
+        chunk = os.read(0, 1 << 20)
         if not chunk:
             os._exit(0)  # the agent closed our stdin
         buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            req = json.loads(line)
-            os.write(1, json.dumps(_fork(req)).encode() + b"\n")
+        # Take what else is written already: one middle child forks it all.
+        while chunk and select.select([0], [], [], 0)[0]:
+            chunk = os.read(0, 1 << 20)
+            buf += chunk
+        *lines, buf = buf.split(b"\n")
+        reqs = [b.decode_fork_request(line) for line in lines if line]
+        for i in range(0, len(reqs), BATCH):  # replies flow while a burst is forked
+            replies = _fork_all(reqs[i : i + BATCH])
+            _write_all(1, b"".join(b.encode(reply) + b"\n" for reply in replies))
+        if not chunk:
+            os._exit(0)
 
 
-def _fork(req: dict[str, Any]) -> dict[str, Any]:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fork_all(reqs: list[b.ForkRequest]) -> list[b.Forked | b.ForkFailed]:
+    """Fork a proc for each request, through one short-lived middle child.
+
+    The middle child forks every proc and exits, which hands them all to
+    the agent (our subreaper) at once: two forks per proc would make the
+    forkserver wait on a middle child per proc, and a burst of requests
+    wait on all of them in turn.
+    """
     r, w = os.pipe()
+    # The procs wait on this pipe until the middle child, its only writer
+    # left, exits: asleep, not polling, while their siblings are forked.
+    gate_r, gate_w = os.pipe()
     try:
         middle = os.fork()
     except OSError as exc:
+        for fd in (r, w, gate_r, gate_w):
+            os.close(fd)
+        return [b.ForkFailed(req.id, f"fork: {exc}") for req in reqs]
+    if middle == 0:  # the middle child: fork the procs, report them, exit
         os.close(r)
-        os.close(w)
-        return {"id": req["id"], "error": f"fork: {exc}"}
-    if middle == 0:  # the middle child: fork the proc, report it, exit
-        os.close(r)
-        try:
-            pid = os.fork()
-        except OSError:
-            os._exit(1)
-        if pid == 0:
-            os.close(w)
-            _become_proc(req)
-        os.write(w, str(pid).encode())
-        os._exit(0)  # orphans the proc: it goes to the agent, our subreaper
+        for req in reqs:
+            try:
+                pid = os.fork()
+            except OSError:
+                os._exit(1)
+            if pid == 0:
+                os.close(w)
+                os.close(gate_w)
+                _become_proc(req, gate_r)
+            os.write(w, b"%d\n" % pid)
+        os._exit(0)  # orphans the procs: they go to the agent, our subreaper
     os.close(w)
+    os.close(gate_r)
+    os.close(gate_w)
     data = b""
-    while chunk := os.read(r, 64):
+    while chunk := os.read(r, 4096):
         data += chunk
     os.close(r)
-    os.waitpid(middle, 0)  # once reaped, the proc's parent is the agent
-    if not data:
-        return {"id": req["id"], "error": "fork failed in the middle child"}
-    return {"id": req["id"], "pid": int(data)}
+    os.waitpid(middle, 0)  # once reaped, the procs' parent is the agent
+    pids = [int(p) for p in data.split()]
+    out: list[b.Forked | b.ForkFailed] = [b.Forked(q.id, p) for q, p in zip(reqs, pids)]  # noqa: B905
+    failed = reqs[len(pids) :]  # the middle child could fork no more
+    return out + [b.ForkFailed(q.id, "fork failed in the middle child") for q in failed]
 
 
-def _become_proc(req: dict[str, Any]) -> NoReturn:
+def _become_proc(req: b.ForkRequest, gate: int) -> NoReturn:
     """In the forked proc: set up what Popen would have, then run the proc."""
     code = 1
     try:
         os.setsid()  # Ctrl+C at the client's terminal is the client's
         _set_name(PROC_NAME)
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
+        fd = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
@@ -287,17 +441,20 @@ def _become_proc(req: dict[str, Any]) -> NoReturn:
         os.dup2(null, 0)
         os.close(null)
         os.environ.clear()
-        os.environ.update(req["env"])
-        if req.get("cwd"):
-            os.chdir(req["cwd"])
+        os.environ.update(req.env)
+        if req.cwd:
+            os.chdir(req.cwd)
         from zmesh._host import proc as _proc
 
         sys.argv = [_proc.__file__ or "zmesh._host.proc"]
         sys.path[0] = os.getcwd()  # as `python -m` sets it
-        # The middle child exits right after forking us; wait for the agent
-        # to adopt us, so the proc's parent checks see the agent.
+        # The middle child exits once it forked the burst; wait for the agent
+        # to adopt us, so the proc's parent checks see the agent. (Its pipe
+        # closes as it exits, a moment before we are handed over.)
+        os.read(gate, 1)
+        os.close(gate)
         deadline = time.monotonic() + 5.0
-        while os.getppid() != int(req["agent_pid"]) and time.monotonic() < deadline:
+        while os.getppid() != req.agent_pid and time.monotonic() < deadline:
             time.sleep(0.001)
         _proc.main()
         code = 0

@@ -1,7 +1,7 @@
 """An agent's janitor: the one process that outlives the agent, for a moment.
 
 While the agent lives it stops what its procs leave behind itself (see
-``HostAgent._sweep``). An agent that is SIGKILLed cannot: its procs die with
+``strays.Strays.sweep``). An agent that is SIGKILLed cannot: its procs die with
 it (``PR_SET_PDEATHSIG``), but their children are handed to init, out of
 reach. So each agent starts a janitor: a small process in a session of its
 own that blocks reading a pipe whose only writer is the agent. When the agent
@@ -60,6 +60,34 @@ def start(epoch: str) -> tuple[subprocess.Popen[bytes], int] | None:
     finally:
         os.close(r)
     return popen, w
+
+
+class Janitor:
+    """An agent's handle on its janitor: started again if someone kills it."""
+
+    def __init__(self, epoch: str) -> None:
+        self.epoch = epoch
+        self._started = start(epoch)
+
+    def pids(self) -> set[int]:
+        """The janitor's pid (none if it cannot run), after restarting a dead one."""
+        if self._started is not None and self._started[0].poll() is not None:
+            import logging
+
+            code = self._started[0].returncode
+            logging.getLogger("zmesh.agent").warning(
+                "janitor exited with %s; starting another", code
+            )
+            os.close(self._started[1])
+            self._started = start(self.epoch)
+        return {self._started[0].pid} if self._started is not None else set()
+
+    def close(self) -> None:
+        """Tell the janitor that the agent stopped everything itself (one look is enough)."""
+        if self._started is not None:
+            os.write(self._started[1], CLEAN)
+            os.close(self._started[1])
+            self._started = None
 
 
 def sweep(epoch: str, duration: float = SWEEP_FOR) -> int:

@@ -15,7 +15,6 @@ import contextvars
 import ctypes
 import functools
 import gc
-import json
 import logging
 import os
 import pickle
@@ -41,6 +40,7 @@ from zmesh._shared import stats as _stats
 from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
+from zmesh._wire.boundary import PROC_ENV_VAR, ProcEnv, decode_proc_env
 from zmesh._wire.codec import NONE, Codec, explain, request_of
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -242,12 +242,12 @@ class _Mailbox:
 class ProcServer:
     """Serves the actors of one proc."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: ProcEnv) -> None:
         self.spec = spec
-        self.mesh: str = spec["mesh"]
-        self.rank: int = spec["rank"]
-        self.generation: int = spec["generation"]
-        self.host: str = spec.get("host", "")
+        self.mesh = spec.mesh
+        self.rank = spec.rank
+        self.generation = spec.generation
+        self.host = spec.host
         self.actors: dict[str, _Mailbox] = {}
         self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
@@ -282,7 +282,7 @@ class ProcServer:
         ctx: zmq.Context[Any] = zmq.Context.instance()
         # Where our agent tells us: an ipc:// path in its private directory,
         # or tcp://ADDR:* (CURVE and an allow-list when it has keys).
-        bind = self.spec["bind"]
+        bind = self.spec.bind
         keys = _security.active()
         gate = None
         if keys is not None and bind.startswith("tcp://"):
@@ -294,8 +294,8 @@ class ProcServer:
             os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
-        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec["agent"])
-        agent.connect(self.spec["agent"])
+        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec.agent)
+        agent.connect(self.spec.agent)
         self.agent = AsyncSocket(agent, loop, None)
         self.agent.send(
             self.codec.encode(
@@ -303,7 +303,7 @@ class ProcServer:
             )
         )
         beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation))
-        agent_pid = self.spec.get("agent_pid")
+        agent_pid = self.spec.agent_pid
         beats = 0
         while True:
             await asyncio.sleep(PROC_HEARTBEAT_INTERVAL)
@@ -667,35 +667,35 @@ def _die_with_parent() -> None:
 
 
 def main() -> None:
-    spec = json.loads(os.environ["ZMESH_PROC"])
+    spec = decode_proc_env(os.environ[PROC_ENV_VAR])
     _die_with_parent()
-    if spec.get("agent_pid") and os.getppid() != spec["agent_pid"]:
+    if spec.agent_pid and os.getppid() != spec.agent_pid:
         os._exit(70)  # the agent died before prctl took effect
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
+        format=f"%(asctime)s {spec.mesh}[{spec.rank}] %(levelname)s %(message)s",
     )
     from zmesh._client import controller as _controller
     from zmesh._client.spawnprep import prepare
     from zmesh._host import stacks as _stacks
 
     try:  # first, so that even a hang while importing the user's code can be shown
-        _stacks.install(spec["log_path"])  # SIGUSR1 dumps every thread's stack (zmesh stack)
+        _stacks.install(spec.log_path)  # SIGUSR1 dumps every thread's stack (zmesh stack)
     except OSError as exc:
         logging.warning("no stack dumps for this proc: %s", exc)
 
     _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
     # The agent's keys are this host's keys. The procs of an ipc agent bind
     # no TCP, so they keep the keys their owner passed on, for its TCP peers.
-    inherited = os.environ.get("ZMESH_KEYS") if spec["bind"].startswith("ipc://") else None
-    _security.use(spec.get("keys") or inherited or None)
+    inherited = os.environ.get("ZMESH_KEYS") if spec.bind.startswith("ipc://") else None
+    _security.use(spec.keys or inherited or None)
     if not os.environ.get("ZMESH_AGENTS"):
         # Meshes spawned by an actor go to this proc's own agent by default,
         # never to a private embedded agent of the proc.
         from zmesh._client import local as _local
 
-        _local.configure([spec["agent"]])
-    prepare(spec.get("main") or {})
+        _local.configure([spec.agent])
+    prepare(spec.main)
     # What is loaded now lives as long as the proc: keep the collector off it.
     gc.freeze()
     server = ProcServer(spec)

@@ -6,7 +6,7 @@ container on cgroup v1, an unprivileged user), so zmesh follows the tree.
 
 * ``children(pid)`` reads ``/proc/PID/task/*/children`` (every thread's), or
   scans ``/proc`` for parent links where that file does not exist.
-* ``tag(pid)`` is the ``ZMESH_PROC`` spec in a process's environment: a
+* ``tag(pid)`` is the ``ZMESH_PROC`` value in a process's environment: a
   program a proc runs inherits it (unless it is given an empty environment),
   so it tells whose a process is even after its parent died.
   ``tagged(epoch)`` finds every process of an agent incarnation by
@@ -23,10 +23,8 @@ Stdlib only, so that the janitor stays small.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-from typing import Any
 
 _TAG = b"ZMESH_PROC="
 # Set by an agent in its own environment (so its forkserver and every proc
@@ -116,15 +114,12 @@ def _environ(pid: int) -> list[bytes]:
         return []
 
 
-def tag(pid: int) -> dict[str, Any] | None:
-    """The ``ZMESH_PROC`` spec in ``pid``'s environment: which proc's it is."""
+def tag(pid: int) -> bytes | None:
+    """The ``ZMESH_PROC`` value in ``pid``'s environment (which proc's it is:
+    ``zmesh._wire.boundary.proc_env_of`` reads it), or ``None``."""
     for entry in _environ(pid):
         if entry.startswith(_TAG):
-            try:
-                spec = json.loads(entry[len(_TAG) :])
-            except ValueError:
-                return None
-            return spec if isinstance(spec, dict) else None
+            return entry[len(_TAG) :]
     return None
 
 

@@ -26,6 +26,8 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from zmesh._wire import messages as w
+
 SIGNAL = signal.SIGUSR1
 MAX_BYTES = 256 * 1024  # a dump larger than this is cut (faulthandler caps at 100 threads)
 WAIT = 1.0  # seconds the agent waits for a dump
@@ -106,6 +108,24 @@ async def _dump(
     if not data:
         raise StackUnavailable(f"the proc wrote no stack within {wait:g}s")
     return data[:MAX_BYTES].decode("utf-8", "replace"), len(data) > MAX_BYTES
+
+
+async def reply(
+    req_id: int,
+    where: str,
+    pid: int,
+    log_path: str,
+    send_signal: Callable[[], None],
+    not_before: float,
+) -> w.StackReply:
+    """The agent's answer to a ``GetStack`` for the live proc ``pid``, ``where``
+    (``mesh[rank] on host``) it runs: its dump, or why there is none."""
+    try:
+        text, cut = await dump(stack_path(log_path), send_signal, not_before=not_before)
+        return w.StackReply(req_id, text=text, pid=pid, truncated=cut)
+    except StackUnavailable as exc:
+        error = f"{where} (pid {pid}): {exc} (log: {log_path})"
+        return w.StackReply(req_id, ok=False, error=error, pid=pid)
 
 
 def background(coro: Coroutine[Any, Any, None]) -> None:

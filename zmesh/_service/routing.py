@@ -14,10 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from zmesh._shared.state import ReplicaState
+
 if TYPE_CHECKING:
     from zmesh._service.service import Service
 
-HEALTHY, RECOVERING, UNHEALTHY, STOPPED = "HEALTHY", "RECOVERING", "UNHEALTHY", "STOPPED"
+HEALTHY, RECOVERING, UNHEALTHY, STOPPED = (
+    ReplicaState.HEALTHY, ReplicaState.RECOVERING, ReplicaState.UNHEALTHY, ReplicaState.STOPPED
+)  # fmt: skip
 LATENCY_WINDOW = 60.0  # seconds of latencies behind p50/p99
 
 

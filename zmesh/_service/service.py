@@ -41,7 +41,6 @@ from zmesh._service.client import Follower, ServiceClient, decode_table, encode_
 from zmesh._service.endpoint import ServiceEndpoint
 from zmesh._service.routing import (
     HEALTHY,
-    STOPPED,
     RoundRobinRouter,
     Router,
     ServiceConfig,
@@ -50,6 +49,7 @@ from zmesh._service.routing import (
     make_router,
 )
 from zmesh._service.supervisor import Supervisor
+from zmesh._shared.state import ServiceState
 
 # Clients of services in this process, by service id and runtime: handles of
 # one service (the owner's, one unpickled here) share them.
@@ -154,11 +154,11 @@ class Service:
         reps = [s.statistics(now) for s in d.slots]
         healthy = sum(r.state == HEALTHY for r in reps)
         if d.stopped:
-            state = STOPPED
+            state = ServiceState.STOPPED
         elif healthy == len(reps):
-            state = "OK"
+            state = ServiceState.OK
         else:
-            state = "DEGRADED" if healthy else "DOWN"
+            state = ServiceState.DEGRADED if healthy else ServiceState.DOWN
         return ServiceStatistics(
             self.name, state, reps, d.completed, d.failed, d.retried, len(d.waiting)
         )

@@ -30,7 +30,8 @@ from zmesh._client.mesh import ActorMesh, spawn_owned_mesh, stop_procs
 from zmesh._client.runtime import Runtime
 from zmesh._errors import SpawnError, ZmeshError
 from zmesh._service.client import ServiceClient, encode_table
-from zmesh._service.routing import HEALTHY, STOPPED
+from zmesh._service.routing import HEALTHY
+from zmesh._shared.state import ServiceState
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -262,11 +263,11 @@ class Supervisor:
         slots = d.slots
         healthy = sum(s.state == HEALTHY for s in slots)
         if self.stopped:
-            state = STOPPED
+            state = ServiceState.STOPPED
         elif healthy == len(slots):
-            state = "OK"
+            state = ServiceState.OK
         else:
-            state = "DEGRADED" if healthy else "DOWN"
+            state = ServiceState.DEGRADED if healthy else ServiceState.DOWN
         table = self.client.table()
         for other in list(self._attached):
             self._push_to(other, table)

@@ -44,6 +44,30 @@ class Status(str, enum.Enum):
         return self.value
 
 
+class ReplicaState(str, enum.Enum):
+    """The state of one replica of a service, as its orchestrator judges it."""
+
+    HEALTHY = "HEALTHY"  # serving: requests are routed to it
+    RECOVERING = "RECOVERING"  # being (re)started
+    UNHEALTHY = "UNHEALTHY"  # failed: out of routing until it recovers
+    STOPPED = "STOPPED"  # its service stopped
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ServiceState(str, enum.Enum):
+    """The state of a whole service: how many of its replicas serve."""
+
+    OK = "OK"  # every replica healthy
+    DEGRADED = "DEGRADED"  # some
+    DOWN = "DOWN"  # none
+    STOPPED = "STOPPED"  # stopped by its owner
+
+    def __str__(self) -> str:
+        return self.value
+
+
 _TERMINAL = frozenset({Status.STOPPED, Status.FAILED, Status.TIMEOUT})
 _FAILURES = frozenset({Status.FAILED, Status.TIMEOUT, Status.UNKNOWN})
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from zmesh._shared.state import Status
 from zmesh._shared.stats import HostStatistics, ProcStatistics, ServiceSummary
 
 
@@ -257,7 +258,7 @@ class OwnerHeartbeat(Message, frozen=True):
     machine: Text = ""  # boot id and pid namespace; "" = not watchable
     pid: Count = 0
     start: Count = 0  # the process's start time, in clock ticks after boot
-    secret: Text = ""  # the owner's proof (see HostAgent._is_owner)
+    secret: Text = ""  # the owner's proof (see owners.Owners.is_owner)
 
 
 class OwnerGone(Message, frozen=True):
@@ -268,8 +269,10 @@ class OwnerGone(Message, frozen=True):
 
 
 class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One rank's state as an agent publishes it (``zmesh._shared.state.Rank``)."""
+
     rank: int
-    status: str
+    status: Status
     generation: int
     reason: str = ""
     pid: int = 0
@@ -278,12 +281,18 @@ class RankState(msgspec.Struct, frozen=True, omit_defaults=True):
     exit_code: int | None = None
 
 
-class MeshState(msgspec.Struct, frozen=True, omit_defaults=True):
+class MeshReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an agent reports of one mesh: its ranks on that agent's host.
+
+    (The client's ``zmesh.MeshState`` is the whole mesh, across hosts.)
+    """
+
     name: str
     owner: str
-    status: str
+    status: Status  # the worst of its ranks'
     ranks: list[RankState]
     dims: dict[str, int] = {}
+    generation: int = 0  # of its spec: one more for each update in place
 
 
 class Ack(Message, frozen=True):
@@ -298,7 +307,7 @@ class StateReply(Message, frozen=True):
     agent: str
     epoch: str
     seq: int
-    meshes: list[MeshState]
+    meshes: list[MeshReport]
 
 
 class GetStack(Message, frozen=True):
@@ -452,7 +461,7 @@ class Stats(Message, frozen=True):
     interval: float
     host: HostStatistics
     control: str = ""
-    meshes: list[MeshState] = []
+    meshes: list[MeshReport] = []
     procs: list[ProcStatistics] = []
     services: list[ServiceSummary] = []
 

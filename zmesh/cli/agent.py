@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import secrets
 import sys
-from typing import Any
 
 from zmesh._errors import SecurityError
 from zmesh._host.agent import HostAgent
 from zmesh._shared import registry as _registry
+from zmesh._wire.boundary import AgentReady, encode, ready_line
 from zmesh._wire.security import Keys
 from zmesh.cli._common import normalize_address
 
@@ -66,18 +65,18 @@ def run_agent(args: argparse.Namespace) -> int:
     # Whoever reads our registry entry (this user only) may stop our meshes.
     agent.operator_secret = secrets.token_hex(16)  # type: ignore[attr-defined]
 
-    def ready(info: dict[str, Any]) -> None:
+    def ready(info: AgentReady) -> None:
         nonlocal entry  # `zmesh top` and friends find us here with no --agents
         try:
             entry = _registry.register(
-                info["control"], info["label"], keys=args.keys or "",
-                owner=args.parent_pid or 0, log_dir=info["log_dir"],
+                info.control, info.label, keys=args.keys or "",
+                owner=args.parent_pid or 0, log_dir=info.log_dir,
                 operator=agent.operator_secret,  # type: ignore[attr-defined]
             )  # fmt: skip
         except SecurityError as exc:  # we still serve; the CLI just cannot find us
             logging.getLogger("zmesh.agent").warning("not registered: %s", exc)
         # One machine-readable line, for whoever started us and waits for it.
-        print(("" if args.json else "ZMESH-AGENT-READY ") + json.dumps(info), flush=True)
+        print(encode(info).decode() if args.json else ready_line(info), flush=True)
 
     try:
         agent.run(ready)

@@ -24,6 +24,7 @@ import zmq
 
 from zmesh._client.agents import AgentClient
 from zmesh._errors import AgentError
+from zmesh._shared.state import Status
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -207,7 +208,7 @@ class _Agent:
         names = set()
         for m in st.meshes:
             names.add(m.name)
-            if any(r.status in ("Running", "Initializing") for r in m.ranks):
+            if any(r.status in (Status.RUNNING, Status.INITIALIZING) for r in m.ranks):
                 self.ended.pop(m.name, None)
             else:
                 self.ended.setdefault(m.name, self.received)

@@ -29,12 +29,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from zmesh._shared.state import Status
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
 from zmesh.top._collect import Snapshot
 
-LIVE = ("Running", "Initializing")
-FAILURES = ("Failed", "Timeout", "Unknown")
+LIVE = (Status.RUNNING, Status.INITIALIZING)
+FAILURES = (Status.FAILED, Status.TIMEOUT, Status.UNKNOWN)
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # the random part a spawn adds to the user's name
 _REPLICA = re.compile(r"^(?P<service>.+)-r\d+$")  # a service's replica: <service>-r<index>
 
@@ -141,7 +142,7 @@ def judge(snap: Snapshot) -> Health:
     return Health(DEGRADED if problems else HEALTHY, problems, history, verdicts)
 
 
-def _meshes(stats: w.Stats | None) -> list[w.MeshState]:
+def _meshes(stats: w.Stats | None) -> list[w.MeshReport]:
     return stats.meshes if stats is not None else []
 
 

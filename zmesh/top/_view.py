@@ -14,11 +14,10 @@ from typing import Any
 
 from zmesh._shared.stats import ProcStatistics, percentile, subtract
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
-from zmesh.top._health import judge
+from zmesh.top._health import FAILURES, LIVE, judge
 
 STALE_INTERVALS = 3  # data older than this many intervals is STALE
 KEEP = 300.0  # seconds that history rows and the failed counter cover, by default
-FAILURES = ("Failed", "Timeout", "Unknown")
 PANES = ("hosts", "procs", "actors", "services", "events")
 
 
@@ -259,7 +258,7 @@ def _host_row(a: AgentSample, now: float) -> HostRow:
         return HostRow(a.label, a.address, a.state if a.state != "ok" else "connecting")
     state = "lost" if a.state == "lost" else "STALE" if _is_stale(a, now) else "ok"
     h = st.host
-    running = sum(1 for m in st.meshes for r in m.ranks if r.status in ("Running", "Initializing"))
+    running = sum(1 for m in st.meshes for r in m.ranks if r.status in LIVE)
     return HostRow(
         st.agent,
         a.address,
