@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 import zmq
-from _fabric import wait_for, wait_gone
 
 from zmesh import testing
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+
+from _helpers import wait_for, wait_gone
 
 OWNER, SECRET = "test:1:update", "s3cret"
 
