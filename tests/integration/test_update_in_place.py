@@ -10,6 +10,7 @@ update, and reusing a stopped name goes on from its generations.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,6 +85,10 @@ class Wire:
         return [(e.state.status, e.state.generation) for e in self.events
                 if e.mesh == name and e.state.rank == rank]  # fmt: skip
 
+    def has(self, name: str, rank: int, event: tuple[Status, int]) -> bool:
+        """Whether ``rank`` of mesh ``name`` has entered ``(status, generation)``."""
+        return event in self.seen(name, rank)
+
     def close(self) -> None:
         self.req.close()
         self.sub.close()
@@ -118,7 +123,7 @@ def test_a_mesh_grows_shrinks_and_rolls_in_place(wire: Wire) -> None:
     gone = [r.pid for r in grown.ranks if r.rank >= 2]
     wait_gone(gone, 20, "the ranks the mesh shrank away from")
     for rank in (2, 3):
-        wait_for(lambda rank=rank: (Status.STOPPED, 1) in wire.seen("workers", rank), 10, "Stopped")
+        wait_for(functools.partial(wire.has, "workers", rank, (Status.STOPPED, 1)), 10, "Stopped")
         assert (Status.STOPPING, 1) in wire.seen("workers", rank)
 
     wire.create("workers", [0, 1], env={"ZMESH_TEST_ROLL": "2"})  # a changed proc spec: roll
@@ -129,7 +134,7 @@ def test_a_mesh_grows_shrinks_and_rolls_in_place(wire: Wire) -> None:
     )  # fmt: skip
     assert rolled.generation == 4 and not {r.pid for r in rolled.ranks} & set(pids.values())
     for rank in (0, 1):
-        wait_for(lambda rank=rank: (Status.RUNNING, 2) in wire.seen("workers", rank), 10, "g2")
+        wait_for(functools.partial(wire.has, "workers", rank, (Status.RUNNING, 2)), 10, "g2")
         assert [s for s in wire.seen("workers", rank) if s[1] == 1][-2:] == [
             (Status.STOPPING, 1), (Status.STOPPED, 1)
         ]  # fmt: skip
