@@ -6,5 +6,5 @@
 * ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
 * ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
 * ``local``: this process as an owner (its agents, heartbeats, exit);
-* ``spawnprep``, ``shutdown``: the script's ``__main__`` in procs, ``zmesh.shutdown()``.
+* ``shutdown``: ``zmesh.shutdown()``.
 """

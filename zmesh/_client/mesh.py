@@ -14,6 +14,7 @@ import math
 import os
 import pickle
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -21,15 +22,14 @@ from typing import Any, Generic, TypeVar
 from zmesh._actor import Actor, Options, Point, endpoints_of
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
-from zmesh._client import spawnprep as _spawnprep
 from zmesh._client.adverbs import EndpointRef, submit
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._client.spawnprep import preparation
 from zmesh._errors import AgentError, EndpointError, SecurityError, SpawnError, ZmeshError
 from zmesh._shared.state import Rank, Status, mesh_status
 from zmesh._wire import messages as w
+from zmesh._wire import pickling
 from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 
@@ -555,7 +555,6 @@ async def spawn_owned_mesh(
 async def _spawn_procs(
     rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str
 ) -> ProcMesh:
-    _spawnprep.check_not_preparing()
     check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
     ctl = rt.controller
@@ -578,7 +577,7 @@ async def _start_procs(
     per = math.prod(per_host.values())
     if per < 1:
         raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
-    prep = preparation()
+    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
     env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
     agents = _local.configured_agents()
     if agents is not None:  # zmesh.connect(): procs spawn on the same agents
@@ -721,7 +720,7 @@ async def _spawn_actors(
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     try:
-        blob = pickle.dumps(cls)
+        blob, _ = pickling.dumps(cls, lambda _: True)  # by value if it is in __main__
         payload, buffers = Codec.pack(args, kwargs)
     except Exception as exc:
         raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc

@@ -36,6 +36,7 @@ from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
 from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
+from zmesh._wire import pickling
 from zmesh._wire import security as _security
 from zmesh._wire.codec import NONE, Codec, explain, request_of
 from zmesh._wire.zsock import BATCH_MARK, AsyncSocket, configure
@@ -528,7 +529,7 @@ class ProcServer:
     def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
-            blob = pickle.dumps(exc)
+            blob, _ = pickling.dumps(exc, _in_band)
             pickle.loads(blob)  # an exception that cannot come back is sent as text only
         except Exception:
             blob = None
@@ -647,6 +648,20 @@ def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         raise
 
 
+def _in_band(buf: Any) -> bool:
+    return True
+
+
+def _use_client_path(main: dict[str, Any]) -> None:
+    """Import the user's modules as the client does: its ``sys.path``.
+
+    (The agent starts the proc in the client's working directory.) The
+    client's script itself is not re-run: its classes come by value.
+    """
+    if main.get("sys_path"):
+        sys.path[:] = main["sys_path"]
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL us when the agent dies, so a proc is never orphaned."""
     if not sys.platform.startswith("linux"):
@@ -668,7 +683,6 @@ def main() -> None:
         format=f"%(asctime)s {spec['mesh']}[{spec['rank']}] %(levelname)s %(message)s",
     )
     from zmesh._client import controller as _controller
-    from zmesh._client.spawnprep import prepare
     from zmesh._host import stacks as _stacks
 
     try:  # first, so that even a hang while importing the user's code can be shown
@@ -687,7 +701,7 @@ def main() -> None:
         from zmesh._client import local as _local
 
         _local.configure([spec["agent"]])
-    prepare(spec.get("main") or {})
+    _use_client_path(spec.get("main") or {})
     # What is loaded now lives as long as the proc: keep the collector off it.
     gc.freeze()
     server = ProcServer(spec)
