@@ -32,8 +32,10 @@ from typing import Any, NoReturn
 
 import zmq
 
+from zmesh import _context
 from zmesh._actor import _CURRENT, _CURRENT_ACTOR, _REQUEST, Endpoint, Point
 from zmesh._errors import SpawnError
+from zmesh._host import lifecycle as _lifecycle
 from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
@@ -163,6 +165,7 @@ class _Mailbox:
 
     async def _run(self) -> None:
         _CURRENT.set(self.point)
+        _context._ACTOR_NAME.set(self.name)  # current_actor_name(), context()
         _CURRENT_ACTOR.set(self.instance)
         self.context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -218,6 +221,10 @@ class _Mailbox:
 
     def close(self) -> None:
         self.task.cancel()
+        pending = _lifecycle.cleanup(self.instance, None)  # __cleanup__, once
+        if pending is not None:
+            self.server.spawning.add(task := asyncio.ensure_future(pending))
+            task.add_done_callback(self.server.spawning.discard)
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
             self.server.started()
@@ -277,6 +284,12 @@ class ProcServer:
             os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
+        _context.set_own_proc(
+            _runtime.ProcRef(
+                self.mesh, self.rank, self.generation, self.addr, self.spec["agent"], self.host,
+                self.spec.get("log_path", ""),
+            )
+        )  # fmt: skip
         agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec["agent"])
         agent.connect(self.spec["agent"])
         self.agent = AsyncSocket(agent, loop, None)
@@ -403,6 +416,7 @@ class ProcServer:
         try:
             ctx = contextvars.copy_context()
             ctx.run(_CURRENT.set, point)
+            ctx.run(_context._ACTOR_NAME.set, msg.actor)
             instance = await asyncio.get_running_loop().run_in_executor(
                 self.pool, functools.partial(ctx.run, build)
             )
@@ -417,6 +431,8 @@ class ProcServer:
         if old is not None:
             old.close()
         self.actors[msg.actor] = _Mailbox(self, msg.actor, instance, point)
+        if hasattr(instance, "__cleanup__"):
+            _lifecycle.on_sigterm(self)  # its __cleanup__ runs when the agent stops us
         self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
 
     # ------------------------------------------------------------ handling
@@ -513,7 +529,10 @@ class ProcServer:
         """
         code = _exit_code(exc)
         log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
-        asyncio.get_running_loop().call_soon(self._exit_now, code)
+        actors = [box.instance for box in self.actors.values()]
+        task = asyncio.ensure_future(_lifecycle.cleanup_all(actors, exc))
+        task.add_done_callback(lambda _: self._exit_now(code))
+        self.spawning.add(task)
 
     def _exit_now(self, code: int) -> None:
         self.router.close()
