@@ -28,7 +28,7 @@ an orphan. An orphan whose environment names a proc that still runs (a
 daemon the proc started) stays while that proc does; any other gets SIGTERM
 with everything below it, then SIGKILL ``STOP_GRACE`` later (``_sweep``).
 Stopping a proc signals its whole tree at once. For the agent's own death,
-its janitor (``_janitor.py``) kills whatever carries its epoch.
+its janitor (``janitor.py``) kills whatever carries its epoch.
 """
 
 from __future__ import annotations

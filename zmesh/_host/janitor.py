@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if __name__ == "__main__":
     # Run as a script by a bare interpreter (-S -E: ~4x cheaper to start than
     # one that imports the zmesh package): its module sits next to us.
-    import _ptree
+    import ptree as _ptree
 else:
     from zmesh._host import ptree as _ptree
 
