@@ -49,7 +49,7 @@ async def stream_with_failover(
     """
     for i, replica in enumerate(replicas):
         started = False
-        stream: zmesh.ItemStream[str] = replica.generate.call_one(prompt)  # type: ignore[assignment]
+        stream: zmesh.ItemStream[str] = replica.generate.call_one(prompt)
         try:
             async for token in stream:
                 started = True

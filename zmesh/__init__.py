@@ -31,11 +31,13 @@ from zmesh._actor import (
     Endpoint,
     Options,
     Point,
+    concurrent_endpoint,
     current_rank,
     current_request,
     endpoint,
     service,
 )
+from zmesh._context import Context, context, current_actor_name, current_size
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -59,19 +61,27 @@ if TYPE_CHECKING:
     from zmesh._client.accumulate import Accumulator
     from zmesh._client.adverbs import EndpointRef, Stream
     from zmesh._client.controller import SupervisionEvent
+    from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
     from zmesh._client.mesh import (
         ActorMesh,
         HostMesh,
         MeshState,
         ProcMesh,
-        ValueMesh,
         connect,
         this_host,
     )
     from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.shutdown import shutdown
+    from zmesh._client.singletons import (
+        get_or_spawn_controller,
+        local_proc_mesh,
+        proc_mesh,
+        shutdown_context,
+    )
     from zmesh._client.streams import ItemStream
+    from zmesh._client.this_proc import this_proc
+    from zmesh._client.values import ValueMesh
     from zmesh._service.endpoint import ServiceEndpoint
     from zmesh._service.routing import (
         LeastLoadedRouter,
@@ -83,6 +93,7 @@ if TYPE_CHECKING:
         Session,
     )
     from zmesh._service.service import Service
+    from zmesh._shared.points import Extent
     from zmesh._shared.state import Rank, Status
 
 _LAZY = {
@@ -100,7 +111,15 @@ _LAZY = {
     "HostMesh": "zmesh._client.mesh",
     "MeshState": "zmesh._client.mesh",
     "ProcMesh": "zmesh._client.mesh",
-    "ValueMesh": "zmesh._client.mesh",
+    "ValueMesh": "zmesh._client.values",
+    "MeshFailure": "zmesh._client.faults",
+    "unhandled_fault_hook": "zmesh._client.faults",
+    "get_or_spawn_controller": "zmesh._client.singletons",
+    "shutdown_context": "zmesh._client.singletons",
+    "local_proc_mesh": "zmesh._client.singletons",
+    "proc_mesh": "zmesh._client.singletons",
+    "this_proc": "zmesh._client.this_proc",
+    "Extent": "zmesh._shared.points",
     "connect": "zmesh._client.mesh",
     "this_host": "zmesh._client.mesh",
     "LeastLoadedRouter": "zmesh._service.routing",
@@ -147,14 +166,17 @@ __all__ = [
     "CallTimeoutError",
     "Channel",
     "ConnectionLostError",
+    "Context",
     "EncodeError",
     "Endpoint",
     "EndpointError",
     "EndpointRef",
+    "Extent",
     "Future",
     "HostMesh",
     "ItemStream",
     "LeastLoadedRouter",
+    "MeshFailure",
     "MeshState",
     "Options",
     "OverloadedError",
@@ -182,14 +204,24 @@ __all__ = [
     "SupervisionEvent",
     "ValueMesh",
     "ZmeshError",
+    "concurrent_endpoint",
     "connect",
+    "context",
+    "current_actor_name",
     "current_rank",
     "current_request",
+    "current_size",
     "endpoint",
+    "get_or_spawn_controller",
+    "local_proc_mesh",
+    "proc_mesh",
     "send",
     "service",
     "shutdown",
+    "shutdown_context",
     "this_host",
+    "this_proc",
+    "unhandled_fault_hook",
 ]
 
 # A library's loggers get no handler but this one: the application decides

@@ -6,10 +6,13 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
@@ -163,6 +166,21 @@ def endpoint(
     return Endpoint(fn, **opts)
 
 
+@overload
+def concurrent_endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
+@overload
+def concurrent_endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+@overload
+def concurrent_endpoint(
+    *, retry: bool = True
+) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, retry: bool = True) -> Any:
+    """``@endpoint(concurrent=True)``, by Monarch's name: may run while others do."""
+    if fn is None:
+        return lambda f: Endpoint(f, concurrent=True, retry=retry)
+    return Endpoint(fn, concurrent=True, retry=retry)
+
+
 def endpoints_of(cls: type) -> dict[str, EndpointInfo]:
     """The endpoints of an actor class, by name."""
     found: dict[str, EndpointInfo] = {}
@@ -171,39 +189,6 @@ def endpoints_of(cls: type) -> dict[str, EndpointInfo]:
             if isinstance(value, Endpoint):
                 found[name] = value.info
     return found
-
-
-@dataclass(frozen=True)
-class Point:
-    """Where an actor sits in its mesh: a flat ``rank`` and a coordinate per dim.
-
-    ``point["procs"]`` and ``point.coords`` give the coordinates.
-    """
-
-    rank: int
-    dims: dict[str, int]
-
-    @property
-    def coords(self) -> dict[str, int]:
-        coords: dict[str, int] = {}
-        rest = self.rank
-        for name, size in reversed(list(self.dims.items())):
-            coords[name] = rest % size
-            rest //= size
-        return dict(reversed(list(coords.items())))
-
-    def __getitem__(self, dim: str) -> int:
-        return self.coords[dim]
-
-    def __getattr__(self, dim: str) -> int:
-        try:
-            return self.coords[dim]
-        except KeyError:
-            raise AttributeError(dim) from None
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in self.coords.items())
-        return f"Point(rank={self.rank}, {inner})"
 
 
 _CURRENT: contextvars.ContextVar[Point] = contextvars.ContextVar("zmesh_point")
@@ -334,11 +319,12 @@ class Options(Generic[A]):
 
             ServiceConfig(**settings)  # unknown or bad settings fail here, at once
 
-    def spawn(self, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Spawn it: a ``Service`` when ``replicas`` (or a service setting) was
-        given, else an ``ActorMesh``. A future of either.
+    def spawn(self, *args: Any, **kwargs: Any) -> Any:
+        """Spawn it: a future of a ``Service`` when ``replicas`` (or a service
+        setting) was given, else the ``ActorMesh`` at once (see ``as_actor``).
+        Both are awaitable and have ``.get(timeout)``.
 
-        Raises (from the future):
+        Raises (from ``await``/``.get()``):
             SpawnError: a proc, actor or replica failed to start; nothing is
                 left running.
         """
@@ -346,14 +332,18 @@ class Options(Generic[A]):
             return self.as_service(*args, **kwargs)
         return self.as_actor(*args, **kwargs)
 
-    def as_actor(self, *args: Any, **kwargs: Any) -> Future[ActorMesh]:
-        """Spawn ``hosts x procs`` actors; return a future of their ``ActorMesh``.
+    def as_actor(self, *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Spawn ``hosts x procs`` actors; their ``ActorMesh``, at once.
 
-        Raises (from the future):
+        The procs and actors start in the background: calls made meanwhile
+        wait and go out in order, and ``await mesh`` (or
+        ``mesh.initialized.get()``) waits until every ``__init__`` returned.
+
+        Raises (from ``await mesh``, ``mesh.initialized`` and every call):
             SpawnError: a proc failed to start or ``__init__`` raised; nothing
                 is left running.
         """
-        from zmesh._client.mesh import spawn_actor_mesh
+        from zmesh._client.spawning import spawn_actor_mesh
 
         if self.is_service:
             raise ValueError("replicas= and service settings are for as_service() or spawn()")
@@ -375,6 +365,10 @@ class Actor:
 
     An actor handles one message at a time, in send order per sender, unless
     an endpoint opts into ``concurrent=True``.
+
+    Optional hooks: ``__supervise__(self, failure)`` (sync or async) gets each
+    failure of a mesh this actor spawned (a truthy return handles it), and
+    ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -382,6 +376,11 @@ class Actor:
         from zmesh._client.mistakes import check_endpoint_names
 
         check_endpoint_names(cls)  # an endpoint a handle's own attribute would hide
+
+    @property
+    def logger(self) -> logging.Logger:
+        """A logger named after the class; in a proc its lines go to the proc's log."""
+        return logging.getLogger(f"zmesh.actor.{type(self).__qualname__}")
 
     @classmethod
     def options(

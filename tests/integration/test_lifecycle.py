@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -252,22 +253,28 @@ def test_usable_again_after_shutdown() -> None:
 
 
 @pytest.mark.anyio
-async def test_cancelling_a_spawn_leaves_no_proc() -> None:
+async def test_stopping_a_mesh_while_it_spawns_leaves_no_proc() -> None:
     before = session_pids("proc")
-    fut = asyncio.ensure_future(_await(zmesh.this_host().spawn_procs(per_host={"procs": 3})))
-    # Cancel while the procs are starting (they exist, but are not Running yet).
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 3})
+    actors = procs.spawn("pid", Pid)
+    waiter = asyncio.ensure_future(_await(actors))
+    # Stop while the procs are starting (they exist, but are not Running yet).
     deadline = time.monotonic() + 30
     while not (session_pids("proc") - before):
         assert time.monotonic() < deadline, "no proc was ever started"
         await asyncio.sleep(0.005)
-    fut.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await fut
+    await procs.stop()  # the spawn is given up: it does not run to the end first
+    with pytest.raises(zmesh.ActorStoppedError):
+        await procs
+    with pytest.raises(zmesh.ActorStoppedError):
+        await waiter  # the actors waiting for those procs fail with it
+    with pytest.raises(zmesh.ActorStoppedError):
+        await actors.pid.call()
     deadline = time.monotonic() + 10
     while session_pids("proc") - before:  # (poll without blocking the loop doing the stop)
-        assert time.monotonic() < deadline, "the cancelled spawn's procs did not go"
+        assert time.monotonic() < deadline, "the stopped spawn's procs did not go"
         await asyncio.sleep(0.05)
 
 
-async def _await(fut: zmesh.Future[Any]) -> Any:
+async def _await(fut: Awaitable[Any]) -> Any:
     return await fut

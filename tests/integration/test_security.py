@@ -183,7 +183,7 @@ def _plan(attack_dir: str, control: str, stream: str, proc: str, mesh: str) -> l
     create = Codec(w.AGENT_INBOX).encode(
         w.CreateOrUpdate(
             1, "pwn", w.ProcSpec(owner="mallory:1:0", ranks=[0], dims={"procs": 1},
-                                 main=w.MainSpec(init_main_from_path=evil)),
+                                 main=w.MainSpec(sys_path=[attack_dir])),
         )
     )  # fmt: skip
     spawn = Codec(w.PROC_INBOX).encode(

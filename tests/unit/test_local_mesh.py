@@ -86,11 +86,11 @@ class Summer(zmesh.Actor):
 
     @zmesh.endpoint
     async def total(self) -> int:
-        return sum(await self.counters.rank.call())
+        return sum((await self.counters.rank.call()).values())
 
     @zmesh.endpoint
     def total_sync(self) -> int:
-        return sum(self.counters.rank.call().get(timeout=5))
+        return sum(self.counters.rank.call().get(timeout=5).values())
 
 
 class Broken(zmesh.Actor):

@@ -122,11 +122,10 @@ def _agent_decode(msg: list[object]) -> object:
 
 
 def test_a_good_spec_decodes_to_typed_structs() -> None:
-    main = {"sys_path": ["/a", ""], "dir": "/tmp", "init_main_from_path": "/tmp/s.py"}
+    main = {"sys_path": ["/a", ""], "dir": "/tmp"}
     msg = _agent_decode(["CreateOrUpdate", 1, "m-1.x_y", {**SPEC, "main": main, "env": {"A": ""}}])
     assert isinstance(msg, w.CreateOrUpdate)
-    assert msg.spec.main == w.MainSpec(sys_path=["/a", ""], dir="/tmp",
-                                       init_main_from_path="/tmp/s.py")  # fmt: skip
+    assert msg.spec.main == w.MainSpec(sys_path=["/a", ""], dir="/tmp")
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,12 @@
 
 * ``runtime``: sockets to procs, requests in flight, and their fates;
 * ``controller``: agents' supervision streams turned into mesh state;
-* ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles and spawning;
+* ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles; ``spawning``: the work of
+  spawning and stopping; ``pending``: calls waiting for a mesh to be ready;
+* ``meshstate``, ``values``: ``mesh.state()``, ``ValueMesh``; ``faults``: ``MeshFailure``
+  and the hooks; ``this_proc``, ``singletons``: Monarch's process-level helpers;
 * ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
 * ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
 * ``local``: this process as an owner (its agents, heartbeats, exit);
-* ``spawnprep``, ``shutdown``: the script's ``__main__`` in procs, ``zmesh.shutdown()``.
+* ``shutdown``: ``zmesh.shutdown()``.
 """

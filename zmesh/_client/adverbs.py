@@ -6,7 +6,8 @@
 
 Arguments are encoded once in the caller's thread (so a value that cannot be
 sent raises ``EncodeError`` right there), and the message is encoded once
-whatever the fan-out.
+whatever the fan-out. A call on a mesh that is still spawning (or with such a
+mesh in its arguments) waits in order in the mesh's gate (``zmesh._client.pending``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._client import lanes as _lanes
+from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
+from zmesh._client.pending import NotReady
 from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
 from zmesh._client.streams import ItemStream, open_stream
 from zmesh._errors import EncodeError
@@ -31,10 +34,36 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
 
 if TYPE_CHECKING:
-    from zmesh._client.mesh import ActorMesh, ValueMesh
+    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.values import ValueMesh
 
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 _rotation = itertools.count()
+
+
+def _deferrable(kind: str) -> Callable[[F], F]:
+    """An adverb that waits in the mesh's gate while the mesh (or an argument) is not ready.
+
+    The ready case costs one attribute test; everything else is in
+    ``zmesh._client.pending``.
+    """
+
+    def wrap(adverb: F) -> F:
+        @functools.wraps(adverb)
+        def gated(self: EndpointRef[Any], *args: Any, **kwargs: Any) -> Any:
+            if self._mesh._gate is not None and not _pending.draining():
+                return self._defer(adverb, kind, args, kwargs)
+            try:
+                return adverb(self, *args, **kwargs)
+            except NotReady:  # a mesh in the arguments is still spawning
+                if _pending.draining():
+                    raise
+                return self._defer(adverb, kind, args, kwargs)
+
+        return gated  # type: ignore[return-value]
+
+    return wrap
 
 
 def submit(work: Callable[[Runtime], Coroutine[Any, Any, R]]) -> Future[R]:
@@ -164,9 +193,29 @@ class EndpointRef(Generic[R]):
             raise ValueError(f"window must be a positive int, not {window!r}")
         return EndpointRef(self._mesh, self._name, timeout, block, window)
 
+    def _defer(
+        self, adverb: Callable[..., Any], kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        mesh = self._mesh
+        n = len(mesh._shape.ranks)
+        if adverb.__name__ == "call_one" and n != 1:
+            raise ValueError(
+                f"call_one() needs exactly one actor, but {mesh!r} has {n}; "
+                "use call(), choose() or slice the mesh"
+            )
+        try:  # what cannot be sent fails here, at the call, as on the fast path
+            self._pack(args, kwargs)
+        except NotReady:
+            pass
+        return _pending.defer(
+            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name)
+        )
+
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         try:
             payload, buffers = Codec.pack(args, kwargs)
+        except NotReady:
+            raise
         except Exception as exc:
             raise EncodeError(
                 f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
@@ -198,16 +247,17 @@ class EndpointRef(Generic[R]):
             ValueError: at once, when the mesh is not exactly one actor
                 (the error names ``call``, ``call_one`` and ``choose``).
         """
-        refs = self._mesh._refs
-        if len(refs) != 1:
+        n = len(self._mesh._shape.ranks)
+        if n != 1:
             raise ValueError(
-                f"{self._mesh!r} has {len(refs)} actors: a direct call needs exactly one. "
+                f"{self._mesh!r} has {n} actors: a direct call needs exactly one. "
                 f"Say which: mesh.{self._name}.call(...) (every actor), "
                 f"mesh.{self._name}.choose(...) (the least loaded one), or "
                 f"mesh.slice(...).{self._name}.call_one(...) (one you pick)"
             )
-        return self._one(refs[0], args, kwargs)
+        return self.call_one(*args, **kwargs)
 
+    @_deferrable("future")
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of this mesh; a future of its value.
 
@@ -243,6 +293,7 @@ class EndpointRef(Generic[R]):
             timeout=self._timeout, block=self._block, points=points,
         )  # fmt: skip
 
+    @_deferrable("future")
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of this mesh, the least loaded from this caller."""
         refs = self._mesh._refs
@@ -296,6 +347,7 @@ class EndpointRef(Generic[R]):
         )  # fmt: skip
         return Future(cfut=cfut, about=(ref, self._name))
 
+    @_deferrable("future")
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; a future of their values as a ``ValueMesh``.
 
@@ -305,7 +357,7 @@ class EndpointRef(Generic[R]):
         On a generator endpoint: an ``ItemStream`` of ``(point, item)`` pairs
         from every actor, as they arrive (see ``zmesh._client.streams``).
         """
-        from zmesh._client.mesh import ValueMesh
+        from zmesh._client.values import ValueMesh
 
         mesh = self._mesh
         if self._window:
@@ -343,6 +395,7 @@ class EndpointRef(Generic[R]):
 
         return on_runtime(start, (self._mesh.proc_mesh, self._name), (r.addr for r in refs))
 
+    @_deferrable("broadcast")
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait; errors are logged by the actors."""
         payload, buffers = self._pack(args, kwargs)
@@ -351,6 +404,7 @@ class EndpointRef(Generic[R]):
         rt, here = _runtime.current()
         rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=(r.addr for r in refs))
 
+    @_deferrable("stream")
     def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:
         """Call every actor; iterate over the values as they arrive.
 
@@ -397,12 +451,14 @@ class Stream(Generic[R]):
         self._seen: list[tuple[bool, Any]] = []
         refs, timeout = ref._mesh._refs, ref._timeout
         rt, home = _runtime.current()
-        self._loop = rt.loop if home else None
+        # A stream plain code made while its mesh spawned is sent later, from the loop.
+        plain = not home or _pending.for_plain_code()
+        self._loop = rt.loop if not plain else None
         self._aq: asyncio.Queue[tuple[int, bool, Any]] | None = None
         self._sq: queue.SimpleQueue[tuple[int, bool, Any]] | None = None
         self._lock = threading.Lock()  # plain code: passes in several threads
         deliver: Callable[[int, bool, Any], None]
-        if home:
+        if not plain:
             aq = self._aq = asyncio.Queue()
             deliver = lambda i, ok, v: aq.put_nowait((i, ok, v))  # noqa: E731
         else:

@@ -375,8 +375,8 @@ class Controller:
 
     def watch(self, ref: ProcRef) -> None:
         """Follow the supervision of ``ref``'s rank (a handle we call)."""
-        if ref.mesh in self.tombstones:
-            return  # over: nothing more to follow
+        if ref.mesh in self.tombstones or not ref.agent:
+            return  # over, or a client's own proc (this_proc()): no agent to follow
         a = self.agent(ref.agent)
         view = self.views.get(ref.mesh)
         if view is None:

@@ -9,54 +9,36 @@ over the dims, hosts first: ``{hosts: 2, procs: 4}`` puts rank 5 at
 from __future__ import annotations
 
 import asyncio
-import functools
+import concurrent.futures
 import math
-import os
 import pickle
-import secrets
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zmesh._actor import Actor, Options, Point, endpoints_of
+from zmesh._actor import Actor
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
-from zmesh._client import spawnprep as _spawnprep
 from zmesh._client.adverbs import EndpointRef, submit
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.future import Future
-from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._client.spawnprep import preparation
-from zmesh._errors import AgentError, EndpointError, SecurityError, SpawnError, ZmeshError
-from zmesh._shared.state import Rank, Status, mesh_status
+from zmesh._client.meshstate import (  # noqa: F401  (zmesh.MeshState)
+    STATE_TIMEOUT,
+    MeshState,
+    _ask_agents,
+    _event_of,
+    _followed_ranks,
+)
+from zmesh._client.pending import Gate, NotReady
+from zmesh._client.runtime import ProcRef
+from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
+from zmesh._errors import EndpointError
+from zmesh._shared.points import Extent, Point
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
-from zmesh._wire.codec import Codec
 
 A = TypeVar("A", bound=Actor)
 T = TypeVar("T")
-
-# How long procs may take to start, and actors' __init__ to return.
-SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
-INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
-
-
-class MeshState:
-    """A snapshot of a mesh's ranks, from the client's cached view.
-
-    Attributes:
-        name: the proc mesh.
-        status: the mesh's status: that of its worst rank.
-        ranks: every rank's ``Rank`` (status, generation, reason, pid, log_path).
-    """
-
-    def __init__(self, name: str, ranks: dict[int, Rank]) -> None:
-        self.name = name
-        self.ranks = ranks
-        self.status = mesh_status(r.status for r in ranks.values())
-
-    def __repr__(self) -> str:
-        return f"<MeshState {self.name} {self.status.value}>"
+M = TypeVar("M", bound="_MeshBase")
 
 
 class _Shape:
@@ -99,57 +81,72 @@ class _Shape:
         return _Shape(keep_dims, out)
 
 
-_NO_INITIAL: Any = object()
-
-
-class ValueMesh(Generic[T]):
-    """The values of a ``call``, one per actor, in rank order."""
-
-    def __init__(self, dims: dict[str, int], points: list[Point], values: list[T]) -> None:
-        self.dims = dims
-        self._points = points
-        self._values = values
-
-    def values(self) -> list[T]:
-        """The values in rank order."""
-        return list(self._values)
-
-    def items(self) -> list[tuple[Point, T]]:
-        """``(point, value)`` pairs in rank order."""
-        return list(zip(self._points, self._values, strict=True))
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __iter__(self) -> Iterator[T]:
-        return iter(self._values)
-
-    def __getitem__(self, index: int) -> T:
-        return self._values[index]
-
-    def reduce(self, fn: Callable[[Any, T], Any], initial: Any = _NO_INITIAL) -> Any:
-        """Fold the values in rank order: ``fn(...fn(initial, v0)..., vN)``.
-
-        Without ``initial`` the first value starts the fold (an empty mesh
-        then raises ``TypeError``, as ``functools.reduce`` does).
-        """
-        if initial is _NO_INITIAL:
-            return functools.reduce(fn, self._values)
-        return functools.reduce(fn, self._values, initial)
-
-    def __repr__(self) -> str:
-        return f"ValueMesh({self.dims}, {self._values!r})"
+_DONE: concurrent.futures.Future[None] = concurrent.futures.Future()
+_DONE.set_result(None)
 
 
 class _MeshBase:
-    """What proc and actor meshes share: a shape over proc refs, state, stop."""
+    """What proc and actor meshes share: a shape over proc refs, readiness, state.
+
+    A mesh is returned while it is still spawning. ``_ready`` settles when its
+    procs (and actors) are up, or with the spawn's error; until then
+    ``_refs`` is empty and calls wait in ``_gate`` (see ``zmesh._client.pending``).
+    """
 
     _shape: _Shape
-    _refs: list[ProcRef]  # by position in _shape.ranks
+    _refs: list[ProcRef]  # by position in _shape.ranks; empty while spawning
     proc_mesh: str
+    _gate: Gate | None = None  # set while calls must wait: the fast path tests this only
+    _ready: concurrent.futures.Future[None] = _DONE
+    _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
+    _spawning: Future[None] | None = None  # the spawn's work, while it runs
+    _given_up = False  # stop() gave the spawn up
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return len(self._shape.ranks)
+
+    @property
+    def initialized(self) -> Future[None]:
+        """A future that resolves once every proc (and actor ``__init__``) is up.
+
+        Raises (from the future):
+            SpawnError: a proc failed to start or ``__init__`` raised (with
+                the remote traceback); the mesh's calls fail with it too.
+            AgentError: an agent could not be reached.
+        """
+        ready = self._ready
+        loop = asyncio._get_running_loop()
+        if loop is not None and loop is self._ready_loop and not ready.done():
+            # On the spawn's own loop: .get() must refuse to block it.
+            return Future(
+                afut=asyncio.wrap_future(ready, loop=loop), about=(self.proc_mesh, "spawn")
+            )
+        return Future(cfut=ready, about=(self.proc_mesh, "spawn"))
+
+    def __await__(self: M) -> Generator[Any, None, M]:
+        return self._until_ready().__await__()
+
+    async def _until_ready(self: M) -> M:
+        await self.initialized
+        return self
+
+    def _wait_ready(self: M, timeout: float | None = None) -> M:
+        self.initialized.get(timeout)
+        return self
+
+    @property
+    def extent(self) -> Extent:
+        """The mesh's shape: an ordered mapping of dim to size."""
+        return Extent(self._shape.dims)
+
+    def size(self, dim: str | Iterable[str] | None = None) -> int:
+        """How many points: in all, along ``dim``, or along several dims."""
+        dims = self._shape.dims
+        if dim is None:
+            return len(self._shape.ranks)
+        if isinstance(dim, str):
+            return dims[dim]
+        return math.prod(dims[d] for d in dim)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -184,6 +181,7 @@ class _MeshBase:
         rt, home = _runtime.current()
         if not home:
             raise RuntimeError("supervision_events() needs a running event loop")
+        await self.initialized
         mine = {ref.rank for ref in self._refs}
         queue: asyncio.Queue[SupervisionEvent] = asyncio.Queue()
         for ref in self._refs:
@@ -217,104 +215,12 @@ def check_mesh_name(base: str) -> str:
     return w.check_name(base, "mesh name", reserve=9)
 
 
-STATE_TIMEOUT = 2.0  # how long state() waits for agents that must be asked
-
-
-def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
-    """What the runtimes of this process know of ``mesh``'s ranks, ``first`` first.
-
-    ``Controller.watch`` fills a view with Running and no pid until the
-    agent speaks: that guess is no knowledge, so it is left out.
-    """
-    with _runtime._lock:  # a runtime whose loop does not run hears nothing: stale
-        others = [
-            rt for rt in _runtime._runtimes.values()
-            if rt is not first and not rt.closed and rt.loop.is_running()
-        ]  # fmt: skip
-    known: dict[int, Rank] = {}
-    for rt in (first, *others):
-        ctl = rt.controller
-        # A released mesh's tombstone still says how each rank ended.
-        view = ctl.views.get(mesh) or ctl.tombstones.get(mesh)
-        if view is None:
-            continue
-        for r, st in list(view.ranks.items()):
-            if r not in known and (st.pid or st.status is not Status.RUNNING):
-                known[r] = st
-    return known
-
-
-def _ask_agents(mesh: str, refs: list[ProcRef]) -> dict[int, Rank]:
-    """``refs``' ranks as their agents report them now (``GetState``, one per agent).
-
-    A blocking round trip on sockets of its own (the runtime's belong to its
-    loop's thread), bounded by ``STATE_TIMEOUT`` in all.
-    """
-    import zmq
-
-    from zmesh._wire.security import secure_client
-    from zmesh._wire.zsock import configure
-
-    by_agent: dict[str, list[ProcRef]] = {}
-    for ref in refs:
-        by_agent.setdefault(ref.agent, []).append(ref)
-    codec = Codec(w.AGENT_REPLIES)
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    socks = {}
-    for addr in by_agent:
-        sock = secure_client(configure(ctx.socket(zmq.DEALER)))
-        sock.connect(addr)
-        sock.send_multipart(codec.encode(w.GetState(1, mesh)))
-        socks[addr] = sock
-    deadline = time.monotonic() + STATE_TIMEOUT
-    out: dict[int, Rank] = {}
-    try:
-        for addr, sock in socks.items():
-            reply = None
-            while reply is None and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                try:
-                    msg = codec.decode(sock.recv_multipart())
-                except Exception:  # garbled: wait for a good one, or the deadline
-                    continue
-                if isinstance(msg, w.StateReply):
-                    reply = msg
-            states = {}
-            if reply is not None:
-                for m in reply.meshes:
-                    if m.name == mesh:
-                        states = {rs.rank: rs for rs in m.ranks}
-            for ref in by_agent[addr]:
-                rs = states.get(ref.rank)
-                if reply is None:
-                    out[ref.rank] = Rank(
-                        Status.UNKNOWN, ref.generation, f"agent {addr} did not answer",
-                        addr=ref.addr, log_path=ref.log_path,
-                    )  # fmt: skip
-                elif rs is None:
-                    out[ref.rank] = Rank(
-                        Status.FAILED, ref.generation, f"agent {reply.agent} no longer knows it",
-                        addr=ref.addr, log_path=ref.log_path,
-                    )  # fmt: skip
-                else:
-                    out[ref.rank] = Rank(
-                        Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr,
-                        rs.log_path, rs.exit_code,
-                    )  # fmt: skip
-    finally:
-        for sock in socks.values():
-            sock.close(linger=0)
-    return out
-
-
-def _event_of(refs: list[ProcRef], rank: int, st: Rank) -> SupervisionEvent:
-    host = next((r.host for r in refs if r.rank == rank), "")
-    return SupervisionEvent(
-        refs[0].mesh, rank, host, st.status, st.reason, st.generation, st.log_path, st.exit_code
-    )
-
-
 class ProcMesh(_MeshBase):
-    """OS processes laid out on named dims; spawn actors on them with ``spawn``."""
+    """OS processes laid out on named dims; spawn actors on them with ``spawn``.
+
+    Returned by ``HostMesh.spawn_procs`` at once, while the procs start:
+    ``await procs`` (or ``procs.initialized``) waits for them.
+    """
 
     def __init__(self, name: str, shape: _Shape, refs: list[ProcRef]) -> None:
         self.proc_mesh = name
@@ -325,22 +231,42 @@ class ProcMesh(_MeshBase):
     def name(self) -> str:
         return self.proc_mesh
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> Future[ActorMesh[A]]:
-        """Construct ``cls(*args, **kwargs)`` in every proc; a future of the ``ActorMesh``.
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Construct ``cls(*args, **kwargs)`` in every proc; the ``ActorMesh``, at once.
+
+        The actors start in the background, after the procs. Calls made
+        meanwhile wait and go out in order; ``await mesh`` waits for every
+        ``__init__``. Meshes in the arguments that are still spawning are
+        waited for first.
 
         Raises:
             ValueError: at once, when ``name`` is not a valid name (1-128
                 letters, digits, ``_``, ``.`` or ``-``, without ``..``).
+            TypeError: at once, when ``cls`` is not a ``zmesh.Actor`` subclass.
 
-        Raises (from the future):
-            SpawnError: ``__init__`` raised in some proc (with its traceback).
+        Raises (from ``await mesh``, ``mesh.initialized`` and every call):
+            SpawnError: ``__init__`` raised in some proc (with its traceback),
+                or the procs did not start.
         """
+        from zmesh._client import spawning
+
         w.check_name(name, "actor name")
-        return submit(lambda rt: _spawn_actors(rt, self, name, cls, args, kwargs))
+        return spawning.start_actors(self, name, cls, args, kwargs)
+
+    def get(self, timeout: float | None = None) -> ProcMesh:
+        """Wait until the procs are up (``initialized.get``); this mesh.
+
+        Raises:
+            SpawnError: a proc did not start.
+            CallTimeoutError: ``timeout`` passed first.
+        """
+        return self._wait_ready(timeout)
 
     def stop(self) -> Future[None]:
         """Stop every proc; later calls to their actors raise ``ActorStoppedError``."""
-        return submit(lambda rt: stop_procs(rt, self._refs))
+        from zmesh._client import spawning
+
+        return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=True))
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}: {v}" for k, v in self._shape.dims.items())
@@ -383,9 +309,13 @@ class ActorMesh(_MeshBase, Generic[A]):
         self._refs = refs
         self._owns_procs = owns_procs
 
-    def __getattr__(self, name: str) -> EndpointRef[Any]:
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name == "get" and name not in self.endpoints:
+            # ``Cls.options().as_actor().get(timeout)``: wait, then the mesh
+            # (an endpoint named ``get`` wins; use ``initialized`` then).
+            return self._wait_ready
         if name not in self.endpoints:
             known = ", ".join(sorted(self.endpoints)) or "none"
             raise EndpointError(
@@ -403,23 +333,45 @@ class ActorMesh(_MeshBase, Generic[A]):
         """
         shape = self._shape.sliced(sel)
         by_rank = {r.rank: r for r in self._refs}
-        return ActorMesh(
+        part: ActorMesh[A] = ActorMesh(
             self.actor, self.cls_name, self.endpoints, shape,
-            [by_rank[r] for r in shape.ranks], full_dims=self.full_dims, modes=self.modes,
+            [by_rank[r] for r in shape.ranks] if by_rank else [], full_dims=self.full_dims,
+            modes=self.modes,
         )  # fmt: skip
+        part._ready, part._ready_loop = self._ready, self._ready_loop
+        gate = self._gate
+        if gate is not None:  # calls through the slice keep their place among the mesh's
+            gate.join(part)
+        return part
+
+    def flatten(self, name: str) -> ActorMesh[A]:
+        """The same actors on one dim ``name``, in rank order."""
+        w.check_name(name, "dim")
+        part = self.slice()
+        part._shape = _Shape({name: len(self._shape.ranks)}, self._shape.ranks)
+        return part
 
     def points(self) -> list[Point]:
         """The point of each actor of this view in the full mesh, in rank order."""
-        return [Point(r.rank, self.full_dims) for r in self._refs]
+        return [Point(r, self.full_dims) for r in self._shape.ranks]
 
     def stop(self) -> Future[None]:
-        """Stop these actors (and their procs, if this mesh made them)."""
-        if self._owns_procs:
-            return submit(lambda rt: stop_procs(rt, self._refs))
-        return submit(lambda rt: _stop_actors(rt, self))
+        """Stop these actors (and their procs, if this mesh made them).
+
+        A mesh still spawning is stopped once it is up; one whose spawn
+        failed has nothing left to stop.
+        """
+        from zmesh._client import spawning
+
+        return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=self._owns_procs))
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data; the receiver makes its own sockets.
+        ready = self._ready
+        if not ready.done():
+            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
+        if (exc := ready.exception()) is not None:
+            raise exc
         return (
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
@@ -468,36 +420,38 @@ class HostMesh:
     def __len__(self) -> int:
         return self._hosts
 
+    @property
+    def extent(self) -> Extent:
+        """``{"hosts": n}``."""
+        return Extent({"hosts": self._hosts})
+
     def spawn_procs(
         self, per_host: dict[str, int] | None = None, *, name: str = "procs"
-    ) -> Future[ProcMesh]:
+    ) -> ProcMesh:
         """Start procs: ``per_host={"procs": 4}`` starts 4 on every host.
 
-        Returns at once with a future; the procs start in parallel.
+        Returns the ``ProcMesh`` at once; the procs start in parallel in the
+        background (``await procs`` waits for them).
 
         Raises:
             ValueError: at once, when ``name`` is not a valid name (1-119
                 letters, digits, ``_``, ``.`` or ``-``, without ``..``; the
-                mesh's name is ``name`` and a random suffix), or a dim is not.
+                mesh's name is ``name`` and a random suffix), or a dim is not,
+                or a size is below 1.
 
-        Raises (from the future):
+        Raises (from ``await procs`` / ``procs.initialized``):
             SpawnError: a proc died or did not become ready (with its log path).
             AgentError: an agent cannot be reached.
         """
+        from zmesh._client import spawning
+
         per_host = dict(per_host or {"procs": 1})
         check_mesh_name(name)
-        for dim in per_host:
+        for dim, size in per_host.items():
             w.check_name(dim, "dim")
-        agents = self._agents
-        hosts = self._hosts
-
-        async def go(rt: Runtime) -> ProcMesh:
-            addrs = agents
-            if addrs is None:
-                addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-            return await _spawn_procs(rt, addrs, per_host, name)
-
-        return submit(go)
+            if size < 1:
+                raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
+        return spawning.start_procs(self._agents, self._hosts, per_host, name)
 
     def __repr__(self) -> str:
         return f"<HostMesh {{hosts: {self._hosts}}}>"
@@ -535,322 +489,26 @@ def connect(
     return HostMesh(list(addresses))
 
 
-def spawn_actor_mesh(opts: Options[A], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``Cls.options(...).as_actor(...)``: procs then actors, as one future."""
-    return submit(
-        lambda rt: spawn_owned_mesh(rt, opts.cls, opts.hosts, opts.procs, opts.name, args, kwargs)
+if TYPE_CHECKING:  # for type checkers: the names below, from where they live now
+    from zmesh._client.spawning import (  # noqa: F401
+        INIT_TIMEOUT,
+        SPAWN_TIMEOUT,
+        spawn_actor_mesh,
+        spawn_owned_mesh,
+        stop_procs,
+        stop_request,
     )
 
-
-async def spawn_owned_mesh(
-    rt: Runtime,
-    cls: type[A],
-    hosts: int,
-    procs: int,
-    name: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    addrs: list[str] | None = None,
-) -> ActorMesh[A]:
-    """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
-
-    Args:
-        addrs: the agents to place the host slices on (default: the first
-            ``hosts`` configured agents, or the embedded default).
-
-    Raises:
-        SpawnError: a proc or an actor failed to start; nothing is left running.
-    """
-    if addrs is None:
-        addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-    pm = await _spawn_procs(rt, addrs, {"procs": procs}, name)
-    try:
-        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
-    except BaseException:
-        await stop_procs(rt, pm._refs)
-        raise
-    mesh._owns_procs = True
-    return mesh
+_MOVED = {
+    "INIT_TIMEOUT", "SPAWN_TIMEOUT", "stop_procs", "spawn_actor_mesh", "spawn_owned_mesh",
+    "stop_request",
+}  # fmt: skip
 
 
-# ------------------------------------------------------------ the work
+def __getattr__(name: str) -> Any:
+    # Spawning moved to zmesh._client.spawning; these names stay reachable here.
+    if name in _MOVED:
+        from zmesh._client import spawning
 
-
-async def _spawn_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str
-) -> ProcMesh:
-    _spawnprep.check_not_preparing()
-    check_mesh_name(base)
-    name = f"{base}-{secrets.token_hex(4)}"
-    ctl = rt.controller
-    ctl.creating.add(name)  # not released while it starts, even if a rank fails
-    try:
-        return await _start_procs(rt, addrs, per_host, name)
-    except BaseException:
-        ctl.release(name)  # stopped already (or never made): nothing of it stays
-        raise
-    finally:
-        ctl.creating.discard(name)
-
-
-async def _start_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
-) -> ProcMesh:
-    from zmesh._actor import owner_actor as _owner_actor
-
-    dims = {"hosts": len(addrs), **per_host}
-    per = math.prod(per_host.values())
-    if per < 1:
-        raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
-    prep = preparation()
-    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
-    agents = _local.configured_agents()
-    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
-        env["ZMESH_AGENTS"] = ",".join(agents)
-    ctl = rt.controller
-    owner_actor = _owner_actor()
-    if owner_actor is not None:
-        ctl.handlers[name] = lambda ev: _supervise(owner_actor, ev)
-    conns = []
-    for h, addr in enumerate(addrs):
-        agent = ctl.agent(addr)
-        await _agent_ready(rt, agent.ready, addr)
-        _local.note_used(addr)
-        ranks = list(range(h * per, (h + 1) * per))
-        ctl.track(name, agent, ranks)
-        conns.append((agent, ranks))
-    spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
-        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
-    )
-    try:
-        await _create_and_wait(rt, name, conns, spec_of)
-    except asyncio.CancelledError:
-        # The caller gave up on the spawn: the procs it asked for must not stay.
-        await asyncio.shield(_stop_mesh_on(rt, name, conns))
-        raise
-    view = ctl.views[name]
-    refs = []
-    for agent, ranks in conns:
-        for r in ranks:
-            st = view.ranks[r]
-            refs.append(
-                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
-            )
-    ctl.owned.add(name)  # from now on, its unhandled failures are ours
-    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
-
-
-async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
-    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
-
-    Raises:
-        SecurityError: the CURVE handshake failed (the reason says which key).
-        AgentError: no answer within 10 s.
-    """
-    if ready.is_set():
-        return
-    heard = asyncio.ensure_future(ready.wait())
-    waits: set[asyncio.Future[Any]] = {heard}
-    probe = None
-    if addr.startswith("tcp://"):
-        # A refused key (or none, to a keyed agent) is silence to the socket,
-        # but a monitor hears it.
-        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
-        waits.add(probe)
-    deadline = rt.loop.time() + 10.0
-    try:
-        while not heard.done():
-            done, _ = await asyncio.wait(
-                waits, timeout=max(0.0, deadline - rt.loop.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )  # fmt: skip
-            if not done:
-                hint = " and whether your keys match its --keys" if probe is not None else ""
-                raise AgentError(
-                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                    host=addr,
-                )
-            if probe is not None and probe in done:
-                waits.discard(probe)
-                if why := probe.result():
-                    raise SecurityError(why, host=addr)
-    finally:
-        heard.cancel()
-
-
-async def _create_and_wait(
-    rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
-) -> None:
-    """Ask each agent for its host slice, then wait until every rank is Running.
-
-    Raises:
-        SpawnError: a rank failed or did not start in time (the mesh is stopped).
-    """
-    ctl = rt.controller
-    await asyncio.gather(
-        *(
-            a.request(
-                functools.partial(
-                    w.CreateOrUpdate, name=name, spec=spec_of(h, r), secret=_local.owner_secret()
-                )
-            )
-            for h, (a, r) in enumerate(conns)
-        )
-    )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SPAWN_TIMEOUT
-    while True:
-        view = ctl.views[name]
-        now_ranks = sorted(view.ranks.items())
-        bad = [(r, s) for r, s in now_ranks if s.status.failure or s.status.terminal]
-        if bad:
-            await _stop_mesh_on(rt, name, conns)
-            rank, st = bad[0]
-            raise SpawnError(
-                f"proc failed to start: {st.status.value} ({st.reason}){_tail(st.log_path)}",
-                mesh=name, rank=rank, host=ctl.hosts[(name, rank)].label,
-                log_path=st.log_path or None,
-            )  # fmt: skip
-        if all(s.status == Status.RUNNING and s.addr for s in view.ranks.values()):
-            break
-        left = deadline - loop.time()
-        if left <= 0:
-            await _stop_mesh_on(rt, name, conns)
-            raise SpawnError(f"procs not ready after {SPAWN_TIMEOUT:.0f}s", mesh=name)
-        await ctl.wait_changed(name, min(left, 1.0))
-
-
-def _supervise(actor: Any, ev: SupervisionEvent) -> bool:
-    hook = getattr(actor, "__supervise__", None)
-    return bool(hook(ev)) if hook is not None else False
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read()[-8192:]
-    except OSError:
-        return ""
-    tail = "\n".join(text.rstrip().splitlines()[-lines:])
-    return f"\n--- last lines of {path} ---\n{tail}" if tail else ""
-
-
-async def _spawn_actors(
-    rt: Runtime,
-    procs: ProcMesh,
-    name: str,
-    cls: type[A],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> ActorMesh[A]:
-    if not (isinstance(cls, type) and issubclass(cls, Actor)):
-        raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
-    try:
-        blob = pickle.dumps(cls)
-        payload, buffers = Codec.pack(args, kwargs)
-    except Exception as exc:
-        raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    errors: list[BaseException] = []
-    remaining = len(procs._refs)
-
-    def deliver(i: int, ok: bool, value: Any) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if not ok:
-            errors.append(value)
-        if remaining == 0 and not fut.done():
-            fut.set_result(None)
-
-    dims = procs.sizes
-    for ref in procs._refs:
-        rt.send(
-            [ref],
-            functools.partial(
-                w.SpawnActor,
-                actor=name,
-                cls=blob,
-                payload=payload,
-                mesh=procs.name,
-                dims=dims,
-                rank=ref.rank,
-            ),
-            buffers,
-            deliver,
-            INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
-        )
-    await fut
-    if errors:
-        err = errors[0]
-        if isinstance(err, SpawnError):
-            tb = getattr(err, "remote_traceback", "")
-            raise SpawnError(
-                f"{err.message}\n--- remote traceback ---\n{tb}".rstrip(),
-                mesh=err.mesh, rank=err.rank, host=err.host, log_path=err.log_path,
-            ) from err  # fmt: skip
-        if isinstance(err, ZmeshError):
-            raise SpawnError(
-                f"actor {name} could not start: {err.message}", mesh=err.mesh, rank=err.rank,
-                host=err.host, log_path=err.log_path,
-            ) from err  # fmt: skip
-        raise err
-    infos = endpoints_of(cls)
-    modes = {n: i.window if i.stream else 0 for n, i in infos.items() if i.stream or i.port}
-    return ActorMesh(
-        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
-        modes=modes,
-    )  # fmt: skip
-
-
-def stop_request(name: str) -> Callable[[int], w.Stop]:
-    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
-    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
-
-
-async def stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
-    """Stop the procs of ``refs`` (each agent asked once) and wait until they are over."""
-    by_agent: dict[str, list[ProcRef]] = {}
-    for r in refs:
-        by_agent.setdefault(r.agent, []).append(r)
-    ctl = rt.controller
-    for addr, rs in by_agent.items():
-        agent = ctl.agent(addr)
-        for r in rs:
-            ctl.watch(r)
-            # Calls made after stop() fail with ActorStoppedError at once,
-            # without waiting for the agent's events.
-            ctl.judge(agent, r.mesh, r.rank, Status.STOPPING, "")
-        names = {r.mesh for r in rs}
-        for n in names:
-            try:
-                await agent.request(stop_request(n), timeout=5.0)
-            except AgentError:
-                # The agent is gone (so are its procs) or cut off: it will
-                # not say more, so nothing of the mesh needs to stay.
-                ctl.release(n)
-    # Once every rank is Stopped (the agents' events say so), the controller
-    # releases the mesh: its sockets and state go, a tombstone stays.
-    for n in {r.mesh for r in refs}:
-        ctl.release_if_over(n)
-
-
-async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
-    for agent, _ in conns:
-        try:
-            await agent.request(stop_request(name), timeout=5.0)
-        except AgentError:
-            pass
-
-
-async def _stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    remaining = len(mesh._refs)
-
-    def deliver(i: int, ok: bool, value: Any) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if remaining == 0 and not fut.done():
-            fut.set_result(None)
-
-    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
-    await fut
+        return getattr(spawning, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

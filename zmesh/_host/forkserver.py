@@ -344,14 +344,12 @@ def serve(agent_pid: int) -> None:
     # starts a thread at import; the few settings read at import
     # (ZMESH_MAX_MSG_SIZE, ZMESH_PROC_MAX_BACKLOG, ZMESH_MAX_IN_FLIGHT...) come
     # from the agent's environment, which an embedded agent has from its client.
-    import multiprocessing.spawn  # noqa: F401  (spawnprep re-creates __main__ with it)
-
     import zmesh._client.controller
     import zmesh._client.local
     import zmesh._client.runtime
-    import zmesh._client.spawnprep
     import zmesh._host.proc
-    import zmesh._host.stacks  # noqa: F401
+    import zmesh._host.stacks
+    import zmesh._wire.pickling  # noqa: F401
 
     # Freeze what is loaded: a proc's collector then never walks (and so
     # never copies, page by page) the objects it shares with us.

@@ -31,8 +31,10 @@ from typing import Any, NoReturn
 
 import zmq
 
+from zmesh import _context
 from zmesh._actor import Endpoint, Point, set_current
 from zmesh._errors import SpawnError
+from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host.batching import Batcher
 from zmesh._host.generators import Producers
@@ -175,6 +177,7 @@ class _Mailbox:
 
     async def _run(self) -> None:
         set_current(self.point, self.instance)
+        _context.set_actor_name(self.name)  # current_actor_name(), context()
         self.context = contextvars.copy_context()
         for batcher in self.batchers.values():
             batcher.context = self.context
@@ -233,6 +236,10 @@ class _Mailbox:
         self.task.cancel()
         for batcher in self.batchers.values():
             batcher.close()
+        pending = _lifecycle.cleanup(self.instance, None)  # __cleanup__, once
+        if pending is not None:
+            self.server.spawning.add(task := asyncio.ensure_future(pending))
+            task.add_done_callback(self.server.spawning.discard)
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
             self.server.started()
@@ -294,6 +301,12 @@ class ProcServer:
             os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
+        _context.set_own_proc(
+            _runtime.ProcRef(
+                self.mesh, self.rank, self.generation, self.addr, self.spec.agent, self.host,
+                self.spec.log_path,
+            )
+        )  # fmt: skip
         agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec.agent)
         agent.connect(self.spec.agent)
         self.agent = AsyncSocket(agent, loop, None)
@@ -411,6 +424,7 @@ class ProcServer:
         try:
             ctx = contextvars.copy_context()
             ctx.run(set_current, point)
+            ctx.run(_context.set_actor_name, msg.actor)
             instance = await asyncio.get_running_loop().run_in_executor(
                 self.pool, functools.partial(ctx.run, build)
             )
@@ -425,6 +439,8 @@ class ProcServer:
         if old is not None:
             old.close()
         self.actors[msg.actor] = _Mailbox(self, msg.actor, instance, point)
+        if hasattr(instance, "__cleanup__"):
+            _lifecycle.on_sigterm(self)  # its __cleanup__ runs when the agent stops us
         self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
 
     # ------------------------------------------------------------ handling
@@ -524,7 +540,10 @@ class ProcServer:
         """
         code = _exit_code(exc)
         log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
-        asyncio.get_running_loop().call_soon(self._exit_now, code)
+        actors = [box.instance for box in self.actors.values()]
+        task = asyncio.ensure_future(_lifecycle.cleanup_all(actors, exc))
+        task.add_done_callback(lambda _: self._exit_now(code))
+        self.spawning.add(task)
 
     def _exit_now(self, code: int) -> None:
         self.router.close()
@@ -655,6 +674,20 @@ def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         raise
 
 
+def _in_band(buf: Any) -> bool:
+    return True
+
+
+def _use_client_path(main: w.MainSpec) -> None:
+    """Import the user's modules as the client does: its ``sys.path``.
+
+    (The agent starts the proc in the client's working directory.) The
+    client's script itself is not re-run: its classes come by value.
+    """
+    if main.sys_path:
+        sys.path[:] = main.sys_path
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGKILL us when the agent dies, so a proc is never orphaned."""
     if not sys.platform.startswith("linux"):
@@ -676,7 +709,6 @@ def main() -> None:
         format=f"%(asctime)s {spec.mesh}[{spec.rank}] %(levelname)s %(message)s",
     )
     from zmesh._client import controller as _controller
-    from zmesh._client.spawnprep import prepare
     from zmesh._host import stacks as _stacks
 
     try:  # first, so that even a hang while importing the user's code can be shown
@@ -695,7 +727,7 @@ def main() -> None:
         from zmesh._client import local as _local
 
         _local.configure([spec.agent])
-    prepare(spec.main)
+    _use_client_path(spec.main)
     # What is loaded now lives as long as the proc: keep the collector off it.
     gc.freeze()
     server = ProcServer(spec)

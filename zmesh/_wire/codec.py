@@ -8,7 +8,8 @@ A message travels as ZeroMQ frames ``[envelope, *buffers]``. User values
   envelope; large ``bytes``/``bytearray``/``memoryview`` values become extra
   frames referenced by an msgpack ``Ext`` instead of being copied into it.
 * *pickled*: anything else (containers, user classes, exceptions, arrays) is
-  pickled with protocol 5; out-of-band buffers (numpy arrays, bytearrays)
+  pickled with protocol 5 (classes and functions of ``__main__`` by value,
+  see ``zmesh._wire.pickling``); out-of-band buffers (numpy arrays, bytearrays)
   travel as extra frames without a copy.
 
 Pickle keeps Python values exact (a tuple stays a tuple), which is what a
@@ -33,6 +34,7 @@ import msgspec
 import zmq
 
 from zmesh._errors import EncodeError
+from zmesh._wire import pickling
 from zmesh._wire.messages import KINDS, NAME_PATTERN, NAME_RULE, Payload
 
 # Values at or above this size travel as their own ZeroMQ frame.
@@ -128,14 +130,8 @@ class Codec:
             kw = {k: _lift(v, buffers) for k, v in kwargs.items()} if kwargs else {}
             return Payload(args=a, kwargs=kw), buffers
 
-        def keep(buf: pickle.PickleBuffer) -> bool:
-            # Small buffers stay in the pickle; large ones travel as frames.
-            if buf.raw().nbytes < BIG_BUFFER:
-                return True
-            buffers.append(buf)
-            return False
-
-        blob = pickle.dumps((args, kwargs), protocol=5, buffer_callback=keep)
+        # By value for classes and functions of __main__ (see zmesh._wire.pickling).
+        blob, buffers = pickling.dumps((args, kwargs), _small)
         return Payload(blob=blob, nbuf=len(buffers)), buffers
 
     @staticmethod
@@ -326,3 +322,8 @@ def _buf(frame: Any) -> Any:
 
 
 NONE = Payload(args=(None,))  # the payload of a ``None`` result
+
+
+def _small(buf: pickle.PickleBuffer) -> bool:
+    """Small buffers stay in the pickle; large ones travel as frames."""
+    return buf.raw().nbytes < BIG_BUFFER

@@ -17,11 +17,13 @@ import io
 import pickle
 from typing import Any
 
+from zmesh._wire import pickling
+
 
 def dumps(exc: BaseException) -> bytes | None:
     """``exc`` (and its ``__cause__`` chain) pickled so that it loads again, or
     ``None`` if it cannot be (then it is sent as text only)."""
-    for dump in (_dumps_whole, pickle.dumps):
+    for dump in (_dumps_whole, _dumps_by_value):
         try:
             blob = dump(exc)
             pickle.loads(blob)
@@ -29,6 +31,11 @@ def dumps(exc: BaseException) -> bytes | None:
         except Exception:  # an attribute that does not pickle, say: try the next way
             continue
     return None
+
+
+def _dumps_by_value(exc: BaseException) -> bytes:
+    # An exception class of the client's ``__main__`` travels by value.
+    return pickling.dumps(exc, lambda buf: True)[0]
 
 
 def _dumps_whole(exc: BaseException) -> bytes:

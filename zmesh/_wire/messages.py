@@ -191,12 +191,14 @@ class PortSend(Message, frozen=True):
 
 
 class MainSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
-    """How a proc re-creates the client's ``__main__`` (see ``zmesh._client.spawnprep``)."""
+    """Where a proc finds the user's modules: the client's ``sys.path`` and cwd.
+
+    (Classes of the client's ``__main__`` travel by value, see
+    ``zmesh._wire.pickling``: the script itself never runs in a proc.)
+    """
 
     sys_path: Annotated[list[Text], msgspec.Meta(max_length=4096)] = []
     dir: Text = ""  # the client's cwd: the proc's cwd
-    init_main_from_name: Text = ""  # ``python -m pkg.mod``: import it by name
-    init_main_from_path: Text = ""  # ``python script.py``: run it as __mp_main__
 
 
 class ProcSpec(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):

@@ -1,0 +1,123 @@
+"""Failures of meshes, as owners meet them: ``MeshFailure``, ``__supervise__`` and the hook.
+
+A failure of a rank of a mesh goes, once, to its owner: to the
+``__supervise__(failure)`` of the actor that spawned the mesh (sync or
+``async def``; a truthy return handles it), else, in the client, to
+``zmesh.unhandled_fault_hook(failure)``. zmesh's default hook logs the
+failure with its mesh, rank and log path and the program goes on (Monarch's
+exits; zmesh's calls to the failed ranks fail with ``SupervisionError``, so
+nothing hangs). Assign ``zmesh.unhandled_fault_hook = my_hook`` to change it.
+Inside a proc, a failure no ``__supervise__`` handles fails the proc, so that
+its own owner hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from zmesh._client import controller as _controller
+from zmesh._client.controller import SupervisionEvent
+
+log = logging.getLogger("zmesh")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshFailure(SupervisionEvent):
+    """One failure of one rank of a mesh, as an owner is told of it.
+
+    Attributes are those of ``SupervisionEvent`` (``mesh``, ``rank``,
+    ``host``, ``status``, ``reason``, ``generation``, ``log_path``,
+    ``exit_code``).
+    """
+
+    @classmethod
+    def of(cls, event: SupervisionEvent) -> MeshFailure:
+        if isinstance(event, MeshFailure):
+            return event
+        return cls(**{f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
+
+    @property
+    def mesh_name(self) -> str:
+        """The name of the proc mesh that failed."""
+        return self.mesh
+
+    def report(self) -> str:
+        """A one-line account of the failure."""
+        return str(self)
+
+
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """zmesh's default for a failure no owner handled: log it and go on.
+
+    Replace it with ``zmesh.unhandled_fault_hook = fn``; ``fn(failure)`` may
+    return anything (handled) or raise (logged as unhandled).
+    """
+    log.error("unhandled mesh failure: %s", failure)
+
+
+def _hook() -> Callable[[MeshFailure], Any]:
+    zmesh = sys.modules.get("zmesh")
+    return getattr(zmesh, "unhandled_fault_hook", unhandled_fault_hook)
+
+
+def _run_hook(event: SupervisionEvent) -> None:
+    try:
+        _hook()(MeshFailure.of(event))
+    except Exception:
+        log.exception("unhandled_fault_hook raised for %s", event)
+
+
+def client_handler(ctl: Any) -> Callable[[SupervisionEvent], bool]:
+    """The handler of a mesh the client itself owns: the hook, unless iterated."""
+
+    def handle(event: SupervisionEvent) -> bool:
+        if not ctl.listeners.get(event.mesh):  # supervision_events() handles it otherwise
+            _run_hook(event)
+        return True
+
+    return handle
+
+
+_tasks: set[asyncio.Task[Any]] = set()  # async __supervise__ calls under way
+
+
+def supervise(actor: Any, event: SupervisionEvent) -> bool:
+    """Give ``event`` to ``actor.__supervise__``; whether it was handled.
+
+    An ``async def __supervise__`` runs as a task on the loop; the event counts
+    as handled now, and a falsy answer (or an exception) later is treated as
+    unhandled then.
+    """
+    hook = getattr(actor, "__supervise__", None)
+    if hook is None:
+        return False
+    result = hook(MeshFailure.of(event))
+    if not inspect.isawaitable(result):
+        return bool(result)
+    task = asyncio.ensure_future(result)
+    _tasks.add(task)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        _tasks.discard(t)
+        ok = not t.cancelled() and t.exception() is None and bool(t.result())
+        if not ok:
+            _unhandled_later(event, t)
+
+    task.add_done_callback(done)
+    return True
+
+
+def _unhandled_later(event: SupervisionEvent, task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("__supervise__ raised for %s", event, exc_info=task.exception())
+    if _controller.ESCALATE_UNHANDLED:
+        log.error("unhandled supervision event: %s; failing this proc so its owner is told", event)
+        os._exit(1)
+    _run_hook(event)

@@ -1,0 +1,127 @@
+"""A mesh's state as this process knows it, or as its agents say (``mesh.state()``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from zmesh._client import runtime as _runtime
+from zmesh._client.controller import SupervisionEvent
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._shared.state import Rank, Status, mesh_status
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+
+
+class MeshState:
+    """A snapshot of a mesh's ranks, from the client's cached view.
+
+    Attributes:
+        name: the proc mesh.
+        status: the mesh's status: that of its worst rank.
+        ranks: every rank's ``Rank`` (status, generation, reason, pid, log_path).
+    """
+
+    def __init__(self, name: str, ranks: dict[int, Rank]) -> None:
+        self.name = name
+        self.ranks = ranks
+        self.status = mesh_status(r.status for r in ranks.values())
+
+    def __repr__(self) -> str:
+        return f"<MeshState {self.name} {self.status.value}>"
+
+
+STATE_TIMEOUT = 2.0  # how long state() waits for agents that must be asked
+
+
+def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
+    """What the runtimes of this process know of ``mesh``'s ranks, ``first`` first.
+
+    ``Controller.watch`` fills a view with Running and no pid until the
+    agent speaks: that guess is no knowledge, so it is left out.
+    """
+    with _runtime._lock:  # a runtime whose loop does not run hears nothing: stale
+        others = [
+            rt for rt in _runtime._runtimes.values()
+            if rt is not first and not rt.closed and rt.loop.is_running()
+        ]  # fmt: skip
+    known: dict[int, Rank] = {}
+    for rt in (first, *others):
+        ctl = rt.controller
+        # A released mesh's tombstone still says how each rank ended.
+        view = ctl.views.get(mesh) or ctl.tombstones.get(mesh)
+        if view is None:
+            continue
+        for r, st in list(view.ranks.items()):
+            if r not in known and (st.pid or st.status is not Status.RUNNING):
+                known[r] = st
+    return known
+
+
+def _ask_agents(mesh: str, refs: list[ProcRef]) -> dict[int, Rank]:
+    """``refs``' ranks as their agents report them now (``GetState``, one per agent).
+
+    A blocking round trip on sockets of its own (the runtime's belong to its
+    loop's thread), bounded by ``STATE_TIMEOUT`` in all.
+    """
+    import zmq
+
+    from zmesh._wire.security import secure_client
+    from zmesh._wire.zsock import configure
+
+    by_agent: dict[str, list[ProcRef]] = {}
+    for ref in refs:
+        by_agent.setdefault(ref.agent, []).append(ref)
+    codec = Codec(w.AGENT_REPLIES)
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    socks = {}
+    for addr in by_agent:
+        sock = secure_client(configure(ctx.socket(zmq.DEALER)))
+        sock.connect(addr)
+        sock.send_multipart(codec.encode(w.GetState(1, mesh)))
+        socks[addr] = sock
+    deadline = time.monotonic() + STATE_TIMEOUT
+    out: dict[int, Rank] = {}
+    try:
+        for addr, sock in socks.items():
+            reply = None
+            while reply is None and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                try:
+                    msg = codec.decode(sock.recv_multipart())
+                except Exception:  # garbled: wait for a good one, or the deadline
+                    continue
+                if isinstance(msg, w.StateReply):
+                    reply = msg
+            states = {}
+            if reply is not None:
+                for m in reply.meshes:
+                    if m.name == mesh:
+                        states = {rs.rank: rs for rs in m.ranks}
+            for ref in by_agent[addr]:
+                rs = states.get(ref.rank)
+                if reply is None:
+                    out[ref.rank] = Rank(
+                        Status.UNKNOWN, ref.generation, f"agent {addr} did not answer",
+                        addr=ref.addr, log_path=ref.log_path,
+                    )  # fmt: skip
+                elif rs is None:
+                    out[ref.rank] = Rank(
+                        Status.FAILED, ref.generation, f"agent {reply.agent} no longer knows it",
+                        addr=ref.addr, log_path=ref.log_path,
+                    )  # fmt: skip
+                else:
+                    out[ref.rank] = Rank(
+                        Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr,
+                        rs.log_path, rs.exit_code,
+                    )  # fmt: skip
+    finally:
+        for sock in socks.values():
+            sock.close(linger=0)
+    return out
+
+
+def _event_of(refs: list[ProcRef], rank: int, st: Rank) -> SupervisionEvent:
+    host = next((r.host for r in refs if r.rank == rank), "")
+    return SupervisionEvent(
+        refs[0].mesh, rank, host, st.status, st.reason, st.generation, st.log_path, st.exit_code
+    )

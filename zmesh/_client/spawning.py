@@ -1,0 +1,515 @@
+"""Spawning: procs through their agents, actors in procs, and stopping them.
+
+What ``HostMesh.spawn_procs``, ``ProcMesh.spawn`` and ``Cls.options().as_actor``
+start in the background. Each returns its mesh at once, not ready yet (see
+``zmesh._client.pending``): the work here runs on the caller's runtime, fills
+in the mesh's proc refs when the procs and actors are up, and settles the
+mesh's ``initialized`` future, which releases the calls made meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import math
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
+from zmesh._client import controller as _controller
+from zmesh._client import faults as _faults
+from zmesh._client import local as _local
+from zmesh._client import runtime as _runtime
+from zmesh._client.adverbs import submit
+from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
+from zmesh._client.pending import Gate, NotReady, Ready
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._errors import ActorStoppedError, AgentError, SecurityError, SpawnError, ZmeshError
+from zmesh._shared.state import Status
+from zmesh._wire import messages as w
+from zmesh._wire import pickling
+from zmesh._wire import security as _security
+from zmesh._wire.codec import Codec
+
+A = TypeVar("A", bound=Actor)
+
+# How long procs may take to start, and actors' __init__ to return.
+SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
+INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
+
+
+def start_procs(
+    agents: list[str] | None, hosts: int, per_host: dict[str, int], base: str
+) -> ProcMesh:
+    """``HostMesh.spawn_procs``: the ``ProcMesh`` now, its procs in the background."""
+    name = f"{base}-{secrets.token_hex(4)}"
+    dims = {"hosts": hosts, **per_host}
+    pm = ProcMesh(name, _Shape(dims, list(range(math.prod(dims.values())))), [])
+
+    async def work(rt: Runtime) -> None:
+        addrs = agents
+        if addrs is None:
+            addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
+        up = await _spawn_procs(rt, addrs, per_host, base, name)
+        pm._refs = up._refs
+
+    _launch(pm, work)
+    return pm
+
+
+def start_actors(
+    procs: ProcMesh, name: str, cls: type[A], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ActorMesh[A]:
+    """``ProcMesh.spawn``: the ``ActorMesh`` now, its actors once the procs are up."""
+    mesh = _pending_actor_mesh(procs.proc_mesh, procs._shape, name, cls)
+
+    async def work(rt: Runtime) -> None:
+        await _until_ready(procs)
+        args_now = await _ready_arguments(args, kwargs)
+        up = await _spawn_actors(rt, procs, name, cls, *args_now)
+        assert mesh._gate is not None
+        mesh._gate.fill(up._refs)
+
+    _launch(mesh, work)
+    return mesh
+
+
+def spawn_actor_mesh(
+    opts: Options[A], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ActorMesh[A]:
+    """``Cls.options(...).as_actor(...)``: the mesh now; procs then actors in the background."""
+    base = opts.name
+    check_mesh_name(base)
+    name = f"{base}-{secrets.token_hex(4)}"
+    shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
+    mesh = _pending_actor_mesh(name, shape, base, opts.cls)
+    mesh._owns_procs = True
+
+    async def work(rt: Runtime) -> None:
+        args_now = await _ready_arguments(args, kwargs)
+        up = await spawn_owned_mesh(
+            rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name
+        )
+        assert mesh._gate is not None
+        mesh._gate.fill(up._refs)
+
+    _launch(mesh, work)
+    return mesh
+
+
+def _pending_actor_mesh(proc_mesh: str, shape: _Shape, name: str, cls: type[A]) -> ActorMesh[A]:
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
+    infos = endpoints_of(cls)
+    mesh: ActorMesh[A] = ActorMesh(
+        name, cls.__qualname__, frozenset(infos), _Shape(shape.dims, shape.ranks), [],
+        modes=_modes(infos),
+    )  # fmt: skip
+    mesh.proc_mesh = proc_mesh
+    return mesh
+
+
+def _launch(mesh: ProcMesh | ActorMesh[Any], work: Callable[[Runtime], Any]) -> None:
+    """Run ``work`` on the caller's runtime; settle ``mesh``'s readiness with its outcome.
+
+    The mesh keeps the running spawn (so nothing collects it) and, for an
+    actor mesh, a gate where its calls wait meanwhile.
+    """
+    ready: Ready[None] = concurrent.futures.Future()
+    ready.set_running_or_notify_cancel()
+    mesh._ready = ready
+    if isinstance(mesh, ActorMesh):
+        Gate(ready).join(mesh)
+
+    async def run(rt: Runtime) -> None:
+        mesh._ready_loop = rt.loop
+        try:
+            await work(rt)
+        except asyncio.CancelledError:
+            if mesh._given_up:  # mesh.stop() while it spawned: "you stopped it"
+                err: ZmeshError = ActorStoppedError(
+                    "the mesh was stopped while it spawned", mesh=mesh.proc_mesh
+                )
+            else:
+                err = SpawnError(
+                    "the spawn was cancelled: its event loop ended", mesh=mesh.proc_mesh
+                )
+            ready.set_exception(err)
+            raise
+        except Exception as exc:
+            if not isinstance(exc, ZmeshError):
+                exc = SpawnError(f"{type(exc).__name__}: {exc}", mesh=mesh.proc_mesh)
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+
+    rt, home = _runtime.current()
+    if home:
+        mesh._ready_loop = rt.loop
+    mesh._spawning = submit(run)
+
+
+async def _until_ready(mesh: ProcMesh | ActorMesh[Any]) -> None:
+    await asyncio.wrap_future(mesh._ready)
+
+
+async def _ready_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Wait until no mesh in the arguments is still spawning (each travels by its procs)."""
+    while True:
+        try:
+            Codec.pack(args, kwargs)
+        except NotReady as wait:
+            await asyncio.wrap_future(wait.ready)
+            continue
+        except Exception:  # _spawn_actors says what cannot be sent
+            pass
+        return args, kwargs
+
+
+async def stop_when_ready(rt: Runtime, mesh: ProcMesh | ActorMesh[Any], procs: bool) -> None:
+    """``mesh.stop()``: a spawn of procs is given up, one of actors awaited; then stop.
+
+    Nothing is left of a failed spawn, so there is nothing more to stop.
+    """
+    spawn = mesh._spawning
+    if procs and spawn is not None and not mesh._ready.done():
+        mesh._given_up = True
+        task = spawn._afut
+        if task is not None and task.get_loop() is rt.loop:
+            task.cancel()  # _start_procs stops what it asked the agents for
+        elif spawn._cfut is not None:
+            spawn._cfut.cancel()
+    try:
+        await _until_ready(mesh)
+    except Exception:
+        return
+    if procs and any(not r.agent for r in mesh._refs):
+        return  # this_proc() of a client: the process is not ours to stop
+    if procs:
+        await stop_procs(rt, mesh._refs)
+    else:
+        assert isinstance(mesh, ActorMesh)
+        await _stop_actors(rt, mesh)
+
+
+async def spawn_owned_mesh(
+    rt: Runtime,
+    cls: type[A],
+    hosts: int,
+    procs: int,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    addrs: list[str] | None = None,
+    proc_mesh: str | None = None,
+) -> ActorMesh[A]:
+    """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
+
+    Args:
+        addrs: the agents to place the host slices on (default: the first
+            ``hosts`` configured agents, or the embedded default).
+        proc_mesh: the procs' mesh name (default: ``name`` and a random suffix).
+
+    Raises:
+        SpawnError: a proc or an actor failed to start; nothing is left running.
+    """
+    if addrs is None:
+        addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
+    pm = await _spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
+    try:
+        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
+    except BaseException:
+        await stop_procs(rt, pm._refs)
+        raise
+    mesh._owns_procs = True
+    return mesh
+
+
+# ------------------------------------------------------------ the work
+
+
+async def _spawn_procs(
+    rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str, name: str | None = None
+) -> ProcMesh:
+    check_mesh_name(base)
+    if name is None:
+        name = f"{base}-{secrets.token_hex(4)}"
+    ctl = rt.controller
+    ctl.creating.add(name)  # not released while it starts, even if a rank fails
+    try:
+        return await _start_procs(rt, addrs, per_host, name)
+    except BaseException:
+        ctl.release(name)  # stopped already (or never made): nothing of it stays
+        raise
+    finally:
+        ctl.creating.discard(name)
+
+
+async def _start_procs(
+    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
+) -> ProcMesh:
+    from zmesh._actor import owner_actor as _owner_actor
+
+    dims = {"hosts": len(addrs), **per_host}
+    per = math.prod(per_host.values())
+    if per < 1:
+        raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
+    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
+    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
+    agents = _local.configured_agents()
+    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
+        env["ZMESH_AGENTS"] = ",".join(agents)
+    ctl = rt.controller
+    owner_actor = _owner_actor()
+    if owner_actor is not None:
+        ctl.handlers[name] = lambda ev: _faults.supervise(owner_actor, ev)
+    elif not _controller.ESCALATE_UNHANDLED:  # the client owns it: zmesh.unhandled_fault_hook
+        ctl.handlers[name] = _faults.client_handler(ctl)
+    conns = []
+    for h, addr in enumerate(addrs):
+        agent = ctl.agent(addr)
+        await _agent_ready(rt, agent.ready, addr)
+        _local.note_used(addr)
+        ranks = list(range(h * per, (h + 1) * per))
+        ctl.track(name, agent, ranks)
+        conns.append((agent, ranks))
+    spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
+        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
+    )
+    try:
+        await _create_and_wait(rt, name, conns, spec_of)
+    except asyncio.CancelledError:
+        # The caller gave up on the spawn: the procs it asked for must not stay.
+        await asyncio.shield(_stop_mesh_on(rt, name, conns))
+        raise
+    view = ctl.views[name]
+    refs = []
+    for agent, ranks in conns:
+        for r in ranks:
+            st = view.ranks[r]
+            refs.append(
+                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
+            )
+    ctl.owned.add(name)  # from now on, its unhandled failures are ours
+    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
+
+
+async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
+    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
+
+    Raises:
+        SecurityError: the CURVE handshake failed (the reason says which key).
+        AgentError: no answer within 10 s.
+    """
+    if ready.is_set():
+        return
+    heard = asyncio.ensure_future(ready.wait())
+    waits: set[asyncio.Future[Any]] = {heard}
+    probe = None
+    if addr.startswith("tcp://"):
+        # A refused key (or none, to a keyed agent) is silence to the socket,
+        # but a monitor hears it.
+        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
+        waits.add(probe)
+    deadline = rt.loop.time() + 10.0
+    try:
+        while not heard.done():
+            done, _ = await asyncio.wait(
+                waits, timeout=max(0.0, deadline - rt.loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not done:
+                hint = " and whether your keys match its --keys" if probe is not None else ""
+                raise AgentError(
+                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                    host=addr,
+                )
+            if probe is not None and probe in done:
+                waits.discard(probe)
+                if why := probe.result():
+                    raise SecurityError(why, host=addr)
+    finally:
+        heard.cancel()
+
+
+async def _create_and_wait(
+    rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
+) -> None:
+    """Ask each agent for its host slice, then wait until every rank is Running.
+
+    Raises:
+        SpawnError: a rank failed or did not start in time (the mesh is stopped).
+    """
+    ctl = rt.controller
+    await asyncio.gather(
+        *(
+            a.request(
+                functools.partial(
+                    w.CreateOrUpdate, name=name, spec=spec_of(h, r), secret=_local.owner_secret()
+                )
+            )
+            for h, (a, r) in enumerate(conns)
+        )
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SPAWN_TIMEOUT
+    while True:
+        view = ctl.views[name]
+        now_ranks = sorted(view.ranks.items())
+        bad = [(r, s) for r, s in now_ranks if s.status.failure or s.status.terminal]
+        if bad:
+            await _stop_mesh_on(rt, name, conns)
+            rank, st = bad[0]
+            raise SpawnError(
+                f"proc failed to start: {st.status.value} ({st.reason}){_tail(st.log_path)}",
+                mesh=name, rank=rank, host=ctl.hosts[(name, rank)].label,
+                log_path=st.log_path or None,
+            )  # fmt: skip
+        if all(s.status == Status.RUNNING and s.addr for s in view.ranks.values()):
+            break
+        left = deadline - loop.time()
+        if left <= 0:
+            await _stop_mesh_on(rt, name, conns)
+            raise SpawnError(f"procs not ready after {SPAWN_TIMEOUT:.0f}s", mesh=name)
+        await ctl.wait_changed(name, min(left, 1.0))
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-8192:]
+    except OSError:
+        return ""
+    tail = "\n".join(text.rstrip().splitlines()[-lines:])
+    return f"\n--- last lines of {path} ---\n{tail}" if tail else ""
+
+
+async def _spawn_actors(
+    rt: Runtime,
+    procs: ProcMesh,
+    name: str,
+    cls: type[A],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> ActorMesh[A]:
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
+    try:
+        blob, _ = pickling.dumps(cls, lambda _: True)  # by value if it is in __main__
+        payload, buffers = Codec.pack(args, kwargs)
+    except Exception as exc:
+        raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc
+    fut: asyncio.Future[None] = rt.loop.create_future()
+    errors: list[BaseException] = []
+    remaining = len(procs._refs)
+
+    def deliver(i: int, ok: bool, value: Any) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if not ok:
+            errors.append(value)
+        if remaining == 0 and not fut.done():
+            fut.set_result(None)
+
+    dims = procs.sizes
+    for ref in procs._refs:
+        rt.send(
+            [ref],
+            functools.partial(
+                w.SpawnActor,
+                actor=name,
+                cls=blob,
+                payload=payload,
+                mesh=procs.name,
+                dims=dims,
+                rank=ref.rank,
+            ),
+            buffers,
+            deliver,
+            INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
+        )
+    await fut
+    if errors:
+        err = errors[0]
+        if isinstance(err, SpawnError):
+            tb = getattr(err, "remote_traceback", "")
+            raise SpawnError(
+                f"{err.message}\n--- remote traceback ---\n{tb}".rstrip(),
+                mesh=err.mesh, rank=err.rank, host=err.host, log_path=err.log_path,
+            ) from err  # fmt: skip
+        if isinstance(err, ZmeshError):
+            raise SpawnError(
+                f"actor {name} could not start: {err.message}", mesh=err.mesh, rank=err.rank,
+                host=err.host, log_path=err.log_path,
+            ) from err  # fmt: skip
+        raise err
+    infos = endpoints_of(cls)
+    return ActorMesh(
+        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
+        modes=_modes(infos),
+    )  # fmt: skip
+
+
+def _modes(infos: dict[str, EndpointInfo]) -> dict[str, int]:
+    """Endpoints that do not just return: a generator's window, or 0 for an
+    explicit response port (see ``ActorMesh.modes``)."""
+    return {n: i.window if i.stream else 0 for n, i in infos.items() if i.stream or i.port}
+
+
+def stop_request(name: str) -> Callable[[int], w.Stop]:
+    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
+    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
+
+
+async def stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
+    by_agent: dict[str, list[ProcRef]] = {}
+    for r in refs:
+        by_agent.setdefault(r.agent, []).append(r)
+    ctl = rt.controller
+    for addr, rs in by_agent.items():
+        agent = ctl.agent(addr)
+        for r in rs:
+            ctl.watch(r)
+            # Calls made after stop() fail with ActorStoppedError at once,
+            # without waiting for the agent's events.
+            ctl.judge(agent, r.mesh, r.rank, Status.STOPPING, "")
+        names = {r.mesh for r in rs}
+        for n in names:
+            try:
+                await agent.request(stop_request(n), timeout=5.0)
+            except AgentError:
+                # The agent is gone (so are its procs) or cut off: it will
+                # not say more, so nothing of the mesh needs to stay.
+                ctl.release(n)
+    # Once every rank is Stopped (the agents' events say so), the controller
+    # releases the mesh: its sockets and state go, a tombstone stays.
+    for n in {r.mesh for r in refs}:
+        ctl.release_if_over(n)
+
+
+async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
+    for agent, _ in conns:
+        try:
+            await agent.request(stop_request(name), timeout=5.0)
+        except AgentError:
+            pass
+
+
+async def _stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
+    fut: asyncio.Future[None] = rt.loop.create_future()
+    remaining = len(mesh._refs)
+
+    def deliver(i: int, ok: bool, value: Any) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if remaining == 0 and not fut.done():
+            fut.set_result(None)
+
+    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
+    await fut

@@ -1,0 +1,107 @@
+"""The running actor's context, as Monarch names it: ``context()``, ``current_*()``.
+
+Everything here reads context variables that the proc sets around each
+actor's ``__init__`` and messages (see ``zmesh._host.proc``), so it answers
+for the actor whose code is running, in any thread that code runs in. In
+the client, outside any actor, ``context()`` describes the client itself
+(rank 0 of a mesh of one, named ``client``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zmesh._actor import _CURRENT, current_rank
+from zmesh._shared.points import Point
+
+if TYPE_CHECKING:
+    from zmesh._client.mesh import ProcMesh
+    from zmesh._client.runtime import ProcRef
+
+# The name of the actor whose code runs (its mesh's actor name).
+_ACTOR_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_actor_name")
+# This process's own proc, when it is one (set by zmesh._host.proc once it binds).
+_own_proc: ProcRef | None = None
+
+
+def set_actor_name(name: str) -> None:
+    """Name, in the running context, the actor whose code runs (the proc calls it)."""
+    _ACTOR_NAME.set(name)
+
+
+def set_own_proc(ref: ProcRef) -> None:
+    """Say which proc this process is (``this_proc()``, ``context().actor_instance.proc``)."""
+    global _own_proc
+    _own_proc = ref
+
+
+def own_proc() -> ProcRef | None:
+    """This process's proc, or ``None`` in a client."""
+    return _own_proc
+
+
+@dataclass(frozen=True)
+class Instance:
+    """The running actor: where it is, what it is called, which proc hosts it.
+
+    Attributes:
+        rank: its ``Point`` in its mesh.
+        name: its actor name (``procs.spawn(name, ...)``), ``client`` outside actors.
+        actor_id: ``<proc mesh>/<name>[<rank>]``, unique while the mesh lives.
+    """
+
+    rank: Point
+    name: str
+    actor_id: str
+
+    @property
+    def proc(self) -> ProcMesh:
+        """The proc this actor runs in, as a one-proc ``ProcMesh`` (``this_proc()``)."""
+        from zmesh._client.this_proc import this_proc
+
+        return this_proc()
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``context()`` returns: the actor instance and the message it handles.
+
+    Attributes:
+        actor_instance: the running actor.
+        message_rank: the actor's point for the message being handled (zmesh
+            gives the point in the full mesh, also for a call on a slice).
+    """
+
+    actor_instance: Instance
+    message_rank: Point
+
+
+def context() -> Context:
+    """The context of the running actor (or of the client, outside actors)."""
+    point = _CURRENT.get(None)
+    if point is None:
+        me = Point(0, {})
+        ref = _own_proc
+        where = ref.mesh if ref is not None else f"client-{os.getpid()}"
+        return Context(Instance(me, "client", f"{where}/client[0]"), me)
+    name = _ACTOR_NAME.get("")
+    ref = _own_proc
+    mesh = ref.mesh if ref is not None else f"client-{os.getpid()}"
+    return Context(Instance(point, name, f"{mesh}/{name}[{point.rank}]"), point)
+
+
+def current_size() -> dict[str, int]:
+    """The size of each dim of the running actor's mesh.
+
+    Raises:
+        RuntimeError: when called outside an actor.
+    """
+    return dict(current_rank().dims)
+
+
+def current_actor_name() -> str:
+    """The running actor's name (``client`` outside actors)."""
+    return _ACTOR_NAME.get("client")
