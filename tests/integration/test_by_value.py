@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _fabric import session_pids, wait_for
+from _helpers import session_pids, wait_for
 
 # No `if __name__ == "__main__":`: a proc that re-ran this would spawn again
 # (and print again) from every proc.

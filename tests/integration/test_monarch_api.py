@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fabric import session_pids, wait_for
 
 import zmesh
+
+from _helpers import session_pids, wait_for
 
 
 class Where(zmesh.Actor):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _fabric import session_pids, wait_for
+from _helpers import session_pids, wait_for
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "monarch_examples"
 
