@@ -3,7 +3,10 @@
 * ``agent``: the host agent (spawns, watches and reaps procs; speaks the
   control protocol);
 * ``forkserver``: a warm interpreter the agent forks procs from;
-* ``proc``: the actor process (mailboxes, endpoints, replies);
+* ``proc``: the actor process (its entry point; sockets, dispatch, replies),
+  with ``mailbox`` (an actor's queue and run loop), ``spawnactor`` (building
+  actors), ``procboot`` (its setup before it serves) and ``lifecycle``
+  (``__cleanup__``, the proc's exit);
 * ``janitor``, ``ptree``: cleaning up process trees when an agent dies;
 * ``stacks``: a live proc's stacks, on request.
 """

@@ -219,7 +219,7 @@ class Producers:
                         continue
                     p.posted = True
                 loop.call_soon_threadsafe(self._flush, p)
-        except BaseException as exc:  # carried back as a value (see proc._invoke_sync)
+        except BaseException as exc:  # carried back as a value (see zmesh._shared.invoke)
             return exc
         finally:
             gen.close()  # in this thread, as the generator ran: its ``finally`` runs

@@ -7,17 +7,24 @@ and when its proc exits because an endpoint raised ``SystemExit`` (then
 ``exc`` is that exception; otherwise ``None``). A proc that is SIGKILLed or
 crashes runs nothing. The agent sends SIGKILL 1.5 s after SIGTERM, so
 cleanups get ``CLEANUP_BUDGET`` seconds in all.
+
+How the proc itself ends is here too: ``exit_process`` (as the interpreter
+exits, without waiting for endpoint threads), the status ``sys.exit`` asked
+for (``exit_code``), and ``cancelled``, which tells the cancellation of an
+actor's task apart from a ``CancelledError`` its endpoint raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import logging
 import os
 import signal
+import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger("zmesh.proc")
 
@@ -85,3 +92,35 @@ async def _end(server: Any) -> None:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)  # exits with the status the agent expects
+
+
+def cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is a real cancellation of the running task (the actor stops).
+
+    A ``CancelledError`` an endpoint raises while its own task is not being
+    cancelled (a task of the user's was) is the endpoint's error, not ours.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is None or cancelling() > 0
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The exit status ``sys.exit(arg)`` means, as the interpreter reads it."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit now as the interpreter would (atexit handlers, flushed output),
+    without waiting for endpoint threads that may never return."""
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

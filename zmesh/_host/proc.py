@@ -5,44 +5,43 @@ Started by an agent as ``python -m zmesh._host.proc`` with its spec in the
 heartbeats from its event loop (so a hung loop is noticed), and runs each
 actor's messages one at a time in arrival order. Sync endpoints run in worker
 threads so the loop, and with it every other actor, keeps going.
+
+This module is the entry point (``main()``) and ``ProcServer``, the socket and
+dispatch shell: a call is decoded, put in its actor's mailbox, run by
+``handle`` and answered. Around it: ``procboot.py`` sets the process up before
+it serves, ``mailbox.py`` runs each actor's queue, ``spawnactor.py`` builds
+actors, ``lifecycle.py`` ends them and the proc, and ``zmesh._shared.invoke``
+calls an endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextvars
-import ctypes
-import functools
-import gc
 import logging
 import os
-import pickle
-import signal
-import sys
 import threading
 import time
 import traceback
-from asyncio.tasks import _enter_task, _leave_task
-from collections import deque
-from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import Any
 
 import zmq
 
 from zmesh import _context
-from zmesh._actor import Endpoint, Point, set_current
-from zmesh._errors import SpawnError
+from zmesh._actor import set_current
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
-from zmesh._host.batching import Batcher
+from zmesh._host import procboot as _procboot
+from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
+from zmesh._host.mailbox import Mailbox
 from zmesh._shared import stats as _stats
+from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
-from zmesh._wire.boundary import PROC_ENV_VAR, ProcEnv, decode_proc_env
+from zmesh._wire.boundary import ProcEnv
 from zmesh._wire.codec import NONE, Codec, explain, request_of
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -58,194 +57,6 @@ STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
 MAX_BACKLOG = int(os.environ.get("ZMESH_PROC_MAX_BACKLOG", "100000"))
 
 
-class _BadArguments(Exception):
-    pass
-
-
-class _Mailbox:
-    """One actor: its instance, its queue, and the task that drains it.
-
-    An actor runs one message at a time, in arrival order. A message to a
-    ``concurrent`` endpoint starts as soon as nothing queued is ahead of it,
-    without waiting for the message in progress (it never overtakes one that
-    is still queued).
-
-    When the actor is idle and nothing is queued, a message starts at once,
-    inside the socket's reader, as the mailbox task would run it (same
-    current task, the actor's context). Most async endpoints finish without
-    suspending and reply right there, which saves a task wake-up per
-    message. One that suspends (and every sync endpoint, which goes to a
-    worker thread) is handed to the mailbox task to finish, and the actor
-    stays busy until it has.
-    """
-
-    def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
-        self.server = server
-        self.name = name
-        self.instance = instance
-        self.point = point
-        self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
-        # Set while the mailbox task waits for mail; put() resolves it.
-        self.waiter: asyncio.Future[None] | None = None
-        # An eagerly started message that suspended, for the task to finish:
-        # (coroutine, what it yielded, an exception to throw into it first).
-        self.handoff: tuple[Any, Any, BaseException | None] | None = None
-        self.context: contextvars.Context | None = None  # the actor's, set by _run
-        self.endpoints: dict[str, Endpoint[Any, Any]] = {}
-        for klass in type(instance).__mro__:
-            for attr, value in vars(klass).items():
-                if isinstance(value, Endpoint) and attr not in self.endpoints:
-                    self.endpoints[attr] = value
-        self.counters = {n: _stats.EndpointCounters(n) for n in self.endpoints}
-        # Batched endpoints' calls go to their batcher, not the mailbox.
-        self.batchers = {
-            n: Batcher(server, instance, ep, self.counters[n], None)
-            for n, ep in self.endpoints.items()
-            if ep.info.batch
-        }
-        self.queue_peak = 0
-        self.busy = False
-        self.running: set[asyncio.Task[None]] = set()
-        self.task = asyncio.ensure_future(self._run())
-
-    def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
-        if self.batchers and call.method in self.batchers:
-            self.batchers[call.method].add(ident, call, frames)
-            return
-        if not self.queue and self.context is not None:
-            ep = self.endpoints.get(call.method)
-            if ep is not None and ep.info.concurrent:
-                # Nothing is ahead of it in arrival order, so it starts now,
-                # even while a non-concurrent call is in progress.
-                self._start_concurrent(ident, call, frames)
-                return
-            if self.waiter is not None and not self.busy and ep is not None:
-                # A sync endpoint starts the same way: handle() hands it to a
-                # worker thread and suspends, and the actor is busy from now.
-                self._start(ident, call, frames)
-                return
-        self.queue.append((ident, call, frames))
-        self.server.took()
-        if len(self.queue) > self.queue_peak:
-            self.queue_peak = len(self.queue)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def _start(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
-        """Run a message up to its first suspension, now, as the mailbox task."""
-        assert self.context is not None  # the task is waiting, so _run set it
-        loop = self.task.get_loop()
-        coro = self.server.handle(self, ident, call, frames)
-        _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
-        try:
-            yielded = self.context.run(coro.send, None)
-        except StopIteration:
-            return  # done, reply sent
-        except Exception:
-            log.exception("handling %s.%s failed", self.name, call.method)
-            return
-        finally:
-            _leave_task(loop, self.task)
-        # It awaits something: the mailbox task finishes it; later mail queues.
-        self.busy = True
-        self.handoff = (coro, yielded, None)
-        self._wake()
-
-    def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
-        """Start a ``concurrent`` endpoint's message as a task of its own."""
-        assert self.context is not None
-        # The task copies the context current when it is made: the actor's.
-        coro = self.server.handle(self, ident, call, frames)
-        task = self.context.run(asyncio.ensure_future, coro)
-        self.running.add(task)  # keep a reference until it ends
-        self.server.took()
-        task.add_done_callback(self._concurrent_done)
-
-    def _concurrent_done(self, task: asyncio.Task[None]) -> None:
-        self.running.discard(task)
-        self.server.started()
-
-    def statistics(self) -> _stats.ActorStatistics:
-        """This actor's mailbox and endpoint counters, as a frozen record."""
-        return _stats.actor_statistics(
-            self.name, type(self.instance).__qualname__, self.counters.values(),
-            (c.method for _, c, _ in self.queue), self.queue_peak,
-        )  # fmt: skip
-
-    async def _run(self) -> None:
-        set_current(self.point, self.instance)
-        _context.set_actor_name(self.name)  # current_actor_name(), context()
-        self.context = contextvars.copy_context()
-        for batcher in self.batchers.values():
-            batcher.context = self.context
-        loop = asyncio.get_running_loop()
-        while True:
-            if self.handoff is not None:
-                coro, yielded, exc = self.handoff
-                self.handoff = None
-                try:
-                    await _Resume(coro, self.context, yielded, exc)
-                except GeneratorExit:
-                    if not self._stepping():
-                        raise  # this task is being closed
-                    # A future the endpoint awaited failed with GeneratorExit:
-                    # the task threw it here, and Python closed the endpoint
-                    # on the way (which answered its call). The actor goes on.
-                finally:
-                    self.busy = False
-                continue
-            if not self.queue:
-                self.waiter = loop.create_future()
-                try:
-                    await self.waiter
-                except asyncio.CancelledError as cancel:
-                    if self.handoff is None:
-                        raise
-                    # Cancelled (the actor stops, or the endpoint cancelled
-                    # this task) before the handed-off message resumed: the
-                    # message gets the cancellation, as it would have here.
-                    self.handoff = (self.handoff[0], None, cancel)
-                finally:
-                    self.waiter = None
-                continue
-            ident, call, frames = self.queue.popleft()
-            self.server.started()
-            ep = self.endpoints.get(call.method)
-            if ep is not None and ep.info.concurrent:
-                self._start_concurrent(ident, call, frames)
-            else:
-                self.busy = True
-                try:
-                    await self.server.handle(self, ident, call, frames)
-                except GeneratorExit:
-                    if not self._stepping():
-                        raise
-                finally:
-                    self.busy = False
-
-    def _stepping(self) -> bool:
-        """Whether this task is running now: a ``GeneratorExit`` that reaches
-        ``_run`` then came from a failed future, not from closing the task."""
-        loop = asyncio._get_running_loop()
-        return loop is not None and asyncio.current_task(loop) is self.task
-
-    def close(self) -> None:
-        self.task.cancel()
-        for batcher in self.batchers.values():
-            batcher.close()
-        pending = _lifecycle.cleanup(self.instance, None)  # __cleanup__, once
-        if pending is not None:
-            self.server.spawning.add(task := asyncio.ensure_future(pending))
-            task.add_done_callback(self.server.spawning.discard)
-        for ident, call, _ in self.queue:
-            self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
-            self.server.started()
-        self.queue.clear()
-
-
 class ProcServer:
     """Serves the actors of one proc."""
 
@@ -255,7 +66,7 @@ class ProcServer:
         self.rank = spec.rank
         self.generation = spec.generation
         self.host = spec.host
-        self.actors: dict[str, _Mailbox] = {}
+        self.actors: dict[str, Mailbox] = {}
         self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
@@ -386,7 +197,7 @@ class ProcServer:
             else:
                 box.put(ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
-            task = asyncio.ensure_future(self._spawn(ident, msg, frames))
+            task = asyncio.ensure_future(_spawnactor.spawn(self, ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):
@@ -402,50 +213,7 @@ class ProcServer:
         if self.dropped == 1 or self.dropped % 1000 == 0:
             log.warning("dropped %d malformed message(s); latest: %s", self.dropped, why)
 
-    async def _spawn(self, ident: bytes, msg: w.SpawnActor, frames: list[Any]) -> None:
-        point = Point(msg.rank, dict(msg.dims))
-
-        def build() -> Any:
-            # Unpickling may import the user's modules, and __init__ may block
-            # (loading a model): both run off the loop, so heartbeats go on.
-            try:
-                cls = pickle.loads(msg.cls)
-                args, kwargs = self.codec.unpack(msg.payload, frames)
-            except Exception as exc:
-                raise SpawnError(
-                    f"the proc cannot load the actor class or its arguments: {exc!r}"
-                ) from exc
-            instance = cls.__new__(cls)
-            # Meshes spawned inside __init__ are owned (supervised) by this actor.
-            set_current(actor=instance)
-            instance.__init__(*args, **kwargs)
-            return instance
-
-        try:
-            ctx = contextvars.copy_context()
-            ctx.run(set_current, point)
-            ctx.run(_context.set_actor_name, msg.actor)
-            instance = await asyncio.get_running_loop().run_in_executor(
-                self.pool, functools.partial(ctx.run, build)
-            )
-        except BaseException as exc:
-            if _cancelled(exc):
-                raise
-            # SystemExit or any BaseException from __init__ fails the spawn
-            # (the actor never started); the proc serves on.
-            self._send_failure(ident, msg.id, "spawn", exc, "__init__")
-            return
-        old = self.actors.pop(msg.actor, None)
-        if old is not None:
-            old.close()
-        self.actors[msg.actor] = _Mailbox(self, msg.actor, instance, point)
-        if hasattr(instance, "__cleanup__"):
-            _lifecycle.on_sigterm(self)  # its __cleanup__ runs when the agent stops us
-        self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
-
-    # ------------------------------------------------------------ handling
-
-    async def handle(self, box: _Mailbox, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+    async def handle(self, box: Mailbox, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         if call.deadline and time.time() > call.deadline:
             # The caller gave up already (a request delivered late, e.g.
             # after a partition healed): running it now helps nobody.
@@ -477,21 +245,21 @@ class ProcServer:
         t0 = counters.begin()
         try:
             if ep.info.is_async:
-                result = await _invoke(fn, box.instance, args, kwargs)
+                result = await invoke(fn, box.instance, args, kwargs)
             else:
                 ctx = contextvars.copy_context()
                 result = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, ctx.run, _invoke_sync, fn, box.instance, args, kwargs
+                    self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
                 )
-                if type(result) is _Raised:
+                if type(result) is Raised:
                     raise result.exc
-        except _BadArguments as exc:
+        except BadArguments as exc:
             counters.end(t0, 1)
             cause = exc.__cause__
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
         except BaseException as exc:
-            if _cancelled(exc):  # the actor stops: no longer in flight, and not an error
+            if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
                 counters.in_flight -= 1
                 raise
             # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
@@ -538,7 +306,7 @@ class ProcServer:
         proc exit unasked, so the owner sees the rank fail (``SupervisionError``,
         "exited with code N"), and every later call to it fails the same way.
         """
-        code = _exit_code(exc)
+        code = _lifecycle.exit_code(exc)
         log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
         actors = [box.instance for box in self.actors.values()]
         task = asyncio.ensure_future(_lifecycle.cleanup_all(actors, exc))
@@ -554,7 +322,7 @@ class ProcServer:
         term = threading.Thread(target=zmq.Context.instance().term, daemon=True)
         term.start()
         term.join(0.5)
-        exit_process(code)
+        _lifecycle.exit_process(code)
 
     def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -566,171 +334,9 @@ class ProcServer:
         self.router.send([ident, *self.codec.encode(f)])
 
 
-class _Resume:
-    """Finish ``coro``, which ``_Mailbox._start`` ran until it yielded ``yielded``.
-
-    This is ``yield from`` (PEP 380) written out, so that every step of
-    ``coro`` runs in the actor's ``context`` as its first step did; the
-    awaiting task's sends and throws (a cancellation) pass through to it.
-    ``throw``, when given, is thrown in first instead of waiting on ``yielded``.
-    """
-
-    __slots__ = ("context", "coro", "throw", "yielded")
-
-    def __init__(
-        self, coro: Any, context: contextvars.Context, yielded: Any, throw: BaseException | None
-    ) -> None:
-        self.coro = coro
-        self.context = context
-        self.yielded = yielded
-        self.throw = throw
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, context, yielded, exc = self.coro, self.context, self.yielded, self.throw
-        sent = None
-        while True:
-            if exc is None:
-                try:
-                    sent = yield yielded
-                except GeneratorExit:
-                    coro.close()
-                    raise
-                except BaseException as thrown:  # a cancellation: pass it on
-                    exc = thrown
-            try:
-                if exc is None:
-                    yielded = context.run(coro.send, sent)
-                else:
-                    yielded = context.run(coro.throw, exc)
-            except StopIteration:
-                return
-            exc = None
-
-
-def _cancelled(exc: BaseException) -> bool:
-    """Whether ``exc`` is a real cancellation of the running task (the actor stops).
-
-    A ``CancelledError`` an endpoint raises while its own task is not being
-    cancelled (a task of the user's was) is the endpoint's error, not ours.
-    """
-    if not isinstance(exc, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-    return cancelling is None or cancelling() > 0
-
-
-def _exit_code(exc: SystemExit) -> int:
-    """The exit status ``sys.exit(arg)`` means, as the interpreter reads it."""
-    if exc.code is None:
-        return 0
-    return exc.code if isinstance(exc.code, int) else 1
-
-
-def exit_process(code: int) -> NoReturn:
-    """Exit now as the interpreter would (atexit handlers, flushed output),
-    without waiting for endpoint threads that may never return."""
-    try:
-        atexit._run_exitfuncs()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
-
-
-class _Raised:
-    """A ``BaseException`` a sync endpoint raised, carried back as a value."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-def _invoke_sync(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    """``_invoke`` in a worker thread. A ``BaseException`` that is no
-    ``Exception`` comes back as a value, raised again in ``handle``: through
-    the future, the task would throw a ``GeneratorExit`` in as a close, and
-    the asyncio machinery treats ``SystemExit`` and ``KeyboardInterrupt`` as
-    its own."""
-    try:
-        return _invoke(fn, instance, args, kwargs)
-    except Exception:
-        raise
-    except BaseException as exc:
-        return _Raised(exc)
-
-
-def _invoke(fn: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    try:
-        return fn(instance, *args, **kwargs)
-    except TypeError as exc:
-        # No frame below this one: the call never entered the endpoint, so
-        # the arguments did not fit its signature (not a user TypeError).
-        tb = exc.__traceback__
-        if tb is not None and tb.tb_next is None:
-            raise _BadArguments() from exc
-        raise
-
-
-def _in_band(buf: Any) -> bool:
-    return True
-
-
-def _use_client_path(main: w.MainSpec) -> None:
-    """Import the user's modules as the client does: its ``sys.path``.
-
-    (The agent starts the proc in the client's working directory.) The
-    client's script itself is not re-run: its classes come by value.
-    """
-    if main.sys_path:
-        sys.path[:] = main.sys_path
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL us when the agent dies, so a proc is never orphaned."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> None:
-    spec = decode_proc_env(os.environ[PROC_ENV_VAR])
-    _die_with_parent()
-    if spec.agent_pid and os.getppid() != spec.agent_pid:
-        os._exit(70)  # the agent died before prctl took effect
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {spec.mesh}[{spec.rank}] %(levelname)s %(message)s",
-    )
-    from zmesh._client import controller as _controller
-    from zmesh._host import stacks as _stacks
-
-    try:  # first, so that even a hang while importing the user's code can be shown
-        _stacks.install(spec.log_path)  # SIGUSR1 dumps every thread's stack (zmesh stack)
-    except OSError as exc:
-        logging.warning("no stack dumps for this proc: %s", exc)
-
-    _controller.ESCALATE_UNHANDLED = True  # an unhandled child failure fails this proc
-    # The agent's keys are this host's keys. The procs of an ipc agent bind
-    # no TCP, so they keep the keys their owner passed on, for its TCP peers.
-    inherited = os.environ.get("ZMESH_KEYS") if spec.bind.startswith("ipc://") else None
-    _security.use(spec.keys or inherited or None)
-    if not os.environ.get("ZMESH_AGENTS"):
-        # Meshes spawned by an actor go to this proc's own agent by default,
-        # never to a private embedded agent of the proc.
-        from zmesh._client import local as _local
-
-        _local.configure([spec.agent])
-    _use_client_path(spec.main)
-    # What is loaded now lives as long as the proc: keep the collector off it.
-    gc.freeze()
-    server = ProcServer(spec)
+    """Run this process as the proc ``ZMESH_PROC`` describes, until it is stopped."""
+    server = ProcServer(_procboot.boot())
     try:
         asyncio.run(server.serve())
     except KeyboardInterrupt:

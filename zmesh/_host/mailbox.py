@@ -1,0 +1,256 @@
+"""An actor's mailbox in its proc: its instance, its queue, and the task that drains it.
+
+``Mailbox`` runs one actor's messages one at a time in arrival order (a
+``concurrent`` endpoint's without waiting for the one in progress), starting
+a message at once, inside the socket's reader, when the actor is idle;
+``Resume`` finishes such a message in the mailbox task when it suspends.
+The proc's ``ProcServer`` (``proc.py``) owns the mailboxes and runs each
+message with its ``handle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from asyncio.tasks import _enter_task, _leave_task
+from collections import deque
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from zmesh import _context
+from zmesh._actor import Endpoint, Point, set_current
+from zmesh._host import lifecycle as _lifecycle
+from zmesh._host.batching import Batcher
+from zmesh._shared import stats as _stats
+from zmesh._wire import messages as w
+
+if TYPE_CHECKING:
+    from zmesh._host.proc import ProcServer
+
+log = logging.getLogger("zmesh.proc")
+
+
+class Mailbox:
+    """One actor: its instance, its queue, and the task that drains it.
+
+    An actor runs one message at a time, in arrival order. A message to a
+    ``concurrent`` endpoint starts as soon as nothing queued is ahead of it,
+    without waiting for the message in progress (it never overtakes one that
+    is still queued).
+
+    When the actor is idle and nothing is queued, a message starts at once,
+    inside the socket's reader, as the mailbox task would run it (same
+    current task, the actor's context). Most async endpoints finish without
+    suspending and reply right there, which saves a task wake-up per
+    message. One that suspends (and every sync endpoint, which goes to a
+    worker thread) is handed to the mailbox task to finish, and the actor
+    stays busy until it has.
+    """
+
+    def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
+        self.server = server
+        self.name = name
+        self.instance = instance
+        self.point = point
+        self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
+        # Set while the mailbox task waits for mail; put() resolves it.
+        self.waiter: asyncio.Future[None] | None = None
+        # An eagerly started message that suspended, for the task to finish:
+        # (coroutine, what it yielded, an exception to throw into it first).
+        self.handoff: tuple[Any, Any, BaseException | None] | None = None
+        self.context: contextvars.Context | None = None  # the actor's, set by _run
+        self.endpoints: dict[str, Endpoint[Any, Any]] = {}
+        for klass in type(instance).__mro__:
+            for attr, value in vars(klass).items():
+                if isinstance(value, Endpoint) and attr not in self.endpoints:
+                    self.endpoints[attr] = value
+        self.counters = {n: _stats.EndpointCounters(n) for n in self.endpoints}
+        # Batched endpoints' calls go to their batcher, not the mailbox.
+        self.batchers = {
+            n: Batcher(server, instance, ep, self.counters[n], None)
+            for n, ep in self.endpoints.items()
+            if ep.info.batch
+        }
+        self.queue_peak = 0
+        self.busy = False
+        self.running: set[asyncio.Task[None]] = set()
+        self.task = asyncio.ensure_future(self._run())
+
+    def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if self.batchers and call.method in self.batchers:
+            self.batchers[call.method].add(ident, call, frames)
+            return
+        if not self.queue and self.context is not None:
+            ep = self.endpoints.get(call.method)
+            if ep is not None and ep.info.concurrent:
+                # Nothing is ahead of it in arrival order, so it starts now,
+                # even while a non-concurrent call is in progress.
+                self._start_concurrent(ident, call, frames)
+                return
+            if self.waiter is not None and not self.busy and ep is not None:
+                # A sync endpoint starts the same way: handle() hands it to a
+                # worker thread and suspends, and the actor is busy from now.
+                self._start(ident, call, frames)
+                return
+        self.queue.append((ident, call, frames))
+        self.server.took()
+        if len(self.queue) > self.queue_peak:
+            self.queue_peak = len(self.queue)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _start(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        """Run a message up to its first suspension, now, as the mailbox task."""
+        assert self.context is not None  # the task is waiting, so _run set it
+        loop = self.task.get_loop()
+        coro = self.server.handle(self, ident, call, frames)
+        _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
+        try:
+            yielded = self.context.run(coro.send, None)
+        except StopIteration:
+            return  # done, reply sent
+        except Exception:
+            log.exception("handling %s.%s failed", self.name, call.method)
+            return
+        finally:
+            _leave_task(loop, self.task)
+        # It awaits something: the mailbox task finishes it; later mail queues.
+        self.busy = True
+        self.handoff = (coro, yielded, None)
+        self._wake()
+
+    def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        """Start a ``concurrent`` endpoint's message as a task of its own."""
+        assert self.context is not None
+        # The task copies the context current when it is made: the actor's.
+        coro = self.server.handle(self, ident, call, frames)
+        task = self.context.run(asyncio.ensure_future, coro)
+        self.running.add(task)  # keep a reference until it ends
+        self.server.took()
+        task.add_done_callback(self._concurrent_done)
+
+    def _concurrent_done(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self.server.started()
+
+    def statistics(self) -> _stats.ActorStatistics:
+        """This actor's mailbox and endpoint counters, as a frozen record."""
+        return _stats.actor_statistics(
+            self.name, type(self.instance).__qualname__, self.counters.values(),
+            (c.method for _, c, _ in self.queue), self.queue_peak,
+        )  # fmt: skip
+
+    async def _run(self) -> None:
+        set_current(self.point, self.instance)
+        _context.set_actor_name(self.name)  # current_actor_name(), context()
+        self.context = contextvars.copy_context()
+        for batcher in self.batchers.values():
+            batcher.context = self.context
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.handoff is not None:
+                coro, yielded, exc = self.handoff
+                self.handoff = None
+                try:
+                    await Resume(coro, self.context, yielded, exc)
+                except GeneratorExit:
+                    if not self._stepping():
+                        raise  # this task is being closed
+                    # A future the endpoint awaited failed with GeneratorExit:
+                    # the task threw it here, and Python closed the endpoint
+                    # on the way (which answered its call). The actor goes on.
+                finally:
+                    self.busy = False
+                continue
+            if not self.queue:
+                self.waiter = loop.create_future()
+                try:
+                    await self.waiter
+                except asyncio.CancelledError as cancel:
+                    if self.handoff is None:
+                        raise
+                    # Cancelled (the actor stops, or the endpoint cancelled
+                    # this task) before the handed-off message resumed: the
+                    # message gets the cancellation, as it would have here.
+                    self.handoff = (self.handoff[0], None, cancel)
+                finally:
+                    self.waiter = None
+                continue
+            ident, call, frames = self.queue.popleft()
+            self.server.started()
+            ep = self.endpoints.get(call.method)
+            if ep is not None and ep.info.concurrent:
+                self._start_concurrent(ident, call, frames)
+            else:
+                self.busy = True
+                try:
+                    await self.server.handle(self, ident, call, frames)
+                except GeneratorExit:
+                    if not self._stepping():
+                        raise
+                finally:
+                    self.busy = False
+
+    def _stepping(self) -> bool:
+        """Whether this task is running now: a ``GeneratorExit`` that reaches
+        ``_run`` then came from a failed future, not from closing the task."""
+        loop = asyncio._get_running_loop()
+        return loop is not None and asyncio.current_task(loop) is self.task
+
+    def close(self) -> None:
+        self.task.cancel()
+        for batcher in self.batchers.values():
+            batcher.close()
+        pending = _lifecycle.cleanup(self.instance, None)  # __cleanup__, once
+        if pending is not None:
+            self.server.spawning.add(task := asyncio.ensure_future(pending))
+            task.add_done_callback(self.server.spawning.discard)
+        for ident, call, _ in self.queue:
+            self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
+            self.server.started()
+        self.queue.clear()
+
+
+class Resume:
+    """Finish ``coro``, which ``Mailbox._start`` ran until it yielded ``yielded``.
+
+    This is ``yield from`` (PEP 380) written out, so that every step of
+    ``coro`` runs in the actor's ``context`` as its first step did; the
+    awaiting task's sends and throws (a cancellation) pass through to it.
+    ``throw``, when given, is thrown in first instead of waiting on ``yielded``.
+    """
+
+    __slots__ = ("context", "coro", "throw", "yielded")
+
+    def __init__(
+        self, coro: Any, context: contextvars.Context, yielded: Any, throw: BaseException | None
+    ) -> None:
+        self.coro = coro
+        self.context = context
+        self.yielded = yielded
+        self.throw = throw
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, context, yielded, exc = self.coro, self.context, self.yielded, self.throw
+        sent = None
+        while True:
+            if exc is None:
+                try:
+                    sent = yield yielded
+                except GeneratorExit:
+                    coro.close()
+                    raise
+                except BaseException as thrown:  # a cancellation: pass it on
+                    exc = thrown
+            try:
+                if exc is None:
+                    yielded = context.run(coro.send, sent)
+                else:
+                    yielded = context.run(coro.throw, exc)
+            except StopIteration:
+                return
+            exc = None
