@@ -1,7 +1,8 @@
 """A host's processes: the agent, its forkserver, and the actor procs.
 
 * ``agent``: the host agent (spawns, watches and reaps procs; speaks the
-  control protocol);
+  control protocol), with ``agentops`` (its read-only requests: state,
+  stats, logs, health, stacks);
 * ``forkserver``: a warm interpreter the agent forks procs from;
 * ``proc``: the actor process (its entry point; sockets, dispatch, replies),
   with ``mailbox`` (an actor's queue and run loop), ``spawnactor`` (building

@@ -28,13 +28,13 @@ epoch.
 
 This module is the protocol shell: sockets, requests and replies, events,
 stats. The proc table (spawn, reap, hung, stop) is ``procs.py``; the owners
-and their liveness are ``owners.py``.
+and their liveness are ``owners.py``; the read-only requests (state, stacks,
+logs, stats, health) are answered by ``agentops.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import logging
 import os
@@ -49,14 +49,14 @@ from typing import Any
 import zmq
 
 from zmesh._errors import SecurityError
+from zmesh._host import agentops as _agentops
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import janitor as _janitor
 from zmesh._host import logtail as _logtail
 from zmesh._host import ptree as _ptree
-from zmesh._host import stacks as _stacks
 from zmesh._host import updates as _updates
 from zmesh._host.owners import Owners, not_owner
-from zmesh._host.procs import Mesh, Proc, ProcTable, signal_proc, spec_error
+from zmesh._host.procs import Mesh, ProcTable, spec_error
 from zmesh._host.statsbook import StatsBook
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import Rank
@@ -238,17 +238,8 @@ class HostAgent:
             self.procs.hello(msg)
         elif isinstance(msg, w.CreateOrUpdate):
             self._reply(ident, self._create(msg))
-        elif isinstance(msg, w.GetState | w.ListMeshes):
-            name = getattr(msg, "name", "")
-            self._reply(ident, self._state_reply(msg.id, name))
         elif isinstance(msg, w.Stop):
             self._reply(ident, self._stop_mesh(msg.id, msg.name, msg.secret))
-        elif isinstance(msg, w.Describe):
-            me = (self.label, self.control_addr, self.stream_addr, self.epoch, os.getpid())
-            self._reply(
-                ident,
-                w.AgentInfo(msg.id, *me, hostname=socket.gethostname(), logs=self._logs.address),
-            )
         elif isinstance(msg, w.OwnerGone):
             if self.owners.is_owner(msg.owner, msg.secret):
                 self._stop_owner(msg.owner, "owner exited")
@@ -262,12 +253,8 @@ class HostAgent:
                 self.statsbook.record_proc(st)
         elif isinstance(msg, w.ServiceReport):
             self.statsbook.record_service(msg.summary)
-        elif isinstance(msg, w.GetStats):
-            self._reply(ident, w.StatsReply(msg.id, self.stats(), self.stats_addr))
-        elif isinstance(msg, w.GetLogs):
-            self._reply(ident, self._logs.answer(msg))
-        elif isinstance(msg, w.GetStack | w.GetHealth):
-            self._on_ops_request(ident, msg)
+        elif isinstance(msg, _agentops.REQUESTS):
+            _agentops.answer(self, ident, msg)  # state, describe, stats, logs, health, stack
 
     def stats(self) -> w.Stats:
         """This agent's host, meshes and procs' latest statistics (``zmesh top``)."""
@@ -277,7 +264,7 @@ class HostAgent:
         return w.Stats(
             agent=self.label, epoch=self.epoch, seq=self.seq, time=time.time(),
             interval=HEARTBEAT_INTERVAL * STATS_EVERY, host=self.statsbook.host(),
-            control=self.control_addr, meshes=[_mesh_state(m) for m in meshes],
+            control=self.control_addr, meshes=[_agentops.mesh_report(m) for m in meshes],
             procs=procs, services=services,
         )  # fmt: skip
 
@@ -313,14 +300,6 @@ class HostAgent:
             _updates.create(self.procs, msg.name, msg.spec)
         return w.Ack(msg.id)
 
-    def _state_reply(self, req_id: int, name: str) -> w.StateReply:
-        table = self.procs.meshes
-        meshes = ([table[name]] if name in table else []) if name else list(table.values())
-        return w.StateReply(
-            id=req_id, agent=self.label, epoch=self.epoch, seq=self.seq,
-            meshes=[_mesh_state(m) for m in meshes],
-        )  # fmt: skip
-
     # ------------------------------------------------------- transitions
 
     def _published(self, mesh: Mesh, rank: int, state: Rank) -> None:
@@ -328,7 +307,7 @@ class HostAgent:
         self.seq += 1
         event = w.Event(
             self.seq, self.epoch, self.label, mesh.name, mesh.spec.owner,
-            state=_rank_state(rank, state), time=time.time(),
+            state=_agentops.rank_report(rank, state), time=time.time(),
         )  # fmt: skip
         self._pub.send(self._codec.encode(event))
         if state.status.failure:
@@ -390,70 +369,6 @@ class HostAgent:
     def _helpers(self) -> set[int]:
         """Children of ours that are no procs and no orphans: the janitor."""
         return self._janitor.pids() if self._janitor is not None else set()
-
-    # ------------------------------------------------------- operations
-
-    def _on_ops_request(self, ident: bytes, msg: w.GetStack | w.GetHealth) -> None:
-        """``zmesh status`` and ``zmesh stack``: answered without blocking the loop."""
-        if isinstance(msg, w.GetHealth):
-            stopped = [m.name for m in self.procs.meshes.values() if m.stopped]
-            self._reply(ident, w.HealthReply(msg.id, stopped))
-            return
-        proc, error = _live_proc(self.procs, self.label, msg.mesh, msg.rank)
-        if proc is None:
-            self._reply(ident, w.StackReply(msg.id, ok=False, error=error))
-            return
-        where = f"{msg.mesh}[{msg.rank}] on {self.label}"
-        # A stack file older than the proc is a stale one: its proc cannot
-        # have registered the handler yet, so it must not be signalled.
-        started = time.time() - (time.monotonic() - proc.started)
-        send = functools.partial(signal_proc, proc, _stacks.SIGNAL)
-
-        async def answer() -> None:
-            reply = await _stacks.reply(msg.id, where, proc.popen.pid, proc.log_path, send, started)
-            if not self._stopping.is_set():
-                self._reply(ident, reply)
-
-        _stacks.background(answer())
-
-
-def _live_proc(table: ProcTable, label: str, mesh: str, rank: int) -> tuple[Proc | None, str]:
-    """The live proc of ``mesh[rank]``, or ``None`` and why there is none."""
-    m = table.meshes.get(mesh)
-    proc = m.procs.get(rank) if m is not None else None
-    if m is None or proc is None:
-        if m is None:
-            return None, f"no mesh named {mesh!r} on {label}"
-        return None, f"no rank {rank} in mesh {mesh!r} on {label}"
-    status = m.view.ranks[rank].status
-    if proc.reaped or status.terminal:
-        where = f"{mesh}[{rank}] on {label}"
-        return None, f"{where} is {status.value}: no live proc (log: {proc.log_path})"
-    return proc, ""
-
-
-def _mesh_state(mesh: Mesh) -> w.MeshReport:
-    return w.MeshReport(
-        name=mesh.name,
-        owner=mesh.spec.owner,
-        status=mesh.view.status,
-        ranks=[_rank_state(r, s) for r, s in sorted(mesh.view.ranks.items())],
-        dims=mesh.spec.dims,
-        generation=mesh.generation,
-    )
-
-
-def _rank_state(rank: int, s: Rank) -> w.RankState:
-    return w.RankState(
-        rank=rank,
-        status=s.status,
-        generation=s.generation,
-        reason=s.reason,
-        pid=s.pid,
-        addr=s.addr,
-        log_path=s.log_path,
-        exit_code=s.exit_code,
-    )
 
 
 def _check_bind(bind: str, keys: Keys | None, insecure: bool, label: str | None) -> None:
