@@ -454,14 +454,13 @@ class HostMesh:
         from zmesh._client import spawning
 
         per_host = dict(per_host or {"procs": 1})
-        check_mesh_name(name or "procs")
+        exact = name is not None
+        name = check_mesh_name(name) if name is not None else "procs"
         for dim, size in per_host.items():
             w.check_name(dim, "dim")
             if size < 1:
                 raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
-        return spawning.start_procs(
-            self._agents, self._hosts, per_host, name or "procs", exact=name is not None
-        )
+        return spawning.start_procs(self._agents, self._hosts, per_host, name, exact=exact)
 
     def __repr__(self) -> str:
         return f"<HostMesh {{hosts: {self._hosts}}}>"
