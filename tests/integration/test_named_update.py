@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 import zmesh
+from zmesh import testing
 from zmesh._shared.state import Status
 
-from _helpers import wait_for, wait_gone
+from _helpers import connected, wait_for, wait_gone
 
 
 class Who(zmesh.Actor):
@@ -158,3 +159,21 @@ def test_without_a_name_every_spawn_is_a_new_mesh() -> None:
     assert a.name != b.name and a.name.startswith("procs-") and len(b) == 1
     a.stop().get(timeout=10)
     b.stop().get(timeout=10)
+
+
+def test_a_mesh_over_two_hosts_updates_per_host_but_is_not_resized(
+    cluster: list[testing.AgentProcess],
+) -> None:
+    name = f"wide-{secrets.token_hex(2)}"
+    with connected([a.control for a in cluster]):
+        hosts = zmesh.connect([a.control for a in cluster])
+        procs = hosts.spawn_procs(per_host={"procs": 1}, name=name).get(timeout=60)
+        mesh = procs.spawn("who", Who)
+        before = pids_of(mesh)
+        assert sorted(before) == [0, 1]
+        # The same spec again: nothing changes, the handle is the same mesh.
+        same = hosts.spawn_procs(per_host={"procs": 1}, name=name).get(timeout=60)
+        assert same.sizes == {"hosts": 2, "procs": 1} and pids_of(same.spawn("w", Who)) == before
+        with pytest.raises(zmesh.SpawnError, match="spans 2 hosts"):
+            hosts.spawn_procs(per_host={"procs": 2}, name=name).get(timeout=60)
+        assert pids_of(mesh) == before and procs.sizes == {"hosts": 2, "procs": 1}
