@@ -25,7 +25,9 @@ import pytest
 
 import zmesh
 from zmesh import testing
+from zmesh._client.controller import Controller
 from zmesh._shared.state import Status
+from zmesh._wire import messages as w
 
 from _helpers import connected, wait_for, wait_gone
 
@@ -69,7 +71,23 @@ def pids_of(mesh: zmesh.ActorMesh[Who]) -> dict[int, int]:
     return dict(mesh.who.call().get(timeout=60).values())
 
 
-def test_spawning_again_under_a_name_grows_and_shrinks_the_mesh(runtime_dir: str) -> None:
+@pytest.fixture
+def heard(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, Status, int]]:
+    """Every rank state the client's controller hears from an agent (events and snapshots)."""
+    out: list[tuple[str, int, Status, int]] = []
+    real = Controller.apply
+
+    def apply(self: Controller, agent: Any, mesh: str, rs: w.RankState) -> None:
+        out.append((mesh, rs.rank, Status(rs.status), rs.generation))
+        real(self, agent, mesh, rs)
+
+    monkeypatch.setattr(Controller, "apply", apply)
+    return out
+
+
+def test_spawning_again_under_a_name_grows_and_shrinks_the_mesh(
+    runtime_dir: str, heard: list[tuple[str, int, Status, int]]
+) -> None:
     name = f"workers-{secrets.token_hex(2)}"  # not a random-suffix name: ours exactly
     host = zmesh.this_host()
     procs = host.spawn_procs(per_host={"procs": 2}, name=name).get(timeout=60)
@@ -100,7 +118,9 @@ def test_spawning_again_under_a_name_grows_and_shrinks_the_mesh(runtime_dir: str
     assert shrunk.sizes == procs.sizes == {"hosts": 1, "procs": 2}
     wait_gone([after[2], after[3]], 20, "the procs the mesh shrank away from")
     state = four.state()
-    for rank in (2, 3):
+    for rank in (2, 3):  # the agent said so, in the rank's generation
+        seen = [(st, g) for m, r, st, g in list(heard) if m == name and r == rank]
+        assert (Status.STOPPING, 1) in seen and (Status.STOPPED, 1) in seen, seen
         assert (state.ranks[rank].status, state.ranks[rank].generation) == (Status.STOPPED, 1)
         with pytest.raises(zmesh.ActorStoppedError):
             four.slice(procs=rank).who.call().get(timeout=30)
