@@ -197,3 +197,22 @@ def test_a_mesh_over_two_hosts_updates_per_host_but_is_not_resized(
         with pytest.raises(zmesh.SpawnError, match="spans 2 hosts"):
             hosts.spawn_procs(per_host={"procs": 2}, name=name).get(timeout=60)
         assert pids_of(mesh) == before and procs.sizes == {"hosts": 2, "procs": 1}
+
+
+def test_a_changed_proc_spec_rolls_every_rank_to_a_new_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name = f"roll-{secrets.token_hex(2)}"
+    host = zmesh.this_host()
+    procs = host.spawn_procs(per_host={"procs": 2}, name=name).get(timeout=60)
+    old = procs.spawn("who", Who)
+    before = pids_of(old)
+    # What procs start with changed (their ZMESH_ environment): every rank restarts.
+    monkeypatch.setenv("ZMESH_TEST_ROLL", "1")
+    rolled = host.spawn_procs(per_host={"procs": 2}, name=name).get(timeout=60)
+    assert all(st.generation == 2 for st in rolled.state().ranks.values())
+    now = pids_of(rolled.spawn("who", Who))
+    assert sorted(now) == [0, 1] and not set(now.values()) & set(before.values())
+    with pytest.raises(zmesh.ActorStoppedError):  # the old actors went with their procs
+        old.who.call().get(timeout=30)
+    procs.stop().get(timeout=10)

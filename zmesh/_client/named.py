@@ -197,7 +197,7 @@ async def _until_shaped(rt: Runtime, name: str, ranks: list[int], dropped: list[
         view = ctl.views[name]
         for r in ranks:
             st = view.ranks[r]
-            if st.status.failure or st.status == Status.FAILED:
+            if st.status.failure:
                 raise SpawnError(
                     f"proc failed to start in the update: {st.status.value} ({st.reason})",
                     mesh=name, rank=r, host=ctl.hosts[(name, r)].label,
