@@ -24,6 +24,7 @@ COMMANDS = [
     "stack",
     "logs",
     "stop",
+    "get",
     "up",
     "down",
 ]

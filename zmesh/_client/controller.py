@@ -585,14 +585,31 @@ class Controller:
             self.release(mesh)  # every rank is over: nothing can call it again
 
     def gone(self, ref: ProcRef) -> ZmeshError | None:
-        """The error for a call to ``ref`` if its mesh was released, else ``None``."""
-        view = self.tombstones.get(ref.mesh)
-        if view is None:
-            return None
-        st = view.ranks.get(ref.rank)
+        """The error for a call to ``ref`` if its mesh was released, else ``None``.
+
+        Also when the mesh lives on but ``ref``'s proc does not: its rank is
+        over (the mesh shrank in place) or in a newer generation (rolled, or
+        the name spawned again), so the proc ``ref`` points at has exited.
+        """
         ctx: dict[str, Any] = {
             "mesh": ref.mesh, "rank": ref.rank, "host": ref.host, "log_path": ref.log_path or None,
         }  # fmt: skip
+        view = self.tombstones.get(ref.mesh)
+        if view is None:
+            live = self.views.get(ref.mesh)
+            now = live.ranks.get(ref.rank) if live is not None else None
+            if now is None or now.generation < ref.generation:
+                return None
+            if now.generation > ref.generation:
+                return ActorStoppedError(
+                    f"rank was stopped: it runs in generation {now.generation} now, "
+                    "spawn on the mesh again to reach it",
+                    **ctx,
+                )
+            if not now.status.terminal or live is None:
+                return None
+            view = live
+        st = view.ranks.get(ref.rank)
         if st is not None and st.status.failure:
             return SupervisionError(
                 f"rank is {st.status.value}: {st.reason}", reason=st.reason, **ctx

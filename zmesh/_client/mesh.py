@@ -426,18 +426,26 @@ class HostMesh:
         return Extent({"hosts": self._hosts})
 
     def spawn_procs(
-        self, per_host: dict[str, int] | None = None, *, name: str = "procs"
+        self, per_host: dict[str, int] | None = None, *, name: str | None = None
     ) -> ProcMesh:
         """Start procs: ``per_host={"procs": 4}`` starts 4 on every host.
 
         Returns the ``ProcMesh`` at once; the procs start in parallel in the
         background (``await procs`` waits for them).
 
+        Without ``name``, the mesh is ``procs`` and a random suffix: every
+        call starts a new mesh. With ``name``, that is the mesh's name on
+        its agents, and calling again with the same name while this client's
+        mesh of that name runs *updates* it in place: ``per_host={"procs": 4}``
+        on a 2-proc mesh starts 2 more procs, ``{"procs": 1}`` stops the
+        last one. The ``ProcMesh`` returned (and every earlier handle of the
+        mesh, once the update is done) has the new shape; actor meshes keep
+        the procs they were spawned on. A stopped name starts a new mesh.
+
         Raises:
             ValueError: at once, when ``name`` is not a valid name (1-119
-                letters, digits, ``_``, ``.`` or ``-``, without ``..``; the
-                mesh's name is ``name`` and a random suffix), or a dim is not,
-                or a size is below 1.
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``), or a
+                dim is not, or a size is below 1.
 
         Raises (from ``await procs`` / ``procs.initialized``):
             SpawnError: a proc died or did not become ready (with its log path).
@@ -446,12 +454,13 @@ class HostMesh:
         from zmesh._client import spawning
 
         per_host = dict(per_host or {"procs": 1})
-        check_mesh_name(name)
+        exact = name is not None
+        name = check_mesh_name(name) if name is not None else "procs"
         for dim, size in per_host.items():
             w.check_name(dim, "dim")
             if size < 1:
                 raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
-        return spawning.start_procs(self._agents, self._hosts, per_host, name)
+        return spawning.start_procs(self._agents, self._hosts, per_host, name, exact=exact)
 
     def __repr__(self) -> str:
         return f"<HostMesh {{hosts: {self._hosts}}}>"

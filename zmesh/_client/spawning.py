@@ -43,10 +43,20 @@ INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
 
 
 def start_procs(
-    agents: list[str] | None, hosts: int, per_host: dict[str, int], base: str
+    agents: list[str] | None,
+    hosts: int,
+    per_host: dict[str, int],
+    base: str,
+    exact: bool = False,
 ) -> ProcMesh:
-    """``HostMesh.spawn_procs``: the ``ProcMesh`` now, its procs in the background."""
-    name = f"{base}-{secrets.token_hex(4)}"
+    """``HostMesh.spawn_procs``: the ``ProcMesh`` now, its procs in the background.
+
+    With ``exact``, ``base`` is the mesh's name on the agents, and a mesh of
+    that name this client runs is updated to ``per_host`` (``zmesh._client.named``).
+    """
+    from zmesh._client import named as _named
+
+    name = base if exact else f"{base}-{secrets.token_hex(4)}"
     dims = {"hosts": hosts, **per_host}
     pm = ProcMesh(name, _Shape(dims, list(range(math.prod(dims.values())))), [])
 
@@ -54,7 +64,10 @@ def start_procs(
         addrs = agents
         if addrs is None:
             addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-        up = await _spawn_procs(rt, addrs, per_host, base, name)
+        if exact:
+            up = await _named.spawn_or_update(rt, addrs, per_host, name, pm)
+        else:
+            up = await _spawn_procs(rt, addrs, per_host, base, name)
         pm._refs = up._refs
 
     _launch(pm, work)
@@ -260,11 +273,7 @@ async def _start_procs(
     per = math.prod(per_host.values())
     if per < 1:
         raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
-    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
-    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
-    agents = _local.configured_agents()
-    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
-        env["ZMESH_AGENTS"] = ",".join(agents)
+    spec_of = proc_spec(dims)
     ctl = rt.controller
     owner_actor = _owner_actor()
     if owner_actor is not None:
@@ -279,15 +288,32 @@ async def _start_procs(
         ranks = list(range(h * per, (h + 1) * per))
         ctl.track(name, agent, ranks)
         conns.append((agent, ranks))
-    spec_of = lambda h, ranks: w.ProcSpec(  # noqa: E731
-        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
-    )
     try:
         await _create_and_wait(rt, name, conns, spec_of)
     except asyncio.CancelledError:
         # The caller gave up on the spawn: the procs it asked for must not stay.
         await asyncio.shield(_stop_mesh_on(rt, name, conns))
         raise
+    ctl.owned.add(name)  # from now on, its unhandled failures are ours
+    return proc_mesh_of(ctl, name, dims, conns)
+
+
+def proc_spec(dims: dict[str, int]) -> Callable[[int, list[int]], w.ProcSpec]:
+    """``(host index, ranks) -> ProcSpec``: what this client's procs start with."""
+    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
+    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
+    agents = _local.configured_agents()
+    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
+        env["ZMESH_AGENTS"] = ",".join(agents)
+    return lambda h, ranks: w.ProcSpec(
+        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
+    )
+
+
+def proc_mesh_of(
+    ctl: _controller.Controller, name: str, dims: dict[str, int], conns: list[Any]
+) -> ProcMesh:
+    """The ``ProcMesh`` of ``conns``' ranks (``[(agent, ranks)]``) as the view has them."""
     view = ctl.views[name]
     refs = []
     for agent, ranks in conns:
@@ -296,7 +322,6 @@ async def _start_procs(
             refs.append(
                 ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
             )
-    ctl.owned.add(name)  # from now on, its unhandled failures are ours
     return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
 
 

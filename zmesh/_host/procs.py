@@ -78,6 +78,8 @@ class Mesh:
     stopped: bool = False
     failure: str = ""  # why it was stopped, if something broke
     generation: int = 1  # of its spec: one more for each update (and each reuse of its name)
+    # Ranks it shrank away from: their last generation, which a regrowth goes on from.
+    retired: dict[int, int] = field(default_factory=dict)
 
 
 # What the table tells its agent of a rank transition: (mesh, rank, new state).
@@ -141,7 +143,9 @@ class ProcTable:
 
     def retire(self, mesh: Mesh, rank: int) -> None:
         """A rank the mesh shrank away from is gone: no longer in its state."""
-        mesh.view.ranks.pop(rank, None)
+        last = mesh.view.ranks.pop(rank, None)
+        if last is not None:
+            mesh.retired[rank] = last.generation
         mesh.procs.pop(rank, None)
 
     def spawn(self, mesh: Mesh, rank: int) -> None:

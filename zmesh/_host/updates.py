@@ -58,8 +58,10 @@ def create(table: ProcTable, name: str, spec: w.ProcSpec) -> Mesh:
     old = table.meshes.get(name)
     if old is not None:
         mesh.generation = old.generation + 1
+        mesh.retired = dict(old.retired)
         for rank in spec.ranks:
-            mesh.view.ranks[rank] = Rank(generation=old.view.ranks.get(rank, Rank()).generation)
+            last = old.view.ranks.get(rank, Rank(generation=mesh.retired.pop(rank, 0)))
+            mesh.view.ranks[rank] = Rank(generation=last.generation)
     table.meshes[name] = mesh
     for rank in spec.ranks:
         table.spawn_or_fail(mesh, rank)
@@ -81,7 +83,8 @@ def update(table: ProcTable, mesh: Mesh, spec: w.ProcSpec) -> None:
         else:
             table.retire(mesh, rank)
     for rank in todo.add:
-        mesh.view.ranks.setdefault(rank, Rank())
+        # Back after a shrink: on from its last generation (its logs stay apart).
+        mesh.view.ranks.setdefault(rank, Rank(generation=mesh.retired.pop(rank, 0)))
         table.spawn_or_fail(mesh, rank)
 
 
