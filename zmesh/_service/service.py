@@ -49,7 +49,7 @@ from zmesh._service.routing import (
     make_router,
 )
 from zmesh._service.supervisor import Supervisor
-from zmesh._shared.state import ServiceState
+from zmesh._shared.state import service_state
 
 # Clients of services in this process, by service id and runtime: handles of
 # one service (the owner's, one unpickled here) share them.
@@ -153,12 +153,7 @@ class Service:
         now = client.rt.loop.time()
         reps = [s.statistics(now) for s in d.slots]
         healthy = sum(r.state == HEALTHY for r in reps)
-        if d.stopped:
-            state = ServiceState.STOPPED
-        elif healthy == len(reps):
-            state = ServiceState.OK
-        else:
-            state = ServiceState.DEGRADED if healthy else ServiceState.DOWN
+        state = service_state(healthy, len(reps), d.stopped)
         return ServiceStatistics(
             self.name, state, reps, d.completed, d.failed, d.retried, len(d.waiting)
         )

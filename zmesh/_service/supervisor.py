@@ -31,7 +31,7 @@ from zmesh._client.runtime import Runtime
 from zmesh._errors import SpawnError, ZmeshError
 from zmesh._service.client import ServiceClient, encode_table
 from zmesh._service.routing import HEALTHY
-from zmesh._shared.state import ServiceState
+from zmesh._shared.state import service_state
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -262,12 +262,7 @@ class Supervisor:
         d = self.client.dispatcher
         slots = d.slots
         healthy = sum(s.state == HEALTHY for s in slots)
-        if self.stopped:
-            state = ServiceState.STOPPED
-        elif healthy == len(slots):
-            state = ServiceState.OK
-        else:
-            state = ServiceState.DEGRADED if healthy else ServiceState.DOWN
+        state = service_state(healthy, len(slots), self.stopped)
         table = self.client.table()
         for other in list(self._attached):
             self._push_to(other, table)

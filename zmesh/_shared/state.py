@@ -68,6 +68,15 @@ class ServiceState(str, enum.Enum):
         return self.value
 
 
+def service_state(healthy: int, replicas: int, stopped: bool) -> ServiceState:
+    """A service's state from how many of its ``replicas`` are ``healthy``."""
+    if stopped:
+        return ServiceState.STOPPED
+    if healthy == replicas:
+        return ServiceState.OK
+    return ServiceState.DEGRADED if healthy else ServiceState.DOWN
+
+
 _TERMINAL = frozenset({Status.STOPPED, Status.FAILED, Status.TIMEOUT})
 _FAILURES = frozenset({Status.FAILED, Status.TIMEOUT, Status.UNKNOWN})
 
