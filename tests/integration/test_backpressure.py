@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import zmesh
+from zmesh._client import connections as _connections
 from zmesh._client import runtime as _runtime
 from zmesh._wire import messages as w
 
@@ -61,15 +62,22 @@ class Tagger(zmesh.Actor):
         return log
 
 
-def _conn(mesh: zmesh.ActorMesh[Any]) -> _runtime.ProcConn:
+def _conn(mesh: zmesh.ActorMesh[Any]) -> _connections.ProcConn:
     rt, _ = _runtime.current()
     return rt.conns[mesh._refs[0].addr]
+
+
+def _set_limit(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Lower the per-connection in-flight limit: the runtime reads its own copy
+    on every call, the connections (their wait queues) theirs."""
+    monkeypatch.setattr(_runtime, "MAX_IN_FLIGHT", limit)
+    monkeypatch.setattr(_connections, "MAX_IN_FLIGHT", limit)
 
 
 @pytest.fixture
 def small_limit(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """A per-connection in-flight limit small enough to see it work."""
-    monkeypatch.setattr(_runtime, "MAX_IN_FLIGHT", 50)
+    _set_limit(monkeypatch, 50)
     yield 50
 
 
@@ -85,8 +93,8 @@ async def test_150k_pipelined_call_ones_all_resolve() -> None:
     futures = [asyncio.ensure_future(mesh.tag.call_one(i, BUF)) for i in range(DEEP)]
     conn = _conn(mesh)
     # Memory in ZeroMQ stays bounded: the rest waits here, in order.
-    assert len(conn.pending) <= _runtime.MAX_IN_FLIGHT
-    assert len(conn.waiting) >= DEEP - _runtime.MAX_IN_FLIGHT
+    assert len(conn.pending) <= _connections.MAX_IN_FLIGHT
+    assert len(conn.waiting) >= DEEP - _connections.MAX_IN_FLIGHT
     _, pending = await asyncio.wait(futures, timeout=90)
     assert not pending, f"{len(pending)} of {DEEP} calls never resolved"
     assert [f.result() for f in futures] == list(range(DEEP))
@@ -169,7 +177,7 @@ async def test_block_false_fails_at_once_with_overloaded_error(small_limit: int)
 async def test_a_waiting_call_that_times_out_or_is_cancelled_is_never_sent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_runtime, "MAX_IN_FLIGHT", 2)
+    _set_limit(monkeypatch, 2)
     mesh = await Tagger.options().as_actor()
     first = [asyncio.ensure_future(mesh.slow.call_one(i, 0.3)) for i in range(2)]
     late = mesh.slow.options(timeout=0.1).call_one(10, 0.0)  # waits behind the two

@@ -45,7 +45,8 @@ from hypothesis.stateful import (
 )
 
 from zmesh._client import controller as _controller
-from zmesh._client.controller import AgentConn, Controller, SupervisionEvent
+from zmesh._client.agentconn import AgentConn
+from zmesh._client.controller import Controller, SupervisionEvent
 from zmesh._client.runtime import Runtime
 from zmesh._errors import AgentError
 from zmesh._shared.state import MeshView, Rank, Status

@@ -1,7 +1,10 @@
 """The user's process: the runtime, its meshes and the calls it makes.
 
-* ``runtime``: sockets to procs, requests in flight, and their fates;
-* ``controller``: agents' supervision streams turned into mesh state;
+* ``runtime``: the runtime of an event loop (calls out, replies in) and the I/O thread;
+  ``connections``: its connections to procs, their backpressure and drops;
+  ``inflight``: requests in flight and their fates;
+* ``controller``: agents' supervision streams turned into mesh state; ``agentconn``: one
+  agent's control socket and stream;
 * ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles; ``spawning``: the work of
   spawning and stopping; ``pending``: calls waiting for a mesh to be ready;
 * ``meshstate``, ``values``: ``mesh.state()``, ``ValueMesh``; ``faults``: ``MeshFailure``

@@ -15,7 +15,8 @@ from typing import Any, Generic, TypeVar
 
 from zmesh._client.adverbs import EndpointRef, on_runtime
 from zmesh._client.future import Future
-from zmesh._client.runtime import Runtime, Sink
+from zmesh._client.inflight import Sink
+from zmesh._client.runtime import Runtime
 
 R = TypeVar("R")
 A = TypeVar("A")

@@ -26,8 +26,9 @@ from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
+from zmesh._client.inflight import Sink, resolve
 from zmesh._client.pending import NotReady
-from zmesh._client.runtime import ProcRef, Runtime, Sink, resolve
+from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.streams import ItemStream, open_stream
 from zmesh._errors import EncodeError
 from zmesh._wire import messages as w

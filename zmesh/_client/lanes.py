@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from zmesh._client import runtime as _runtime
-from zmesh._client.runtime import MAX_IN_FLIGHT, ProcRef, outcome, timeout_error
+from zmesh._client.connections import MAX_IN_FLIGHT
+from zmesh._client.inflight import outcome, timeout_error
+from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec

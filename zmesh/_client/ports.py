@@ -33,7 +33,8 @@ from zmesh._actor import current_point
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
-from zmesh._client.runtime import Runtime, Sink, resolve
+from zmesh._client.inflight import Sink, resolve
+from zmesh._client.runtime import Runtime
 from zmesh._errors import EncodeError
 from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w

@@ -31,7 +31,9 @@ from typing import Any, Generic, TypeVar
 
 from zmesh._actor import Point
 from zmesh._client import runtime as _runtime
-from zmesh._client.runtime import BIG, OneRequest, ProcConn, ProcRef, Runtime
+from zmesh._client.connections import BIG, ProcConn
+from zmesh._client.inflight import OneRequest
+from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, SupervisionError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
