@@ -98,6 +98,10 @@ class _MeshBase:
     proc_mesh: str
     _gate: Gate | None = None  # set while calls must wait: the fast path tests this only
     _ready: concurrent.futures.Future[None] = _DONE
+
+    def stop(self) -> Future[None]:
+        """Stop this mesh (see ``ProcMesh.stop``, ``ActorMesh.stop``)."""
+        raise NotImplementedError
     _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
     _spawning: Future[None] | None = None  # the spawn's work, while it runs
     _given_up = False  # stop() gave the spawn up
@@ -131,7 +135,15 @@ class _MeshBase:
         return self
 
     def _wait_ready(self: M, timeout: float | None = None) -> M:
-        self.initialized.get(timeout)
+        try:
+            self.initialized.get(timeout)
+        except RuntimeError:
+            if self._ready.done():
+                raise  # the spawn's own outcome
+            # .get() refused on the loop that must do the spawn: nothing will
+            # wait for this mesh, so it must not stay behind.
+            self.stop()
+            raise
         return self
 
     @property
@@ -267,6 +279,15 @@ class ProcMesh(_MeshBase):
         from zmesh._client import spawning
 
         return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=True))
+
+    def __reduce__(self) -> Any:
+        # A handle travels as plain data, once its procs are up (see ActorMesh).
+        ready = self._ready
+        if not ready.done():
+            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
+        if (exc := ready.exception()) is not None:
+            raise exc
+        return (ProcMesh, (self.proc_mesh, self._shape, list(self._refs)))
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}: {v}" for k, v in self._shape.dims.items())
