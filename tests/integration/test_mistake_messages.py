@@ -8,14 +8,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
-from zmesh._client.local import await_ready
 from zmesh._wire import security as _security
 from zmesh.testing import AgentProcess
 
@@ -92,34 +89,13 @@ def test_a_refused_get_inside_a_running_loop_leaves_no_mesh(
     assert name not in ps.stdout
 
 
-@pytest.fixture
-def keyed_agent(tmp_path: Path) -> Iterator[str]:
-    keys = str(tmp_path / "keys")
-    _security.keygen(keys)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with open(logs / "agent.log", "ab") as err:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
-             "--keys", keys, "--label", "keyed", "--log-dir", str(logs)],
-            stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-        )  # fmt: skip
-    try:
-        yield await_ready(popen, str(logs / "agent.log")).control
-    finally:
-        zmesh.shutdown()
-        _local.configure(None)
-        _security.use(None)
-        popen.terminate()
-        popen.wait(timeout=10)
-
-
 def test_a_keyless_client_is_told_at_once_that_a_keyed_agent_needs_keys(
-    keyed_agent: str, monkeypatch: pytest.MonkeyPatch
+    keyed_agent: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    control, _ = keyed_agent
     monkeypatch.delenv("ZMESH_KEYS", raising=False)
     _security.use(None)
-    zmesh.connect([keyed_agent])
+    zmesh.connect([control])
     start = time.monotonic()
     with pytest.raises(zmesh.SecurityError, match="requires CURVE keys") as info:
         Sloppy.options().as_actor().get(timeout=60)
@@ -127,7 +103,7 @@ def test_a_keyless_client_is_told_at_once_that_a_keyed_agent_needs_keys(
     assert "ZMESH_KEYS" in str(info.value)
     # The CLI says the same of a silent keyed agent.
     done = subprocess.run(
-        [sys.executable, "-m", "zmesh", "ps", "--agents", keyed_agent, "--timeout", "1"],
+        [sys.executable, "-m", "zmesh", "ps", "--agents", control, "--timeout", "1"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "requires CURVE keys" in done.stderr, done.stderr
