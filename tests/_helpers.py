@@ -13,7 +13,8 @@ so a test imports these as ``from _helpers import wait_for``.
   scan by environment tag), ``session_pids`` (this test session's zmesh
   processes, by kind), ``read_line`` (a child's stdout line with a deadline),
   ``run_python`` (a script run to its end with a deadline);
-* meshes and services: ``status_of``, ``replica_pids``.
+* meshes and services: ``status_of``, ``replica_pids``;
+* the registry: ``own_runtime_dir`` (a runtime directory of the test's own).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ __all__ = [
     "latency",
     "live_processes",
     "outcome",
+    "own_runtime_dir",
     "pid_alive",
     "read_line",
     "replica_pids",
@@ -105,6 +109,26 @@ def status_of(mesh: zmesh.ActorMesh[Any], rank: int) -> zmesh.Status:
 async def replica_pids(svc: Any) -> list[int]:
     """The pid of each replica's (single) proc, in replica order (``Actor.pid`` endpoint)."""
     return [await svc.replica(i).pid.options(timeout=10).call_one() for i in range(len(svc))]
+
+
+@contextlib.contextmanager
+def own_runtime_dir(
+    monkeypatch: pytest.MonkeyPatch, prefix: str = "zr-", unset: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """A runtime directory (the registry ``zmesh get``/``ps`` read) of the block's own.
+
+    Short (sockets go in it), named ``ZMESH_RUNTIME_DIR``; ``ZMESH_AGENTS``,
+    ``ZMESH_HOSTFILE``, ``ZMESH_KEYS`` and the names in ``unset`` are unset,
+    so nothing else is found. Removed after the block.
+    """
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
+    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS", *unset):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ------------------------------------------------------------ processes

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 
 from zmesh._shared import registry
 
-from _helpers import wait_for
+from _helpers import own_runtime_dir, wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -42,15 +40,9 @@ SCRIPT = textwrap.dedent(
 @pytest.fixture
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A runtime directory of this test's own (short: sockets go in it)."""
-    path = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
-    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
     monkeypatch.setenv("ZMESH_FORWARD_LOGS", "0")  # the script's stdout is its READY line
-    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    try:
+    with own_runtime_dir(monkeypatch) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def zmesh_cmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

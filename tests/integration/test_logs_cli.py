@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import wait_for
+from _helpers import own_runtime_dir, wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -52,14 +52,8 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
-    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
-    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS", "ZMESH_FORWARD_LOGS"):
-        monkeypatch.delenv(var, raising=False)
-    try:
+    with own_runtime_dir(monkeypatch, unset=("ZMESH_FORWARD_LOGS",)) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Script:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +27,7 @@ from zmesh._client.controller import Controller
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 
-from _helpers import connected, wait_for, wait_gone
+from _helpers import connected, own_runtime_dir, wait_for, wait_gone
 
 
 class Who(zmesh.Actor):
@@ -42,15 +40,11 @@ class Who(zmesh.Actor):
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A registry of our own: ``zmesh get`` finds this test's embedded agent only."""
     zmesh.shutdown()  # the embedded agent starts again, registered here
-    path = tempfile.mkdtemp(prefix="zu-", dir="/tmp")
-    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
-    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    try:
-        yield path
-    finally:
-        zmesh.shutdown()
-        shutil.rmtree(path, ignore_errors=True)
+    with own_runtime_dir(monkeypatch, prefix="zu-") as path:
+        try:
+            yield path
+        finally:
+            zmesh.shutdown()
 
 
 def zmesh_get(name: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ import pytest
 from test_logs_cli import SCRIPT, Script
 from test_top import Tmux
 
-from _helpers import wait_for
+from _helpers import own_runtime_dir, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,16 +39,8 @@ def talker(runtime_dir: str, tmp_path: Path) -> Iterator[Script]:
 
 @pytest.fixture
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
-    monkeypatch.setenv("ZMESH_RUNTIME_DIR", path)
-    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
-        monkeypatch.delenv(var, raising=False)
-    try:
+    with own_runtime_dir(monkeypatch) as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _ps() -> list[dict[str, object]]:
