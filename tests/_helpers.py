@@ -13,7 +13,8 @@ so a test imports these as ``from _helpers import wait_for``.
   scan by environment tag), ``session_pids`` (this test session's zmesh
   processes, by kind), ``read_line`` (a child's stdout line with a deadline),
   ``run_python`` (a script run to its end with a deadline);
-* meshes and services: ``status_of``, ``replica_pids``;
+* meshes and services: ``status_of``, ``replica_pids``, ``module_mesh`` and
+  ``keep_module_meshes`` (one mesh for a whole test module);
 * the registry: ``own_runtime_dir`` (a runtime directory of the test's own).
 """
 
@@ -39,8 +40,10 @@ from zmesh.testing import pid_alive
 __all__ = [
     "ProcEntry",
     "connected",
+    "keep_module_meshes",
     "latency",
     "live_processes",
+    "module_mesh",
     "outcome",
     "own_runtime_dir",
     "pid_alive",
@@ -55,6 +58,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+A = TypeVar("A", bound=zmesh.Actor)
 
 
 # ------------------------------------------------------------ waiting
@@ -129,6 +133,20 @@ def own_runtime_dir(
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, name="_stop_everything")
+def keep_module_meshes() -> Iterator[None]:
+    """Imported by a module whose mesh outlives single tests: it replaces the
+    per-test ``zmesh.shutdown()`` of tests/conftest.py (``module_mesh`` stops it)."""
+    yield
+
+
+def module_mesh(cls: type[A]) -> Iterator[zmesh.ActorMesh[A]]:
+    """Body of a module-scoped fixture: one mesh of ``cls``; everything stops after the module."""
+    mesh = cls.options().as_actor().get(timeout=60)
+    yield mesh
+    zmesh.shutdown()
 
 
 # ------------------------------------------------------------ processes

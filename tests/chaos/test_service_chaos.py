@@ -25,31 +25,14 @@ import pytest
 
 import zmesh
 
+import _actors
+from _actors import expected
 from _helpers import latency, outcome, pid_alive, replica_pids, session_pids, wait_gone, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
 
-def expected(i: int) -> int:
-    """What ``Worker.work(i)`` answers: a deterministic function of ``i``."""
-    return (i * 2654435761) % 1_000_003
-
-
-class Worker(zmesh.Actor):
-    @zmesh.endpoint(concurrent=True)
-    async def work(self, i: int) -> int:
-        await asyncio.sleep(0.01)
-        return expected(i)
-
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-    @zmesh.endpoint(concurrent=True)
-    async def nap(self, seconds: float) -> int:
-        await asyncio.sleep(seconds)
-        return os.getpid()
-
+class Worker(_actors.Worker, _actors.Napper):
     @zmesh.endpoint(concurrent=True, retry=False)
     async def nap_once(self, seconds: float) -> int:
         await asyncio.sleep(seconds)

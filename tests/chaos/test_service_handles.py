@@ -18,22 +18,9 @@ import pytest
 
 import zmesh
 
+from _actors import Worker, expected
+
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
-
-
-def expected(i: int) -> int:
-    return (i * 2654435761) % 1_000_003
-
-
-class Worker(zmesh.Actor):
-    @zmesh.endpoint(concurrent=True)
-    async def work(self, i: int) -> int:
-        await asyncio.sleep(0.01)
-        return expected(i)
-
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
 
 
 class Trainer(zmesh.Actor):

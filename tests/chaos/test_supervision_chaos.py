@@ -35,12 +35,13 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
 
+from _actors import Ranked
 from _helpers import latency, outcome, pid_alive, status_of, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
 
-class Worker(zmesh.Actor):
+class Worker(Ranked):
     def __init__(self) -> None:
         self.count = 0
 
@@ -62,14 +63,6 @@ class Worker(zmesh.Actor):
     @zmesh.endpoint
     async def counter(self) -> int:
         return self.count
-
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-    @zmesh.endpoint
-    async def ping(self) -> int:
-        return zmesh.current_rank().rank
 
 
 # ------------------------------------------------------------ helpers

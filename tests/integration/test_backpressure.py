@@ -20,6 +20,8 @@ from zmesh._client import connections as _connections
 from zmesh._client import runtime as _runtime
 from zmesh._wire import messages as w
 
+from _actors import Journal
+
 DEEP = 150_000
 # A buffer argument travels as a ZeroMQ frame of its own, so every call is
 # one ZeroMQ message (no batching): the load that once filled a pipe, had
@@ -27,10 +29,7 @@ DEEP = 150_000
 BUF = memoryview(b"12345678")
 
 
-class Tagger(zmesh.Actor):
-    def __init__(self) -> None:
-        self.log: list[int] = []
-
+class Tagger(Journal):
     @zmesh.endpoint
     async def tag(self, i: int, buf: memoryview) -> int:
         return i
@@ -45,21 +44,10 @@ class Tagger(zmesh.Actor):
         return i
 
     @zmesh.endpoint
-    async def note(self, i: int) -> int:
-        await asyncio.sleep(0)  # a chance to interleave, were it allowed
-        self.log.append(i)
-        return i
-
-    @zmesh.endpoint
     async def slow(self, i: int, seconds: float) -> int:
         await asyncio.sleep(seconds)
         self.log.append(i)
         return i
-
-    @zmesh.endpoint
-    async def take(self) -> list[int]:
-        log, self.log = self.log, []
-        return log
 
 
 def _conn(mesh: zmesh.ActorMesh[Any]) -> _connections.ProcConn:
@@ -135,9 +123,9 @@ async def test_calls_over_the_limit_wait_in_order_and_all_resolve(small_limit: i
     peak = 0
     futures = []
     for i in range(n):
-        futures.append(asyncio.ensure_future(mesh.note.call_one(i)))
+        futures.append(asyncio.ensure_future(mesh.append.call_one(i)))
         if i % 2:
-            mesh.note.broadcast(-i)  # oneways keep their place in the order too
+            mesh.append.broadcast(-i)  # oneways keep their place in the order too
     conn = _conn(mesh)
     assert len(conn.pending) == small_limit
     while not all(f.done() for f in futures):
@@ -158,7 +146,7 @@ async def test_calls_over_the_limit_wait_in_order_and_all_resolve(small_limit: i
 async def test_block_false_fails_at_once_with_overloaded_error(small_limit: int) -> None:
     mesh = await Tagger.options().as_actor()
     held = [asyncio.ensure_future(mesh.slow.call_one(i, 0.01)) for i in range(small_limit)]
-    eager = mesh.note.options(block=False)
+    eager = mesh.append.options(block=False)
     fut = eager.call_one(-1)
     assert fut.done()  # refused at once, nothing was sent
     with pytest.raises(zmesh.OverloadedError, match=f"limit {small_limit} calls") as info:
@@ -197,7 +185,7 @@ async def test_a_proc_stops_reading_past_its_backlog(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("ZMESH_PROC_MAX_BACKLOG", "100")  # procs take ZMESH_* from the spawner
     mesh = await Tagger.options().as_actor()
     n = 3000
-    results = await asyncio.gather(*(_aw(mesh.note.call_one(i)) for i in range(n)))
+    results = await asyncio.gather(*(_aw(mesh.append.call_one(i)) for i in range(n)))
     assert results == list(range(n))
     assert await mesh.take.call_one() == list(range(n))
     # The proc's own account: its mailbox never held much more than the
@@ -238,11 +226,11 @@ async def test_a_dropped_connection_fails_exactly_its_calls(
     # real disconnect, with calls on it.
     monkeypatch.setenv("ZMESH_MAX_MSG_SIZE", str(1 << 20))
     mesh = await Tagger.options().as_actor()
-    assert await mesh.note.call_one(1) == 1
+    assert await mesh.append.call_one(1) == 1
     ref = mesh._refs[0]
     t0 = time.monotonic()
     big = asyncio.ensure_future(mesh.tag.call_one(2, memoryview(bytearray(2 << 20))))
-    behind = [asyncio.ensure_future(mesh.note.call_one(i)) for i in range(3, 8)]
+    behind = [asyncio.ensure_future(mesh.append.call_one(i)) for i in range(3, 8)]
     for fut in [big, *behind]:
         with pytest.raises(zmesh.ConnectionLostError) as info:
             await asyncio.wait_for(fut, 10)
@@ -255,7 +243,7 @@ async def test_a_dropped_connection_fails_exactly_its_calls(
     assert time.monotonic() - t0 < 5
     # The proc is alive, and later calls go out on a fresh connection.
     assert mesh.state().status == zmesh.Status.RUNNING
-    assert await asyncio.wait_for(_aw(mesh.note.call_one(9)), 10) == 9
+    assert await asyncio.wait_for(_aw(mesh.append.call_one(9)), 10) == 9
     log = await mesh.take.call_one()
     assert log[0] == 1 and log[-1] == 9
 
@@ -268,4 +256,4 @@ def test_a_dropped_connection_fails_its_calls_from_plain_code(
     big = mesh.tag.call_one(2, memoryview(bytearray(2 << 20)))
     with pytest.raises(zmesh.ConnectionLostError):
         big.get(timeout=10)
-    assert mesh.note.call_one(5).get(timeout=10) == 5  # on a new connection
+    assert mesh.append.call_one(5).get(timeout=10) == 5  # on a new connection

@@ -14,7 +14,11 @@ import pytest
 
 import zmesh
 
-from _helpers import wait_for
+from _helpers import (
+    keep_module_meshes,  # noqa: F401  (a fixture: the mesh outlives tests)
+    module_mesh,
+    wait_for,
+)
 
 N = 1000
 
@@ -46,16 +50,9 @@ class Log(zmesh.Actor):
         return log, overlap
 
 
-@pytest.fixture(autouse=True)
-def _stop_everything() -> Iterator[None]:
-    yield  # the module mesh outlives single tests; the fixture below stops it
-
-
 @pytest.fixture(scope="module")
 def log_actor() -> Iterator[zmesh.ActorMesh[Log]]:
-    m = Log.options().as_actor().get(timeout=60)
-    yield m
-    zmesh.shutdown()
+    yield from module_mesh(Log)
 
 
 @pytest.mark.anyio

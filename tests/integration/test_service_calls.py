@@ -15,20 +15,13 @@ import pytest
 
 import zmesh
 
+from _actors import Napper
 
-class Echo(zmesh.Actor):
+
+class Echo(Napper):
     @zmesh.endpoint
     async def double(self, x: int) -> int:
         return 2 * x
-
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-    @zmesh.endpoint(concurrent=True)
-    async def nap(self, seconds: float) -> int:
-        await asyncio.sleep(seconds)
-        return os.getpid()
 
 
 @zmesh.service(replicas=2, max_queue=7)

@@ -20,22 +20,14 @@ import pytest
 
 import zmesh
 
+from _actors import Journal, Pid
+from _helpers import (
+    keep_module_meshes,  # noqa: F401  (a fixture: the mesh outlives tests)
+    module_mesh,
+)
 
-class Log(zmesh.Actor):
-    def __init__(self) -> None:
-        self.log: list[int] = []
 
-    @zmesh.endpoint
-    async def append(self, i: int) -> int:
-        await asyncio.sleep(0)  # a chance to interleave, were it allowed
-        self.log.append(i)
-        return i
-
-    @zmesh.endpoint
-    async def take(self) -> list[int]:
-        log, self.log = self.log, []
-        return log
-
+class Log(Journal, Pid):
     @zmesh.endpoint
     async def boom(self, message: str) -> None:
         raise KeyError(message)
@@ -45,21 +37,10 @@ class Log(zmesh.Actor):
         await asyncio.sleep(seconds)
         return seconds
 
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-
-@pytest.fixture(autouse=True)
-def _stop_everything() -> Iterator[None]:
-    yield  # the module mesh outlives single tests; the fixture below stops it
-
 
 @pytest.fixture(scope="module")
 def log_actor() -> Iterator[zmesh.ActorMesh[Log]]:
-    m = Log.options().as_actor().get(timeout=60)
-    yield m
-    zmesh.shutdown()
+    yield from module_mesh(Log)
 
 
 def _fresh() -> zmesh.ActorMesh[Log]:
