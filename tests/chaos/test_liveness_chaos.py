@@ -31,6 +31,7 @@ from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster, stop_agent
 
+from _actors import Ranked
 from _helpers import latency, pid_alive, read_line, status_of, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
@@ -42,7 +43,7 @@ CLIENT_HOLD = (4.5, 3.4)
 PROC_HOLD = (3.5, 2.3)
 
 
-class Hog(zmesh.Actor):
+class Hog(Ranked):
     @zmesh.endpoint
     def hold_gil(self, seconds: float, least: float) -> float:
         """One C call that never lets go of the GIL: no heartbeat can be sent."""
@@ -57,14 +58,6 @@ class Hog(zmesh.Actor):
     async def block_loop(self, seconds: float) -> None:
         """A hung loop: blocked, and using no CPU."""
         time.sleep(seconds)
-
-    @zmesh.endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-    @zmesh.endpoint
-    async def ping(self) -> int:
-        return zmesh.current_rank().rank
 
 
 # ------------------------------------------------------------ helpers
@@ -260,10 +253,18 @@ def _agent_at(addr: str, label: str, log_dir: Path) -> AgentProcess:
 
 
 @contextlib.contextmanager
-def _agents() -> Iterator[list[AgentProcess]]:
+def _phoenix(tmp_path: Path) -> Iterator[tuple[str, list[AgentProcess]]]:
+    """An agent on a port of its own, connected to: (its address, the agents started there).
+
+    A test restarts it at the same address by appending the new one; all
+    are stopped after the block.
+    """
+    addr = f"tcp://127.0.0.1:{_free_port()}"
     started: list[AgentProcess] = []
     try:
-        yield started
+        started.append(_agent_at(addr, "phoenix", tmp_path / "first"))
+        zmesh.connect([addr])
+        yield addr, started
     finally:
         zmesh.shutdown()
         _local.configure(None)
@@ -272,10 +273,7 @@ def _agents() -> Iterator[list[AgentProcess]]:
 
 
 async def test_agent_restarted_on_the_same_port_is_rejoined(tmp_path: Path) -> None:
-    addr = f"tcp://127.0.0.1:{_free_port()}"
-    with _agents() as started:
-        started.append(_agent_at(addr, "phoenix", tmp_path / "first"))
-        zmesh.connect([addr])
+    with _phoenix(tmp_path) as (addr, started):
         mesh = await Hog.options(procs=2).as_actor()
         pids = (await mesh.pid.call()).values()
         rt, _ = _runtime.current()
@@ -309,10 +307,7 @@ async def test_agent_restarted_on_the_same_port_is_rejoined(tmp_path: Path) -> N
 
 async def test_spawn_right_after_an_agent_restart_works(tmp_path: Path) -> None:
     """A spawn sent before the client noticed the restart still lands on the new agent."""
-    addr = f"tcp://127.0.0.1:{_free_port()}"
-    with _agents() as started:
-        started.append(_agent_at(addr, "phoenix", tmp_path / "first"))
-        zmesh.connect([addr])
+    with _phoenix(tmp_path) as (addr, started):
         old = await Hog.options(procs=1).as_actor()
         await old.ping.call_one()
         started[0].kill()

@@ -135,12 +135,9 @@ def test_top_folds_a_stopped_mesh_and_h_shows_it(cluster: list[AgentProcess]) ->
             return "working" in s and "history rows folded" in s and "finished" not in s
 
         wait_for(folded, 30, "the stopped mesh folded into the history count")
-        tmux.keys("H")
-        wait_for(lambda: "finished" in tmux.screen(), 10, "H to show the history row")
-        tmux.keys("H")
-        wait_for(lambda: "finished" not in tmux.screen(), 10, "H to fold it again")
-        tmux.keys("q")
-        wait_gone([pane], 10, "zmesh top after q")
+        tmux.press("H", lambda s: "finished" in s, 10, "H to show the history row")
+        tmux.press("H", lambda s: "finished" not in s, 10, "H to fold it again")
+        tmux.quit(pane)
     finally:
         tmux.close()
         running.stop().get(timeout=30)

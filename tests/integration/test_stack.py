@@ -15,7 +15,7 @@ import pytest
 import zmesh
 from zmesh._client import local as _local
 
-from _helpers import pid_alive, wait_for, wait_gone
+from _helpers import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -107,19 +107,17 @@ def test_s_in_top_shows_the_stack_of_the_selected_proc() -> None:
     try:
         pane = tmux.start([sys.executable, "-m", "zmesh", "top", "--agents", agent], 100, 30)
         wait_for(lambda: "procs 1/1" in tmux.screen(), 30, "the first frame")
-        tmux.keys("2")  # once top reads keys: cbreak mode drops earlier ones
-        wait_for(lambda: " rst " in (sc := tmux.screen()) and "hung" in sc, 30, "the procs pane")
-        tmux.keys("S")
-        wait_for(
-            lambda: "in parked_in_a_distinctive_sleep" in tmux.screen(),
+        # Once top reads keys: cbreak mode drops earlier ones.
+        tmux.press("2", lambda s: " rst " in s and "hung" in s, 30, "the procs pane")
+        tmux.press(
+            "S",
+            lambda s: "in parked_in_a_distinctive_sleep" in s,
             15,
             "the stack view naming the blocked endpoint",
         )
         assert "stack of hung-" in tmux.screen() and 'File "test_stack.py"' in tmux.screen()
-        tmux.keys("x")
-        wait_for(lambda: "stack of" not in tmux.screen(), 10, "any key to close the stack")
-        tmux.keys("q")
-        wait_gone([pane], 10, "zmesh top after q")
+        tmux.press("x", lambda s: "stack of" not in s, 10, "any key to close the stack")
+        tmux.quit(pane)
     finally:
         tmux.close()
         mesh.stop().get(timeout=30)

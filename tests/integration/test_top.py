@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -195,6 +195,16 @@ class Tmux:
     def keys(self, *keys: str) -> None:
         assert self("send-keys", "-t", "top", *keys).returncode == 0
 
+    def press(self, key: str, shows: Callable[[str], bool], timeout: float, what: str) -> None:
+        """Send ``key``, then wait until ``shows(screen)`` holds (or fail with ``what``)."""
+        self.keys(key)
+        wait_for(lambda: shows(self.screen()), timeout, what)
+
+    def quit(self, pane: int) -> None:
+        """Press q and wait until top (the pane's process) has exited."""
+        self.keys("q")
+        wait_gone([pane], 10, "zmesh top after q")
+
     def close(self) -> None:
         self("kill-server")
         if self.server_pid and pid_alive(self.server_pid):
@@ -233,7 +243,6 @@ def test_interactive_keys_in_a_real_terminal(
         tmux.keys("e")
         wait_for(lambda: "errors-only" not in tmux.screen(), 10, "the full view again")
 
-        tmux.keys("q")
-        wait_gone([pane], 10, "zmesh top after q")
+        tmux.quit(pane)
     finally:
         tmux.close()

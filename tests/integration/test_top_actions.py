@@ -66,44 +66,31 @@ def test_enter_l_s_k_h_and_ctrl_c_in_80_columns(talker: Script, tmp_path: Path) 
         tmux.keys("2")  # the procs pane: full mesh names even at 80 columns
         wait_for(lambda: tmux.screen().count(mesh) == 2, 10, "both ranks with the full name")
 
-        tmux.keys("Enter")
-        wait_for(lambda: f"{mesh}[0]" in tmux.screen(), 10, "the detail view")
+        tmux.press("Enter", lambda s: f"{mesh}[0]" in s, 10, "the detail view")
         screen = tmux.screen()
         assert ".0.g1.log" in screen and "endpoints  own, say" in screen, screen
-        tmux.keys("Escape")
-        wait_for(lambda: "any key closes" not in tmux.screen(), 10, "the view closed")
+        tmux.press("Escape", lambda s: "any key closes" not in s, 10, "the view closed")
 
-        tmux.keys("L")
-        wait_for(lambda: "printed-before-top" in tmux.screen(), 15, "the log so far")
+        tmux.press("L", lambda s: "printed-before-top" in s, 15, "the log so far")
         talker.send("say printed-while-watching")
         talker.until("DONE")
         wait_for(lambda: "printed-while-watching" in tmux.screen(), 15, "the log to follow")
-        tmux.keys("x")
-        wait_for(lambda: "printed-before-top" not in tmux.screen(), 10, "the logs view closed")
+        tmux.press("x", lambda s: "printed-before-top" not in s, 10, "the logs view closed")
 
-        tmux.keys("S")
-        wait_for(lambda: "Thread" in tmux.screen(), 15, "the stack")
+        tmux.press("S", lambda s: "Thread" in s, 15, "the stack")
         tmux.keys("x")
 
-        tmux.keys("h")
-        wait_for(
-            lambda: "Enter" in tmux.screen() and "stop the selected" in tmux.screen(), 10, "help"
-        )
+        tmux.press("h", lambda s: "Enter" in s and "stop the selected" in s, 10, "help")
         tmux.keys("x")
 
-        tmux.keys("K")
-        wait_for(lambda: f"stop mesh {mesh} (2 live rank(s))?" in tmux.screen(), 10, "confirm")
-        tmux.keys("n")
-        wait_for(lambda: f"{mesh} not stopped" in tmux.screen(), 10, "not stopped")
+        tmux.press("K", lambda s: f"stop mesh {mesh} (2 live rank(s))?" in s, 10, "confirm")
+        tmux.press("n", lambda s: f"{mesh} not stopped" in s, 10, "not stopped")
         assert all(p["state"] == "Running" for p in _ps())
-        tmux.keys("K")
-        wait_for(lambda: "? y to stop" in tmux.screen(), 10, "confirm again")
-        tmux.keys("y")
-        wait_for(lambda: f"stopped {mesh}" in tmux.screen(), 15, "the stop")
+        tmux.press("K", lambda s: "? y to stop" in s, 10, "confirm again")
+        tmux.press("y", lambda s: f"stopped {mesh}" in s, 15, "the stop")
         wait_for(lambda: all(p["state"] == "Stopped" for p in _ps()), 30, "the ranks stopped")
 
-        tmux.keys("C-c")
-        wait_for(lambda: "TOP-EXIT=0" in tmux.screen(), 15, "top to quit on Ctrl+C")
+        tmux.press("C-c", lambda s: "TOP-EXIT=0" in s, 15, "top to quit on Ctrl+C")
         assert "Traceback" not in tmux.screen() and err.read_text() == "", err.read_text()
     finally:
         tmux.close()
