@@ -98,13 +98,13 @@ class _MeshBase:
     proc_mesh: str
     _gate: Gate | None = None  # set while calls must wait: the fast path tests this only
     _ready: concurrent.futures.Future[None] = _DONE
+    _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
+    _spawning: Future[None] | None = None  # the spawn's work, while it runs
+    _given_up = False  # stop() gave the spawn up
 
     def stop(self) -> Future[None]:
         """Stop this mesh (see ``ProcMesh.stop``, ``ActorMesh.stop``)."""
         raise NotImplementedError
-    _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
-    _spawning: Future[None] | None = None  # the spawn's work, while it runs
-    _given_up = False  # stop() gave the spawn up
 
     def __len__(self) -> int:
         return len(self._shape.ranks)
