@@ -33,7 +33,7 @@ from zmesh._client.runtime import ProcRef
 from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
 from zmesh._errors import EndpointError
 from zmesh._shared.points import Extent, Point
-from zmesh._wire import messages as w
+from zmesh._wire import names as _names
 from zmesh._wire import security as _security
 
 A = TypeVar("A", bound=Actor)
@@ -102,6 +102,7 @@ class _MeshBase:
     def stop(self) -> Future[None]:
         """Stop this mesh (see ``ProcMesh.stop``, ``ActorMesh.stop``)."""
         raise NotImplementedError
+
     _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
     _spawning: Future[None] | None = None  # the spawn's work, while it runs
     _given_up = False  # stop() gave the spawn up
@@ -224,7 +225,7 @@ def check_mesh_name(base: str) -> str:
     Raises:
         ValueError: it is not 1-119 letters, digits, ``_``, ``.`` or ``-``.
     """
-    return w.check_name(base, "mesh name", reserve=9)
+    return _names.check_name(base, "mesh name", reserve=9)
 
 
 class ProcMesh(_MeshBase):
@@ -262,7 +263,7 @@ class ProcMesh(_MeshBase):
         """
         from zmesh._client import spawning
 
-        w.check_name(name, "actor name")
+        _names.check_name(name, "actor name")
         return spawning.start_actors(self, name, cls, args, kwargs)
 
     def get(self, timeout: float | None = None) -> ProcMesh:
@@ -367,7 +368,7 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def flatten(self, name: str) -> ActorMesh[A]:
         """The same actors on one dim ``name``, in rank order."""
-        w.check_name(name, "dim")
+        _names.check_name(name, "dim")
         part = self.slice()
         part._shape = _Shape({name: len(self._shape.ranks)}, self._shape.ranks)
         return part
@@ -478,7 +479,7 @@ class HostMesh:
         exact = name is not None
         name = check_mesh_name(name) if name is not None else "procs"
         for dim, size in per_host.items():
-            w.check_name(dim, "dim")
+            _names.check_name(dim, "dim")
             if size < 1:
                 raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
         return spawning.start_procs(self._agents, self._hosts, per_host, name, exact=exact)
