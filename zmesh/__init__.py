@@ -63,14 +63,8 @@ if TYPE_CHECKING:
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
-    from zmesh._client.mesh import (
-        ActorMesh,
-        HostMesh,
-        MeshState,
-        ProcMesh,
-        connect,
-        this_host,
-    )
+    from zmesh._client.hosts import HostMesh, connect, this_host
+    from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.shutdown import shutdown
     from zmesh._client.singletons import (
@@ -108,7 +102,7 @@ _LAZY = {
     "SupervisionEvent": "zmesh._client.controller",
     "Future": "zmesh._client.future",
     "ActorMesh": "zmesh._client.mesh",
-    "HostMesh": "zmesh._client.mesh",
+    "HostMesh": "zmesh._client.hosts",
     "MeshState": "zmesh._client.mesh",
     "ProcMesh": "zmesh._client.mesh",
     "ValueMesh": "zmesh._client.values",
@@ -120,8 +114,8 @@ _LAZY = {
     "proc_mesh": "zmesh._client.singletons",
     "this_proc": "zmesh._client.this_proc",
     "Extent": "zmesh._shared.points",
-    "connect": "zmesh._client.mesh",
-    "this_host": "zmesh._client.mesh",
+    "connect": "zmesh._client.hosts",
+    "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",
     "RoundRobinRouter": "zmesh._service.routing",
