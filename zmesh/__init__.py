@@ -59,13 +59,14 @@ from zmesh._errors import (
 
 if TYPE_CHECKING:
     from zmesh._client.accumulate import Accumulator
-    from zmesh._client.adverbs import EndpointRef, Stream
+    from zmesh._client.adverbs import EndpointRef
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
     from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
+    from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
     from zmesh._client.singletons import (
         get_or_spawn_controller,
@@ -98,7 +99,7 @@ _LAZY = {
     "ItemStream": "zmesh._client.streams",
     "Accumulator": "zmesh._client.accumulate",
     "EndpointRef": "zmesh._client.adverbs",
-    "Stream": "zmesh._client.adverbs",
+    "Stream": "zmesh._client.replies",
     "SupervisionEvent": "zmesh._client.controller",
     "Future": "zmesh._client.future",
     "ActorMesh": "zmesh._client.mesh",
