@@ -145,6 +145,15 @@ class _MeshBase:
             raise
         return self
 
+    def _check_up(self) -> None:
+        """Before pickling: raise ``NotReady`` while spawning (the call that
+        sends the mesh waits for it: ``pending.py``), or the spawn's error."""
+        ready = self._ready
+        if not ready.done():
+            raise NotReady(ready)
+        if (exc := ready.exception()) is not None:
+            raise exc
+
     @property
     def extent(self) -> Extent:
         """The mesh's shape: an ordered mapping of dim to size."""
@@ -281,11 +290,7 @@ class ProcMesh(_MeshBase):
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data, once its procs are up (see ActorMesh).
-        ready = self._ready
-        if not ready.done():
-            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
-        if (exc := ready.exception()) is not None:
-            raise exc
+        self._check_up()
         return (ProcMesh, (self.proc_mesh, self._shape, list(self._refs)))
 
     def __repr__(self) -> str:
@@ -387,11 +392,7 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data; the receiver makes its own sockets.
-        ready = self._ready
-        if not ready.done():
-            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
-        if (exc := ready.exception()) is not None:
-            raise exc
+        self._check_up()
         return (
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
