@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import operator
 import os
@@ -557,24 +558,22 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
         def zm_big_view() -> Any:
             return ref.echo.call_one(BIG_VIEW)
 
+        # Each side's async call, and its blocking (.get()) latency run.
+        latency = {
+            "raw": (raw_call, functools.partial(raw_lat_sync, addr, cfg["lat_n"])),
+            "zmesh": (zm_call, functools.partial(lat_sync, zm_call, cfg["lat_n"])),
+        }
         for r in range(cfg["rounds"]):
             log(f"round {r + 1}/{cfg['rounds']}: latency, pipelined, 1 MiB")
             order = ("raw", "zmesh") if r % 2 == 0 else ("zmesh", "raw")
             for side in order:
-                if side == "raw":
-                    s = await lat_async(raw_call, cfg["lat_n"])
-                    keep("raw_p50_us", pct(s, 50))
-                    keep("raw_p99_us", pct(s, 99))
-                    s = await loop.run_in_executor(None, raw_lat_sync, addr, cfg["lat_n"])
-                    keep("raw_get_p50_us", pct(s, 50))
-                    keep("raw_get_p99_us", pct(s, 99))
-                else:
-                    s = await lat_async(zm_call, cfg["lat_n"])
-                    keep("zmesh_p50_us", pct(s, 50))
-                    keep("zmesh_p99_us", pct(s, 99))
-                    s = await loop.run_in_executor(None, lat_sync, zm_call, cfg["lat_n"])
-                    keep("zmesh_get_p50_us", pct(s, 50))
-                    keep("zmesh_get_p99_us", pct(s, 99))
+                call, sync = latency[side]
+                s = await lat_async(call, cfg["lat_n"])
+                keep(f"{side}_p50_us", pct(s, 50))
+                keep(f"{side}_p99_us", pct(s, 99))
+                s = await loop.run_in_executor(None, sync)
+                keep(f"{side}_get_p50_us", pct(s, 50))
+                keep(f"{side}_get_p99_us", pct(s, 99))
             for side in order:
                 if side == "raw":
                     keep("raw_pipelined_per_s", await pipelined(raw_call, cfg["pipe_n"]))

@@ -59,19 +59,14 @@ from zmesh._errors import (
 
 if TYPE_CHECKING:
     from zmesh._client.accumulate import Accumulator
-    from zmesh._client.adverbs import EndpointRef, Stream
+    from zmesh._client.adverbs import EndpointRef
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
-    from zmesh._client.mesh import (
-        ActorMesh,
-        HostMesh,
-        MeshState,
-        ProcMesh,
-        connect,
-        this_host,
-    )
+    from zmesh._client.hosts import HostMesh, connect, this_host
+    from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
+    from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
     from zmesh._client.singletons import (
         get_or_spawn_controller,
@@ -104,11 +99,11 @@ _LAZY = {
     "ItemStream": "zmesh._client.streams",
     "Accumulator": "zmesh._client.accumulate",
     "EndpointRef": "zmesh._client.adverbs",
-    "Stream": "zmesh._client.adverbs",
+    "Stream": "zmesh._client.replies",
     "SupervisionEvent": "zmesh._client.controller",
     "Future": "zmesh._client.future",
     "ActorMesh": "zmesh._client.mesh",
-    "HostMesh": "zmesh._client.mesh",
+    "HostMesh": "zmesh._client.hosts",
     "MeshState": "zmesh._client.mesh",
     "ProcMesh": "zmesh._client.mesh",
     "ValueMesh": "zmesh._client.values",
@@ -120,8 +115,8 @@ _LAZY = {
     "proc_mesh": "zmesh._client.singletons",
     "this_proc": "zmesh._client.this_proc",
     "Extent": "zmesh._shared.points",
-    "connect": "zmesh._client.mesh",
-    "this_host": "zmesh._client.mesh",
+    "connect": "zmesh._client.hosts",
+    "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",
     "RoundRobinRouter": "zmesh._service.routing",

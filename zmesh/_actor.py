@@ -309,7 +309,7 @@ class Options(Generic[A]):
         self.replicas = replicas if replicas is not None else 1
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
-        from zmesh._wire.messages import check_name
+        from zmesh._wire.names import check_name
 
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)

@@ -306,7 +306,7 @@ def _interleave(ctl: Controller, ops: list[tuple], final_order: Any) -> None:
         elif kind == "lost":  # as Controller._agent_lost judges it
             for mesh, rank in list(ctl.hosts):
                 ctl.judge(host, mesh, rank, Status.UNKNOWN, "agent unreachable")
-        elif kind == "stop" and op[1] in created:  # as zmesh._client.mesh.stop_procs does
+        elif kind == "stop" and op[1] in created:  # as zmesh._client.stopping.stop_procs does
             for rank in RANKS:
                 ctl.judge(host, op[1], rank, Status.STOPPING, "")
             in_flight += agent.stop(op[1])
@@ -464,7 +464,7 @@ class StreamMachine(RuleBasedStateMachine):
     def stop(self, mesh: str) -> None:
         if mesh not in self.created:
             return
-        for rank in RANKS:  # as zmesh._client.mesh.stop_procs does, before asking the agent
+        for rank in RANKS:  # as zmesh._client.stopping.stop_procs does, before asking the agent
             self.ctl.judge(self.conn, mesh, rank, Status.STOPPING, "")
             self.judged.add((mesh, rank))
         self._publish(self.agent.stop(mesh))

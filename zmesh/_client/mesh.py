@@ -13,10 +13,9 @@ import concurrent.futures
 import math
 import pickle
 from collections.abc import AsyncIterator, Generator, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from zmesh._actor import Actor
-from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import EndpointRef, submit
 from zmesh._client.controller import SupervisionEvent
@@ -33,8 +32,7 @@ from zmesh._client.runtime import ProcRef
 from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
 from zmesh._errors import EndpointError
 from zmesh._shared.points import Extent, Point
-from zmesh._wire import messages as w
-from zmesh._wire import security as _security
+from zmesh._wire import names as _names
 
 A = TypeVar("A", bound=Actor)
 T = TypeVar("T")
@@ -146,6 +144,15 @@ class _MeshBase:
             raise
         return self
 
+    def _check_up(self) -> None:
+        """Before pickling: raise ``NotReady`` while spawning (the call that
+        sends the mesh waits for it: ``pending.py``), or the spawn's error."""
+        ready = self._ready
+        if not ready.done():
+            raise NotReady(ready)
+        if (exc := ready.exception()) is not None:
+            raise exc
+
     @property
     def extent(self) -> Extent:
         """The mesh's shape: an ordered mapping of dim to size."""
@@ -224,7 +231,7 @@ def check_mesh_name(base: str) -> str:
     Raises:
         ValueError: it is not 1-119 letters, digits, ``_``, ``.`` or ``-``.
     """
-    return w.check_name(base, "mesh name", reserve=9)
+    return _names.check_name(base, "mesh name", reserve=9)
 
 
 class ProcMesh(_MeshBase):
@@ -262,7 +269,7 @@ class ProcMesh(_MeshBase):
         """
         from zmesh._client import spawning
 
-        w.check_name(name, "actor name")
+        _names.check_name(name, "actor name")
         return spawning.start_actors(self, name, cls, args, kwargs)
 
     def get(self, timeout: float | None = None) -> ProcMesh:
@@ -282,11 +289,7 @@ class ProcMesh(_MeshBase):
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data, once its procs are up (see ActorMesh).
-        ready = self._ready
-        if not ready.done():
-            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
-        if (exc := ready.exception()) is not None:
-            raise exc
+        self._check_up()
         return (ProcMesh, (self.proc_mesh, self._shape, list(self._refs)))
 
     def __repr__(self) -> str:
@@ -367,7 +370,7 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def flatten(self, name: str) -> ActorMesh[A]:
         """The same actors on one dim ``name``, in rank order."""
-        w.check_name(name, "dim")
+        _names.check_name(name, "dim")
         part = self.slice()
         part._shape = _Shape({name: len(self._shape.ranks)}, self._shape.ranks)
         return part
@@ -388,11 +391,7 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data; the receiver makes its own sockets.
-        ready = self._ready
-        if not ready.done():
-            raise NotReady(ready)  # the call that sends it waits for it (pending.py)
-        if (exc := ready.exception()) is not None:
-            raise exc
+        self._check_up()
         return (
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
@@ -419,126 +418,3 @@ def _rebuild_actor_mesh(
         actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
         [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
-
-
-class HostMesh:
-    """Hosts (one agent each). ``spawn_procs`` places one host slice per agent.
-
-    Args:
-        agents: agent control addresses; ``None`` uses the configured agents
-            or, with none configured, the embedded local default.
-        hosts: how many hosts this mesh spans.
-    """
-
-    def __init__(self, agents: list[str] | None = None, hosts: int = 1) -> None:
-        self._agents = list(agents) if agents is not None else None
-        self._hosts = len(agents) if agents is not None else hosts
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return {"hosts": self._hosts}
-
-    def __len__(self) -> int:
-        return self._hosts
-
-    @property
-    def extent(self) -> Extent:
-        """``{"hosts": n}``."""
-        return Extent({"hosts": self._hosts})
-
-    def spawn_procs(
-        self, per_host: dict[str, int] | None = None, *, name: str | None = None
-    ) -> ProcMesh:
-        """Start procs: ``per_host={"procs": 4}`` starts 4 on every host.
-
-        Returns the ``ProcMesh`` at once; the procs start in parallel in the
-        background (``await procs`` waits for them).
-
-        Without ``name``, the mesh is ``procs`` and a random suffix: every
-        call starts a new mesh. With ``name``, that is the mesh's name on
-        its agents, and calling again with the same name while this client's
-        mesh of that name runs *updates* it in place: ``per_host={"procs": 4}``
-        on a 2-proc mesh starts 2 more procs, ``{"procs": 1}`` stops the
-        last one. The ``ProcMesh`` returned (and every earlier handle of the
-        mesh, once the update is done) has the new shape; actor meshes keep
-        the procs they were spawned on. A stopped name starts a new mesh.
-
-        Raises:
-            ValueError: at once, when ``name`` is not a valid name (1-119
-                letters, digits, ``_``, ``.`` or ``-``, without ``..``), or a
-                dim is not, or a size is below 1.
-
-        Raises (from ``await procs`` / ``procs.initialized``):
-            SpawnError: a proc died or did not become ready (with its log path).
-            AgentError: an agent cannot be reached.
-        """
-        from zmesh._client import spawning
-
-        per_host = dict(per_host or {"procs": 1})
-        exact = name is not None
-        name = check_mesh_name(name) if name is not None else "procs"
-        for dim, size in per_host.items():
-            w.check_name(dim, "dim")
-            if size < 1:
-                raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
-        return spawning.start_procs(self._agents, self._hosts, per_host, name, exact=exact)
-
-    def __repr__(self) -> str:
-        return f"<HostMesh {{hosts: {self._hosts}}}>"
-
-
-def this_host() -> HostMesh:
-    """The local host: the first configured agent, or the embedded default."""
-    return HostMesh(None, hosts=1)
-
-
-def connect(
-    addresses: list[str], *, keys: str | None = None, forward_logs: bool | None = None
-) -> HostMesh:
-    """Use these agents (``tcp://host:port`` each) from now on; a ``HostMesh`` of them.
-
-    Args:
-        addresses: the agents' control addresses, one per host.
-        keys: a ``zmesh keygen`` directory, for agents started with ``--keys``
-            (default: the ``ZMESH_KEYS`` variable, if set).
-        forward_logs: print what actors print on our stdout, prefixed
-            ``(mesh rank host)`` (default: on, unless ``ZMESH_FORWARD_LOGS=0``).
-
-    Raises:
-        SecurityError: ``keys`` cannot be read.
-    """
-    if forward_logs is not None:
-        from zmesh._client import logforward
-
-        logforward.enable(forward_logs)
-    if not addresses:
-        raise ValueError("connect() needs at least one agent address")
-    if keys is not None:
-        _security.use(keys)
-    _local.configure(addresses)
-    return HostMesh(list(addresses))
-
-
-if TYPE_CHECKING:  # for type checkers: the names below, from where they live now
-    from zmesh._client.spawning import (  # noqa: F401
-        INIT_TIMEOUT,
-        SPAWN_TIMEOUT,
-        spawn_actor_mesh,
-        spawn_owned_mesh,
-        stop_procs,
-        stop_request,
-    )
-
-_MOVED = {
-    "INIT_TIMEOUT", "SPAWN_TIMEOUT", "stop_procs", "spawn_actor_mesh", "spawn_owned_mesh",
-    "stop_request",
-}  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    # Spawning moved to zmesh._client.spawning; these names stay reachable here.
-    if name in _MOVED:
-        from zmesh._client import spawning
-
-        return getattr(spawning, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

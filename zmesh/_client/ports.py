@@ -276,24 +276,26 @@ class _Senders:
         self.socks.clear()
 
 
+_S = TypeVar("_S", _Server, _Senders)
 _servers: weakref.WeakKeyDictionary[Runtime, _Server] = weakref.WeakKeyDictionary()
 _sending: weakref.WeakKeyDictionary[Runtime, _Senders] = weakref.WeakKeyDictionary()
 
 
-def _server(rt: Runtime) -> _Server:
-    s = _servers.get(rt)
+def _of_runtime(table: weakref.WeakKeyDictionary[Runtime, _S], make: type[_S], rt: Runtime) -> _S:
+    """``rt``'s one ``make``, made on first use and closed with ``rt``."""
+    s = table.get(rt)
     if s is None:
-        s = _servers[rt] = _Server(rt)
+        s = table[rt] = make(rt)
         rt.closers.append(s.close)
     return s
+
+
+def _server(rt: Runtime) -> _Server:
+    return _of_runtime(_servers, _Server, rt)
 
 
 def _senders(rt: Runtime) -> _Senders:
-    s = _sending.get(rt)
-    if s is None:
-        s = _sending[rt] = _Senders(rt)
-        rt.closers.append(s.close)
-    return s
+    return _of_runtime(_sending, _Senders, rt)
 
 
 # ------------------------------------------------ adverbs and ``send``

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 from zmesh._actor import Actor
 from zmesh._client.future import Future
-from zmesh._client.mesh import ActorMesh, HostMesh, ProcMesh
+from zmesh._client.hosts import HostMesh
+from zmesh._client.mesh import ActorMesh, ProcMesh
 
 A = TypeVar("A", bound=Actor)
 

@@ -28,6 +28,7 @@ from zmesh._client.adverbs import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._client.stopping import stop_actors, stop_mesh_on, stop_procs
 from zmesh._errors import ActorStoppedError, AgentError, SecurityError, SpawnError, ZmeshError
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
@@ -208,7 +209,7 @@ async def stop_when_ready(rt: Runtime, mesh: ProcMesh | ActorMesh[Any], procs: b
         await stop_procs(rt, mesh._refs)
     else:
         assert isinstance(mesh, ActorMesh)
-        await _stop_actors(rt, mesh)
+        await stop_actors(rt, mesh)
 
 
 async def spawn_owned_mesh(
@@ -292,7 +293,7 @@ async def _start_procs(
         await _create_and_wait(rt, name, conns, spec_of)
     except asyncio.CancelledError:
         # The caller gave up on the spawn: the procs it asked for must not stay.
-        await asyncio.shield(_stop_mesh_on(rt, name, conns))
+        await asyncio.shield(stop_mesh_on(rt, name, conns))
         raise
     ctl.owned.add(name)  # from now on, its unhandled failures are ours
     return proc_mesh_of(ctl, name, dims, conns)
@@ -389,7 +390,7 @@ async def _create_and_wait(
         now_ranks = sorted(view.ranks.items())
         bad = [(r, s) for r, s in now_ranks if s.status.failure or s.status.terminal]
         if bad:
-            await _stop_mesh_on(rt, name, conns)
+            await stop_mesh_on(rt, name, conns)
             rank, st = bad[0]
             raise SpawnError(
                 f"proc failed to start: {st.status.value} ({st.reason}){_tail(st.log_path)}",
@@ -400,7 +401,7 @@ async def _create_and_wait(
             break
         left = deadline - loop.time()
         if left <= 0:
-            await _stop_mesh_on(rt, name, conns)
+            await stop_mesh_on(rt, name, conns)
             raise SpawnError(f"procs not ready after {SPAWN_TIMEOUT:.0f}s", mesh=name)
         await ctl.wait_changed(name, min(left, 1.0))
 
@@ -485,56 +486,3 @@ def _modes(infos: dict[str, EndpointInfo]) -> dict[str, int]:
     """Endpoints that do not just return: a generator's window, or 0 for an
     explicit response port (see ``ActorMesh.modes``)."""
     return {n: i.window if i.stream else 0 for n, i in infos.items() if i.stream or i.port}
-
-
-def stop_request(name: str) -> Callable[[int], w.Stop]:
-    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
-    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
-
-
-async def stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
-    by_agent: dict[str, list[ProcRef]] = {}
-    for r in refs:
-        by_agent.setdefault(r.agent, []).append(r)
-    ctl = rt.controller
-    for addr, rs in by_agent.items():
-        agent = ctl.agent(addr)
-        for r in rs:
-            ctl.watch(r)
-            # Calls made after stop() fail with ActorStoppedError at once,
-            # without waiting for the agent's events.
-            ctl.judge(agent, r.mesh, r.rank, Status.STOPPING, "")
-        names = {r.mesh for r in rs}
-        for n in names:
-            try:
-                await agent.request(stop_request(n), timeout=5.0)
-            except AgentError:
-                # The agent is gone (so are its procs) or cut off: it will
-                # not say more, so nothing of the mesh needs to stay.
-                ctl.release(n)
-    # Once every rank is Stopped (the agents' events say so), the controller
-    # releases the mesh: its sockets and state go, a tombstone stays.
-    for n in {r.mesh for r in refs}:
-        ctl.release_if_over(n)
-
-
-async def _stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
-    for agent, _ in conns:
-        try:
-            await agent.request(stop_request(name), timeout=5.0)
-        except AgentError:
-            pass
-
-
-async def _stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    remaining = len(mesh._refs)
-
-    def deliver(i: int, ok: bool, value: Any) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if remaining == 0 and not fut.done():
-            fut.set_result(None)
-
-    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
-    await fut

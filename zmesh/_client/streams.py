@@ -372,32 +372,22 @@ def open_stream(
         stream._context = {"mesh": refs[0].mesh}
     deadline = time.time() + timeout if timeout is not None else 0.0
     sources = stream._sources
+
+    def launch(src: _Source, ref: ProcRef, actor: str) -> None:
+        _launch(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
+
     for src in sources:
         src.failover = failover
-        src.launch = lambda src, ref, actor: _launch(
-            rt, src, ref, actor, method, payload, buffers, deadline, window, block
-        )
-    start = (sources, refs, actor, method, payload, buffers, deadline, window, block)
-    rt.dispatch(_start, rt, *start, here=home, targets=[r.addr for r in refs])
+        src.launch = launch
+    rt.dispatch(_start, sources, refs, actor, here=home, targets=[r.addr for r in refs])
     return stream
 
 
-def _start(
-    rt: Runtime,
-    sources: list[_Source],
-    refs: list[ProcRef],
-    actor: str,
-    method: str,
-    payload: w.Payload,
-    buffers: list[Any],
-    deadline: float,
-    window: int,
-    block: bool,
-) -> None:
+def _start(sources: list[_Source], refs: list[ProcRef], actor: str) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
     for src, ref in zip(sources, refs, strict=True):
-        if not src.ended:  # (closed before it started)
-            _launch(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
+        if not src.ended and src.launch is not None:  # (closed before it started)
+            src.launch(src, ref, actor)
 
 
 def _launch(

@@ -35,7 +35,8 @@ import zmq
 
 from zmesh._errors import EncodeError
 from zmesh._wire import pickling
-from zmesh._wire.messages import KINDS, NAME_PATTERN, NAME_RULE, Payload
+from zmesh._wire.messages import KINDS, Payload
+from zmesh._wire.names import NAME_PATTERN, NAME_RULE
 
 # Values at or above this size travel as their own ZeroMQ frame.
 BIG_BUFFER = 64 * 1024

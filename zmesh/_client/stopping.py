@@ -1,0 +1,77 @@
+"""Stopping: procs through their agents, and actors in their procs.
+
+The other half of ``zmesh._client.spawning``: what ``ProcMesh.stop``,
+``ActorMesh.stop``, a failed spawn and a service's supervisor use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from zmesh._client import local as _local
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._errors import AgentError
+from zmesh._shared.state import Status
+from zmesh._wire import messages as w
+
+if TYPE_CHECKING:
+    from zmesh._client.mesh import ActorMesh
+
+
+def stop_request(name: str) -> Callable[[int], w.Stop]:
+    """A ``Stop`` of mesh ``name``, with the proof that we own it."""
+    return functools.partial(w.Stop, name=name, secret=_local.owner_secret())
+
+
+async def stop_procs(rt: Runtime, refs: list[ProcRef]) -> None:
+    """Stop the procs ``refs``: each one's agent is asked once per mesh."""
+    by_agent: dict[str, list[ProcRef]] = {}
+    for r in refs:
+        by_agent.setdefault(r.agent, []).append(r)
+    ctl = rt.controller
+    for addr, rs in by_agent.items():
+        agent = ctl.agent(addr)
+        for r in rs:
+            ctl.watch(r)
+            # Calls made after stop() fail with ActorStoppedError at once,
+            # without waiting for the agent's events.
+            ctl.judge(agent, r.mesh, r.rank, Status.STOPPING, "")
+        names = {r.mesh for r in rs}
+        for n in names:
+            try:
+                await agent.request(stop_request(n), timeout=5.0)
+            except AgentError:
+                # The agent is gone (so are its procs) or cut off: it will
+                # not say more, so nothing of the mesh needs to stay.
+                ctl.release(n)
+    # Once every rank is Stopped (the agents' events say so), the controller
+    # releases the mesh: its sockets and state go, a tombstone stays.
+    for n in {r.mesh for r in refs}:
+        ctl.release_if_over(n)
+
+
+async def stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
+    """Ask each agent of ``conns`` to stop mesh ``name`` (one that is gone is skipped)."""
+    for agent, _ in conns:
+        try:
+            await agent.request(stop_request(name), timeout=5.0)
+        except AgentError:
+            pass
+
+
+async def stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
+    """Stop the actors of ``mesh`` in their procs (the procs stay)."""
+    fut: asyncio.Future[None] = rt.loop.create_future()
+    remaining = len(mesh._refs)
+
+    def deliver(i: int, ok: bool, value: Any) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if remaining == 0 and not fut.done():
+            fut.set_result(None)
+
+    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
+    await fut
