@@ -59,7 +59,22 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     Replace it with ``zmesh.unhandled_fault_hook = fn``; ``fn(failure)`` may
     return anything (handled) or raise (logged as unhandled).
     """
-    log.error("unhandled mesh failure: %s", failure)
+    if _logging_configured(log):
+        log.error("unhandled mesh failure: %s", failure)
+    else:  # the zmesh logger has only its NullHandler: say it where it is seen
+        print(f"zmesh: unhandled mesh failure: {failure}", file=sys.stderr, flush=True)
+
+
+def _logging_configured(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler that is not a ``NullHandler``."""
+    node: logging.Logger | None = logger
+    while node is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in node.handlers):
+            return True
+        if not node.propagate:
+            return False
+        node = node.parent
+    return False
 
 
 def _hook() -> Callable[[MeshFailure], Any]:
