@@ -306,13 +306,13 @@ class EndpointRef(Generic[R]):
             )
         if self._window > 0:  # a generator endpoint: the items of one rank's
             rt, _ = _runtime.current()
-            return self._stream([_least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
+            return self._stream([least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
         payload, buffers = self._pack(args, kwargs)
         actor, name, timeout, block = self._mesh.actor, self._name, self._timeout, self._block
         deadline = time.time() + timeout if timeout is not None else 0.0
 
         def start(rt: Runtime, fut: Sink) -> None:
-            best = _least_loaded(rt, refs)
+            best = least_loaded(rt, refs)
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
         return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
@@ -418,7 +418,8 @@ class EndpointRef(Generic[R]):
         return f"<endpoint {self._name} of {self._mesh!r}>"
 
 
-def _least_loaded(rt: Runtime, refs: list[Any]) -> Any:
+def least_loaded(rt: Runtime, refs: list[Any]) -> Any:
+    """The ref of ``refs`` with the fewest calls in flight from ``rt`` (``choose``, ``send``)."""
     start = next(_rotation) % len(refs)  # rotate among equals
     best, load = None, None
     for k in range(len(refs)):

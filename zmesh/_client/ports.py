@@ -371,7 +371,7 @@ def send(
         selection: ``"all"`` the actors of the endpoint's mesh, or
             ``"choose"`` one of them, the least loaded.
     """
-    from zmesh._client.adverbs import _least_loaded
+    from zmesh._client.adverbs import least_loaded
 
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
@@ -383,7 +383,7 @@ def send(
     refs = endpoint._mesh._refs
 
     def start(rt: Runtime) -> None:
-        targets = [_least_loaded(rt, refs)] if selection == "choose" and refs else refs
+        targets = [least_loaded(rt, refs)] if selection == "choose" and refs else refs
         deliver = None if oneway or port is None else _reply_to(port, targets)
         rt.send(targets, msg, buffers, deliver, endpoint._timeout, endpoint._block)
 
