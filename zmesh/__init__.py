@@ -45,8 +45,10 @@ from zmesh._errors import (
     AgentTimeoutError,
     CallTimeoutError,
     ConnectionLostError,
+    DetachError,
     EncodeError,
     EndpointError,
+    NameNotFoundError,
     OverloadedError,
     SecurityError,
     ServiceError,
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
+    from zmesh._client.lookup import lookup
     from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.replies import Stream
@@ -116,6 +119,7 @@ _LAZY = {
     "this_proc": "zmesh._client.this_proc",
     "Extent": "zmesh._shared.points",
     "connect": "zmesh._client.hosts",
+    "lookup": "zmesh._client.lookup",
     "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",
@@ -162,6 +166,7 @@ __all__ = [
     "Channel",
     "ConnectionLostError",
     "Context",
+    "DetachError",
     "EncodeError",
     "Endpoint",
     "EndpointError",
@@ -173,6 +178,7 @@ __all__ = [
     "LeastLoadedRouter",
     "MeshFailure",
     "MeshState",
+    "NameNotFoundError",
     "Options",
     "OverloadedError",
     "Point",
@@ -209,6 +215,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "local_proc_mesh",
+    "lookup",
     "proc_mesh",
     "send",
     "service",

@@ -257,6 +257,10 @@ class Options(Generic[A]):
             appends a suffix, and it names the procs' log files).
         config: a whole ``zmesh.ServiceConfig``; settings given one by one
             override its fields.
+        detached: keep the service or mesh running after this script exits,
+            under ``name``, until ``zmesh stop NAME`` or ``stop()``; other
+            scripts attach with ``zmesh.lookup(name)``. Needs an external
+            agent (``ZMESH_AGENTS``): on the embedded one, ``DetachError``.
         service_config: service settings: see ``zmesh.ServiceConfig``.
 
     A class decorated with ``@zmesh.service(...)`` gives the defaults of all
@@ -276,16 +280,18 @@ class Options(Generic[A]):
         replicas: int | None = None,
         name: str | None = None,
         config: ServiceConfig | None = None,
+        detached: bool | None = None,
         **service_config: Any,
     ) -> None:
         defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        detached = detached if detached is not None else defaults.pop("detached", False)
         procs = procs if procs is not None else defaults.pop("procs", 1)
         hosts = hosts if hosts is not None else defaults.pop("hosts", 1)
         if replicas is None:
             replicas = defaults.pop("replicas", None)
         name = name if name is not None else defaults.pop("name", None)
         config = config if config is not None else defaults.pop("config", None)
-        for key in ("procs", "hosts", "replicas", "name", "config"):
+        for key in ("procs", "hosts", "replicas", "name", "config", "detached"):
             defaults.pop(key, None)
         settings = defaults
         if config is not None:
@@ -313,6 +319,7 @@ class Options(Generic[A]):
 
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
+        self.detached = bool(detached)
         self.service_config = settings
         if settings:
             from zmesh._service.routing import ServiceConfig
@@ -391,13 +398,14 @@ class Actor:
         replicas: int | None = None,
         name: str | None = None,
         config: ServiceConfig | None = None,
+        detached: bool | None = None,
         **service_config: Any,
     ) -> Options[A]:
         """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
         ``.as_service``). Defaults come from ``@zmesh.service`` on the class."""
         return Options(
             cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
-            **service_config,
+            detached=detached, **service_config,
         )  # fmt: skip
 
 
@@ -408,6 +416,7 @@ def service(
     hosts: int | None = None,
     name: str | None = None,
     config: ServiceConfig | None = None,
+    detached: bool | None = None,
     **settings: Any,
 ) -> Callable[[type[A]], type[A]]:
     """Class decorator: the class is a service by default, with these defaults.
@@ -422,7 +431,9 @@ def service(
 
         svc = await Embedder.options().spawn()
     """
-    given = {"replicas": replicas, "procs": procs, "hosts": hosts, "name": name}
+    given = {
+        "replicas": replicas, "procs": procs, "hosts": hosts, "name": name, "detached": detached
+    }  # fmt: skip
     defaults: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if config is not None:
         defaults["config"] = config

@@ -8,6 +8,7 @@ Hierarchy::
     ZmeshError
     ├── ActorError            an endpoint raised; the actor is still alive
     ├── SpawnError            a proc or an actor could not be started
+    │   └── DetachError           detached=True where nothing can outlive the script
     ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
     │   └── ConnectionLostError   the connection to the proc dropped with the call on it
     ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
@@ -18,6 +19,7 @@ Hierarchy::
     │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
+    ├── NameNotFoundError     zmesh.lookup(name): no detached service or mesh of yours by that name
     └── ServiceError          a service cannot take the call
         └── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
 
@@ -38,8 +40,10 @@ __all__ = [
     "AgentTimeoutError",
     "CallTimeoutError",
     "ConnectionLostError",
+    "DetachError",
     "EncodeError",
     "EndpointError",
+    "NameNotFoundError",
     "OverloadedError",
     "SecurityError",
     "ServiceError",
@@ -148,6 +152,14 @@ class SpawnError(ZmeshError):
     """A proc or an actor could not be started (``__init__`` raised, proc died)."""
 
 
+class DetachError(SpawnError):
+    """``detached=True`` asked of an agent that ends with the script (the embedded default).
+
+    Start an agent that outlives scripts (``zmesh agent``, ``zmesh cluster``,
+    ``zmesh up``) and point ``ZMESH_AGENTS`` (or ``zmesh.connect``) at it.
+    """
+
+
 class SupervisionError(ZmeshError):
     """The rank a call went to broke: it crashed, was killed, hung, or its host was lost.
 
@@ -214,6 +226,21 @@ class OverloadedError(ZmeshError):
     Raised only for calls made with ``.options(block=False)``; by default a
     call over the in-flight limit waits its turn (in order) instead.
     """
+
+
+class NameNotFoundError(ZmeshError):
+    """``zmesh.lookup(name)`` found no detached service or mesh of yours by that name.
+
+    Attributes:
+        name: the name asked for.
+        names: the names that do exist for your keys on the agents asked.
+    """
+
+    def __init__(self, message: str = "", *, name: str = "", names: list[str] | None = None,
+                 **context: object) -> None:  # fmt: skip
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.name = name
+        self.names = list(names or [])
 
 
 class ServiceError(ZmeshError):

@@ -102,12 +102,20 @@ def spawn_actor_mesh(
     shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
     mesh = _pending_actor_mesh(name, shape, base, opts.cls)
     mesh._owns_procs = True
+    if opts.detached:  # DetachError now if no agent can outlive this script
+        from zmesh._client import lookup as _lookup
+
+        _lookup.external_agents(f"mesh {base!r}")
 
     async def work(rt: Runtime) -> None:
         args_now = await _ready_arguments(args, kwargs)
         up = await spawn_owned_mesh(
             rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name
         )
+        if opts.detached:
+            from zmesh._client import lookup as _lookup
+
+            await _lookup.detach_mesh(rt, base, up)
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 

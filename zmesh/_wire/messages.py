@@ -265,6 +265,7 @@ class MeshReport(msgspec.Struct, frozen=True, omit_defaults=True):
     ranks: list[RankState]
     dims: dict[str, int] = {}
     generation: int = 0  # of its spec: one more for each update in place
+    detached: str = ""  # the name it is kept under past its owner (zmesh.lookup), if any
 
 
 class Ack(Message, frozen=True):
@@ -446,8 +447,54 @@ class StatsReply(Message, frozen=True):
 
 # Messages that carry a request id in their first field and expect an
 # answer: one that fails to decode is answered with an error naming why.
+
+
+# ------------------------------------------- detached meshes and services
+
+
+class Detach(Message, frozen=True):
+    """Keep ``meshes`` (proc meshes on this agent) past their owner's exit,
+    filed under ``name`` for ``principal`` (``zmesh._client.lookup``)."""
+
+    id: int
+    name: Name
+    meshes: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=64)]
+    principal: Text  # whose name it is; only the same principal finds or stops it
+    kind: Text  # "service" or "mesh"
+    handle: Annotated[bytes, msgspec.Meta(max_length=1 << 20)]  # what lookup gives back
+    secret: Text = ""  # the meshes' owner's proof
+
+
+class Lookup(Message, frozen=True):
+    """Ask for the handle filed under ``name`` for ``principal``."""
+
+    id: int
+    name: Text
+    principal: Text
+
+
+class LookupReply(Message, frozen=True):
+    id: int
+    ok: bool = True
+    kind: str = ""
+    handle: bytes = b""
+    names: list[str] = []  # the names this principal has here (when ``name`` is not one)
+    error: str = ""
+
+
+class StopDetached(Message, frozen=True):
+    """Stop what is filed under ``name``: its principal, or this agent's user
+    (``secret``: the operator's, from the registry), may."""
+
+    id: int
+    name: Text
+    principal: Text = ""
+    secret: Text = ""
+
+
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
+    | {"Detach", "Lookup", "StopDetached"}
 )
 PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
 
@@ -470,9 +517,12 @@ AGENT_INBOX: Any = (
     | GetStack
     | GetHealth
     | GetLogs
+    | Detach
+    | Lookup
+    | StopDetached
 )
 AGENT_REPLIES: Any = (
-    Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply
+    Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply | LookupReply
 )
 # What a client's log forwarder decodes from an agent's log stream.
 LOG_STREAM: Any = LogLines
