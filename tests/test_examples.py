@@ -38,6 +38,16 @@ EXPECT: dict[str, tuple[float, list[str], bool]] = {
         [r"failover: replica 0 died before the first token", r"^tokens: 12$"],
         False,
     ),
+    "detached_service.py": (
+        120,
+        [
+            r"^up: made embedder",
+            r"^call: \[0, 2, 4, 6\]$",
+            r"^kill: replica 0 .* respawned$",
+            r"^down: stopped$",
+        ],
+        True,
+    ),
     "multihost.py": (90, [r"over 2 agents", r"per-host fan-out: \[\[3, 3\], \[4, 4\]\]"], True),
 }
 
