@@ -12,5 +12,6 @@
 * ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
 * ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
 * ``local``: this process as an owner (its agents, heartbeats, exit);
+* ``lookup``: detached services and meshes filed by name, and ``zmesh.lookup``;
 * ``shutdown``: ``zmesh.shutdown()``.
 """

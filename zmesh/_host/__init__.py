@@ -2,7 +2,8 @@
 
 * ``agent``: the host agent (spawns, watches and reaps procs; speaks the
   control protocol), with ``agentops`` (its read-only requests: state,
-  stats, logs, health, stacks);
+  stats, logs, health, stacks) and ``detached`` (meshes kept past their
+  owner, by name);
 * ``forkserver``: a warm interpreter the agent forks procs from;
 * ``proc``: the actor process (its entry point; sockets, dispatch, replies),
   with ``mailbox`` (an actor's queue and run loop), ``spawnactor`` (building
