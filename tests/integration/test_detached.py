@@ -170,6 +170,22 @@ def test_lookup_of_an_unknown_name_lists_the_names_there(
         assert e.value.names == ["embedder"]
 
 
+class Embedder(zmesh.Actor):
+    @zmesh.endpoint
+    def embed(self, x: int) -> int:
+        return x
+
+
+def test_a_name_in_use_is_refused_before_anything_spawns(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    with connected([agent["control"]], keys=agent["keys"]):
+        again = Embedder.options(name="embedder", replicas=1, detached=True).spawn()
+        with pytest.raises(zmesh.DetachError, match="is a detached service already"):
+            again.get(timeout=30)
+    assert sorted(_pids_of(agent, "embedder")) == sorted(service)  # nothing new, nothing lost
+
+
 def test_other_keys_neither_find_nor_stop_it(agent: dict[str, str], service: list[int]) -> None:
     # Keys the agent admits, but not the creator's: the name is not theirs.
     with connected([agent["control"]], keys=agent["other"]):

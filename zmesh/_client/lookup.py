@@ -133,6 +133,23 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
     )  # fmt: skip
 
 
+async def ensure_free(rt: Runtime, name: str, what: str) -> None:
+    """Refuse, before anything is spawned, a name that is ours already.
+
+    Raises:
+        DetachError: a detached service or mesh of ours has that name.
+    """
+    try:
+        kind, _handle, addr = await find(rt, name)
+    except NameNotFoundError:
+        return
+    raise DetachError(
+        f"{what}: {name!r} is a detached {kind} already (on {addr}): use "
+        f"zmesh.lookup({name!r}), or 'zmesh stop {name}' first, or choose another name",
+        mesh=name,
+    )
+
+
 async def stop_name(rt: Runtime, name: str, agents: list[str]) -> None:
     """Ask ``agents`` to stop what is filed under ``name`` (ours).
 

@@ -26,7 +26,7 @@ from typing import Any
 from zmesh._actor import Actor, Options, endpoint
 from zmesh._client.faults import MeshFailure
 from zmesh._client.future import Future
-from zmesh._client.lookup import detach, external_agents, on_home, stop_name
+from zmesh._client.lookup import detach, ensure_free, external_agents, on_home, stop_name
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
 from zmesh._client.spawning import spawn_owned_mesh
@@ -91,6 +91,7 @@ def spawn_detached(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, 
     agents = external_agents(f"service {opts.name!r}")
 
     async def go(rt: Runtime) -> Service:
+        await ensure_free(rt, opts.name, f"service {opts.name!r}")
         orch: ActorMesh[Orchestrator] = await spawn_owned_mesh(
             rt, Orchestrator, 1, 1, opts.name, (), {}, agents[:1]
         )
