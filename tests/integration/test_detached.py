@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -129,8 +130,6 @@ def _zmesh(agent: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 def _pids_of(agent: dict[str, str], name: str) -> list[int]:
     """The live pids of every mesh ``zmesh get NAME`` shows (orchestrator and replicas)."""
-    import json
-
     done = _zmesh(agent, "get", name, "--json")
     if done.returncode != 0:
         return []
@@ -159,6 +158,9 @@ def test_a_detached_service_outlives_its_creator_and_serves_another_script(
     assert done.stdout.strip() == "Service [0, 3, 6, 9]"
     shown = _zmesh(agent, "ps")
     assert "kept as 'embedder' past its creator" in shown.stdout, shown.stdout
+    got = json.loads(_zmesh(agent, "get", "embedder", "--json").stdout)
+    kept = {m["name"]: m.get("detached", "") for m in got}
+    assert sorted(kept.values()) == ["", "", "embedder"], kept  # the orchestrator; 2 replicas
 
 
 def test_lookup_of_an_unknown_name_lists_the_names_there(
