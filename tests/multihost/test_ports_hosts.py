@@ -9,6 +9,7 @@ agents do not admit cannot send to it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,13 @@ class Sender(zmesh.Actor):
     async def relay(self, port: Port[Any], hop: Any, value: int) -> str:
         """Hand ``port`` to ``hop`` (an actor on another host), which sends."""
         return await hop.send.call_one(port, value + 1)
+
+    @zmesh.endpoint
+    async def receive_from(self, other: Any) -> tuple[str, int]:
+        """Open a channel here; have ``other`` (on another host) send to it."""
+        port, receiver = Channel.open()
+        await other.send.call_one(port, 7)
+        return port.tcp, await asyncio.wait_for(receiver.recv(), 10)
 
     @zmesh.endpoint
     def burst(self, port: Port[int], n: int) -> None:
@@ -76,6 +84,13 @@ def test_a_port_through_two_actors_on_two_hosts_delivers_to_the_client(senders: 
     first, second = senders.slice(hosts=0), senders.slice(hosts=1)
     assert first.relay.call_one(port, second, 41).get(timeout=10) == port.tcp
     assert receiver.recv().get(timeout=10) == (1, 42)  # sent by rank 1, on the second host
+
+
+def test_an_actor_receives_on_its_own_port_from_another_host(
+    cluster: NetnsCluster, senders: Any
+) -> None:
+    tcp, value = senders.slice(hosts=0).receive_from.call_one(senders.slice(hosts=1)).get(30)
+    assert tcp.startswith(f"tcp://{cluster.hosts[0].ip}:") and value == 7  # the proc's interface
 
 
 def test_values_from_one_sender_on_another_host_arrive_in_order(senders: Any) -> None:
