@@ -114,7 +114,8 @@ def test_the_owner_stays_responsive_while_4_procs_flood_their_output(
     print(r)
     assert r["written"] > 4 * SECONDS * (1 << 20) * 0.5, r  # MB/s from the 4 procs
     # Calls kept completing, with a bounded p99, and the client's memory is flat.
-    assert r["loud_calls"] > 100 and r["loud_p99"] < 0.5, r
+    # (Measured: 12-30 ms against 6-9 ms quiet; the bound allows for a loaded machine.)
+    assert r["loud_calls"] > 100 and r["loud_p99"] < max(0.5, 20 * r["quiet_p99"]), r
     assert r["rss_end"] - r["rss_warm"] < 32 << 20, r
     # What was not shown is said, on stderr; stdout got at most the printer's rate.
     assert "lines of actor output not shown" in said

@@ -221,7 +221,13 @@ def _copy_stderr(tail: _Tail) -> None:
     At most ``COPY_MAX`` bytes a tick: a proc that floods its stderr gets
     into its log late, never out of the stderr file (which keeps it all).
     """
-    data = _read(stderr_path(tail.path), tail.err_offset, COPY_MAX)
+    path = stderr_path(tail.path)
+    try:
+        if os.stat(path).st_size <= tail.err_offset:
+            return  # the usual tick: nothing new (a stat, not a read)
+    except OSError:
+        return  # a proc started without a stderr file of its own
+    data = _read(path, tail.err_offset, COPY_MAX)
     if not data:
         return
     tail.err_offset += len(data)
