@@ -252,14 +252,16 @@ class _Server:
         os.chmod(self.path, 0o600)
         self.addr = f"ipc://{self.path}"
         self.sock = AsyncSocket(sock, rt.loop, self._on_message, router=True)
-        # Other hosts' senders, in a multi-host run: bound with the first channel.
+        # Other hosts' senders, in a multi-host run: bound with the first channel
+        # opened once this process reaches agents on other hosts.
         self.tcp: _portserver.TcpInbox | None = None
-        ip = _portserver.reach_address()
-        if ip is not None:
-            self.tcp = _portserver.TcpInbox(ip, rt.loop, self._on_message)
 
     def add(self, receiver: PortReceiver[Any]) -> _Server:
         self.receivers[receiver._number] = receiver
+        if self.tcp is None:
+            ip = _portserver.reach_address()
+            if ip is not None:
+                self.tcp = _portserver.TcpInbox(ip, self.rt.loop, self._on_message)
         return self
 
     def forget(self, number: int) -> None:
