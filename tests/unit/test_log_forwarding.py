@@ -45,10 +45,13 @@ def test_past_the_rate_lines_are_cut_and_counted_on_stderr() -> None:
         err.getvalue().splitlines()[-1]
         == "[zmesh: 50 lines of actor output not shown; see zmesh logs]"
     )
-    p.lines(lines("m-1", 0, "skipped some", skipped=1234), 11.5)
+    p.lines(lines("m-1", 0, "skipped some", skipped=1000), 11.5)
+    p.lines(lines("m-1", 0, "skipped more", skipped=234), 11.6)
+    p.flush(11.7)  # said once a second per proc, with the sum
     assert "1234 bytes of output not forwarded" in err.getvalue().splitlines()[-1]
+    assert err.getvalue().count("bytes of output not forwarded") == 1
     assert p.cut_total == 50 and p.skipped_total == 1234
-    assert len(out.getvalue().splitlines()) == logforward.MAX_LINES + 1  # notes are not stdout
+    assert len(out.getvalue().splitlines()) == logforward.MAX_LINES + 2  # notes are not stdout
 
 
 def test_stderr_lines_go_to_stderr_and_stdout_lines_to_stdout() -> None:

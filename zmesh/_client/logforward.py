@@ -86,6 +86,8 @@ class Printer:
         self.cut = 0
         self.cut_total = 0  # lines not shown since the start (``statistics``)
         self.skipped_total = 0  # bytes the agents did not forward
+        self.skipped: dict[tuple[str, int, str, str], int] = {}  # not said yet, by proc
+        self.said_skipped = 0.0
         self.flushed = 0.0
 
     def lines(self, msg: w.LogLines, now: float) -> None:
@@ -101,15 +103,10 @@ class Printer:
                 continue
             self.seen[key] = [now, 0, msg.agent]
             self._emit(f"({msg.mesh} {msg.rank} {msg.agent}) {text}", now, msg.stream)
-        if msg.skipped:
+        if msg.skipped:  # said once a second per proc (a flood would say it every tick)
             self.skipped_total += msg.skipped
-            self._emit(
-                f"({msg.mesh} {msg.rank} {msg.agent}) [zmesh: {msg.skipped} bytes of output "
-                f"not forwarded (over the rate); the log has them: {msg.path}]",
-                now,
-                2,
-                always=True,
-            )
+            key = (msg.mesh, msg.rank, msg.agent, msg.path)
+            self.skipped[key] = self.skipped.get(key, 0) + msg.skipped
 
     def flush(self, now: float) -> None:
         """Say what repeated, once its window closed; report cut lines (a few times a second)."""
@@ -122,6 +119,15 @@ class Printer:
                 if n:
                     line = f"({key[0]} {host}) {key[2]} [repeated {n}x across ranks]"
                     self._emit(line, now, key[1])
+        if self.skipped and now - self.said_skipped >= 1.0:
+            self.said_skipped = now
+            for (mesh, rank, host, path), n in self.skipped.items():
+                line = (
+                    f"({mesh} {rank} {host}) [zmesh: {n} bytes of output not forwarded "
+                    f"(over the rate); the log has them: {path}]"
+                )
+                self._emit(line, now, 2, always=True)
+            self.skipped.clear()
         if self.cut and now - self.second >= 1.0:
             cut, self.cut = self.cut, 0
             line = f"[zmesh: {cut} lines of actor output not shown; see zmesh logs]"
