@@ -105,8 +105,8 @@ class Printer:
             self._emit(f"({msg.mesh} {msg.rank} {msg.agent}) {text}", now, msg.stream)
         if msg.skipped:  # said once a second per proc (a flood would say it every tick)
             self.skipped_total += msg.skipped
-            key = (msg.mesh, msg.rank, msg.agent, msg.path)
-            self.skipped[key] = self.skipped.get(key, 0) + msg.skipped
+            where = (msg.mesh, msg.rank, msg.agent, msg.path)
+            self.skipped[where] = self.skipped.get(where, 0) + msg.skipped
 
     def flush(self, now: float) -> None:
         """Say what repeated, once its window closed; report cut lines (a few times a second)."""
