@@ -49,6 +49,19 @@ class Sender(zmesh.Actor):
         return port.tcp, await asyncio.wait_for(receiver.recv(), 10)
 
     @zmesh.endpoint
+    async def flood(self, port: Port[Any], loops: int, n: int) -> None:
+        """``loops`` concurrent senders, each sending ``(rank, loop, i)`` for i < n."""
+        rank = zmesh.current_rank().rank
+
+        async def sender(j: int) -> None:
+            for i in range(n):
+                port.send((rank, j, i))
+                if i % 10 == 0:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(sender(j) for j in range(loops)))
+
+    @zmesh.endpoint
     def burst(self, port: Port[int], n: int) -> None:
         for i in range(n):
             port.send(i)
@@ -98,6 +111,22 @@ def test_values_from_one_sender_on_another_host_arrive_in_order(senders: Any) ->
     senders.slice(hosts=1).burst.call_one(port, 3000).get(timeout=30)
     got = [receiver.recv().get(timeout=10) for _ in range(3000)]
     assert got == list(range(3000))
+
+
+@pytest.mark.stress
+def test_100_senders_on_two_hosts_lose_nothing_over_curve(cluster: NetnsCluster) -> None:
+    mesh = Sender.options(hosts=2, procs=2).as_actor().get(timeout=60)
+    port, receiver = Channel.open()
+    loops, n = 25, 100  # 4 procs x 25 loops: 100 senders, 10,000 values over TCP + CURVE
+    done = mesh.flood.call(port, loops, n)
+    got = [receiver.recv().get(timeout=20) for _ in range(4 * loops * n)]
+    done.get(timeout=30)
+    last: dict[tuple[int, int], int] = {}
+    for rank, j, i in got:
+        assert last.get((rank, j), -1) == i - 1, f"sender {(rank, j)}: {i} out of order"
+        last[(rank, j)] = i
+    assert len(last) == 4 * loops and set(last.values()) == {n - 1}
+    mesh.stop().get(timeout=30)
 
 
 def test_a_key_the_agents_do_not_admit_cannot_send_to_the_port_server(
