@@ -346,7 +346,8 @@ class LogLines(Message, frozen=True):
     """Lines a proc wrote to its log, published for the mesh's owner (topic: its id).
 
     ``skipped`` counts bytes not sent (the proc wrote faster than the
-    forwarding rate); they are in the log at ``path``.
+    forwarding rate); they are in the log at ``path``. ``stream`` says which
+    of the proc's streams the lines were written to.
     """
 
     mesh: str
@@ -355,6 +356,7 @@ class LogLines(Message, frozen=True):
     lines: list[str]
     skipped: int = 0
     path: str = ""
+    stream: int = 1  # 1: the proc's stdout, 2: its stderr
 
 
 # -------------------------------------------------------- proc -> agent
