@@ -53,6 +53,7 @@ from zmesh._errors import (
     ServiceOverloadedError,
     SessionLostError,
     SpawnError,
+    StreamInterruptedError,
     SupervisionError,
     ZmeshError,
 )
@@ -195,6 +196,7 @@ __all__ = [
     "SpawnError",
     "Status",
     "Stream",
+    "StreamInterruptedError",
     "SupervisionError",
     "SupervisionEvent",
     "ValueMesh",

@@ -8,7 +8,7 @@ and yields ``(Point, item)`` pairs as they arrive.
 Each rank's stream is one request (a ``StreamCall``) that stays in flight on
 its proc connection until it ends, so everything that fails a call fails a
 stream too, as fast: a rank that dies fails it with ``SupervisionError``, a
-dropped connection with ``ConnectionLostError``. A source (``_Source``) is the
+dropped connection with ``ConnectionLostError``. A source (``Source``) is the
 request's sink: the runtime settles it like a future, and hands it the
 stream's messages (``on_message``).
 
@@ -47,7 +47,7 @@ Failover = Callable[[ProcRef | None], tuple[ProcRef, str] | None]
 _NOTHING: Any = object()
 
 
-class _Inbox:
+class Inbox:
     """What the sources of one stream have delivered, in arrival order.
 
     Filled on the runtime's loop; read by the consumer: on the same loop
@@ -76,7 +76,7 @@ class _Inbox:
             waiter.set_result(None)
 
 
-class _Source:
+class Source:
     """One rank's generator, as the runtime sees it: the sink of its request.
 
     Only ever touched on the runtime's loop.
@@ -84,7 +84,7 @@ class _Source:
 
     __slots__ = ("conn", "ended", "failover", "id", "inbox", "index", "items", "launch", "rt")
 
-    def __init__(self, rt: Runtime, inbox: _Inbox, index: int) -> None:
+    def __init__(self, rt: Runtime, inbox: Inbox, index: int) -> None:
         self.rt = rt
         self.inbox = inbox
         self.index = index
@@ -95,7 +95,7 @@ class _Source:
         # Where to go when the producer dies before its first item (see
         # ``open_stream``), and how to start there.
         self.failover: Failover | None = None
-        self.launch: Callable[[_Source, ProcRef, str], None] | None = None
+        self.launch: Callable[[Source, ProcRef, str], None] | None = None
 
     # The future interface the runtime settles a request's sink with.
 
@@ -199,8 +199,8 @@ class ItemStream(Generic[T]):
     ) -> None:
         self._rt = rt
         self._home = home
-        self._inbox = _Inbox(home)
-        self._sources = [_Source(rt, self._inbox, i) for i in range(n)]
+        self._inbox = Inbox(home)
+        self._sources = [Source(rt, self._inbox, i) for i in range(n)]
         self._points: list[Point] | None = points  # None: one rank, bare items
         self._open = n  # sources whose end has not been read yet
         self._done = n == 0
@@ -373,8 +373,8 @@ def open_stream(
     deadline = time.time() + timeout if timeout is not None else 0.0
     sources = stream._sources
 
-    def launch(src: _Source, ref: ProcRef, actor: str) -> None:
-        _launch(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
+    def launch(src: Source, ref: ProcRef, actor: str) -> None:
+        send_stream_call(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
 
     for src in sources:
         src.failover = failover
@@ -383,16 +383,33 @@ def open_stream(
     return stream
 
 
-def _start(sources: list[_Source], refs: list[ProcRef], actor: str) -> None:
+def _start(sources: list[Source], refs: list[ProcRef], actor: str) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
     for src, ref in zip(sources, refs, strict=True):
         if not src.ended and src.launch is not None:  # (closed before it started)
             src.launch(src, ref, actor)
 
 
-def _launch(
+def one_source_stream(
+    rt: Runtime, home: bool, window: int, timeout: float | None, make: Callable[[Inbox], Source]
+) -> tuple[ItemStream[Any], Source]:
+    """A stream of one source that ``make(inbox)`` builds (a service's routed stream).
+
+    Nothing is sent: the caller starts the source (``send_stream_call``) when
+    it knows where.
+    """
+    stream: ItemStream[Any] = ItemStream(rt, home, 0, window, None, timeout)
+    src = make(stream._inbox)
+    stream._sources = [src]
+    stream._unacked = [0]
+    stream._open = 1
+    stream._done = False
+    return stream, src
+
+
+def send_stream_call(
     rt: Runtime,
-    src: _Source,
+    src: Source,
     ref: ProcRef,
     actor: str,
     method: str,
@@ -424,4 +441,4 @@ def _launch(
 
 def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
-        waiter.set_result(True)  # late: ``_Inbox.put`` sets None
+        waiter.set_result(True)  # late: ``Inbox.put`` sets None

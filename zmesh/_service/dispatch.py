@@ -18,7 +18,13 @@ so it can be tested with any order of replies, failures and timeouts
 * every request ends exactly once: an answer, an error, or its timeout;
 * a session is bound to a replica *generation*: when that generation is gone
   the session is rebound (``rebinds``, ``rebound``) or, if strict, its call
-  fails with ``SessionLostError``.
+  fails with ``SessionLostError``;
+* a stream request (a generator endpoint) holds its slot while the stream is
+  open, so it counts as load; a replica that breaks before the stream's first
+  item moves it like any request, but once an item reached the reader it is
+  never re-sent (its items would repeat): it ends with
+  ``StreamInterruptedError``. Its deadline bounds the wait for the first
+  item only; after that the reader's own per-item timeout applies.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from zmesh._errors import (
     ServiceError,
     ServiceOverloadedError,
     SessionLostError,
+    StreamInterruptedError,
     SupervisionError,
     ZmeshError,
 )
@@ -103,8 +110,9 @@ class Request:
     """One call of a service endpoint, over all its attempts."""
 
     __slots__ = (
-        "args", "attempt", "attempts", "deadline", "done", "endpoint", "id", "least_loaded",
-        "on", "pinned", "retry", "sent_once", "session", "sink", "start",
+        "args", "attempt", "attempts", "deadline", "done", "endpoint", "id", "items",
+        "least_loaded", "on", "pinned", "retry", "sent_once", "session", "sink", "start",
+        "stream",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +128,7 @@ class Request:
         args: Any = None,
         sink: Any = None,
         start: float = 0.0,
+        stream: bool = False,
     ) -> None:
         self.id = req_id  # the same on every attempt: actors deduplicate by it
         self.endpoint = endpoint
@@ -131,6 +140,8 @@ class Request:
         self.args = args  # what the shell sends (opaque here)
         self.sink = sink  # where the shell puts the result (opaque here)
         self.start = start
+        self.stream = stream  # a generator endpoint's items: see ``item``
+        self.items = 0  # of a stream: items its reader was given
         self.attempt: Attempt | None = None  # the live attempt, if one is in flight
         self.on: Slot | None = None  # the replica of the latest attempt
         self.attempts = 0
@@ -285,6 +296,12 @@ class Dispatcher:
         if outcome is Outcome.BROKEN:
             # The replica broke (or is being replaced): not the request's fault.
             self.replica_failed(slot.index, attempt.generation, str(value))
+            if live and req.items and not self.stopped:
+                # Re-sending it would repeat the items its reader has.
+                slot.failed += 1
+                self._finish(req, slot, _interrupted(self.name, attempt, value))
+                self._pump(slot)
+                return
         if live:
             if outcome is Outcome.OK:
                 slot.completed += 1
@@ -304,13 +321,36 @@ class Dispatcher:
                 self._finish(req, slot, value)
         self._pump(slot)
 
+    def item(self, attempt: Attempt) -> None:
+        """An item of ``attempt``'s stream reached its reader."""
+        if attempt.held and attempt.request.attempt is attempt:
+            attempt.request.items += 1
+
+    def cancel(self, req: Request) -> None:
+        """The reader of a stream stopped reading: ``req`` ends (without an error).
+
+        Its live attempt gives its slot back now (the shell closes the
+        generator); a request not sent yet leaves its queue.
+        """
+        if req.attempt is not None:
+            self.settled(req.attempt, Outcome.OK, None)
+            return
+        if req.done:
+            return
+        for q in [self.waiting, *(s.queue for s in self.slots)]:
+            if req in q:
+                q.remove(req)
+        self._finish(req, None, None, None)
+
     def expire(self, req: Request) -> None:
         """``req``'s deadline passed: its caller gets a timeout now.
 
         An attempt in flight keeps its replica's slot until the replica
-        answers it (see ``settled``).
+        answers it (see ``settled``). A stream that has delivered items is
+        not timed out here: its reader waits for each item with its own
+        timeout.
         """
-        if req.done:
+        if req.done or req.items:
             return
         if req.attempt is not None:
             req.attempt = None
@@ -449,6 +489,21 @@ def _overloaded(name: str, cfg: ServiceConfig) -> ServiceOverloadedError:
         f"{cfg.max_concurrent_requests} requests in flight and {cfg.max_queue} queued",
         mesh=name,
     )
+
+
+def _interrupted(name: str, attempt: Attempt, cause: Any) -> StreamInterruptedError:
+    req, index = attempt.request, attempt.slot.index
+    err = StreamInterruptedError(
+        f"the stream of {req.endpoint!r} broke on replica {index} (generation "
+        f"{attempt.generation}) of {name} after {req.items} item(s); it is not moved to "
+        f"another replica, as its items would repeat: {cause}",
+        replica=index, generation=attempt.generation, items=req.items, mesh=name,
+        reason=getattr(cause, "reason", ""), rank=getattr(cause, "rank", None),
+        host=getattr(cause, "host", None), log_path=getattr(cause, "log_path", None),
+    )  # fmt: skip
+    if isinstance(cause, BaseException):
+        err.__cause__ = cause
+    return err
 
 
 def _timeout_error(name: str, req: Request) -> ZmeshError:
