@@ -299,6 +299,8 @@ def _actor_row(t: Table, e: EndpointRow, style: str) -> None:
         Text(fmt_rate(e.errors), style="red" if e.errors else ""),
         str(e.in_flight),
         str(e.queue),
+        str(e.batches_total) if e.batches_total else "-",
+        f"{e.mean_batch:.1f}" if e.mean_batch is not None else "-",
         style=style,
     )
 
@@ -315,6 +317,8 @@ def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table
             ("err/s", _R),
             ("inflight", _R),
             ("queue", _R),
+            ("batches", _R),  # invocations of a batched endpoint
+            ("batch", _R),  # its mean batch size over the window
         ],
         screen.sort.get("actors", 0),
     )
