@@ -96,6 +96,14 @@ async def test_a_stream_through_a_service_arrives_in_order_from_either_form() ->
         assert got == list(range(1000))
         with pytest.raises(TypeError, match="generator endpoint"):
             svc.count.call(3)
+        # A session's streams stay on its replica.
+        async with svc.session() as session:
+            for _ in range(4):
+                assert [x async for x in svc.count(10)] == list(range(10))
+        after = svc.statistics()
+        pairs = zip(after.replicas, stats.replicas, strict=True)
+        moved = [a.completed - b.completed for a, b in pairs]
+        assert sorted(moved) == [0, 4] and moved.index(4) == session.replica
     finally:
         await svc.stop()
 

@@ -34,16 +34,13 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.connections import BIG, ProcConn
 from zmesh._client.inflight import OneRequest
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, SupervisionError
+from zmesh._errors import CallTimeoutError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
 
 T = TypeVar("T")
 
 ITEM, END, ERROR = 0, 1, 2
-# Given the ref whose producer died before its first item: another
-# ``(ref, actor)`` to run the call on, or ``None``.
-Failover = Callable[[ProcRef | None], tuple[ProcRef, str] | None]
 _NOTHING: Any = object()
 
 
@@ -82,7 +79,7 @@ class Source:
     Only ever touched on the runtime's loop.
     """
 
-    __slots__ = ("conn", "ended", "failover", "id", "inbox", "index", "items", "launch", "rt")
+    __slots__ = ("conn", "ended", "id", "inbox", "index", "items", "launch", "rt")
 
     def __init__(self, rt: Runtime, inbox: Inbox, index: int) -> None:
         self.rt = rt
@@ -92,9 +89,8 @@ class Source:
         self.id = 0
         self.ended = False
         self.items = 0  # delivered so far
-        # Where to go when the producer dies before its first item (see
-        # ``open_stream``), and how to start there.
-        self.failover: Failover | None = None
+        # How to start it (see ``open_stream``); a service's stream
+        # (zmesh._service.streaming) starts its own, where it is routed.
         self.launch: Callable[[Source, ProcRef, str], None] | None = None
 
     # The future interface the runtime settles a request's sink with.
@@ -110,26 +106,8 @@ class Source:
             self._end(END, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        if self.ended:
-            return
-        if self.failover is not None and isinstance(exc, SupervisionError | ConnectionLostError):
-            if not self.items:  # nothing delivered: the request moves on, unseen
-                c = self.conn
-                nxt = self.failover(c.ref if c is not None else None)
-                if nxt is not None and self.launch is not None:
-                    self.conn = None
-                    self.launch(self, *nxt)
-                    return
-            else:  # re-running it would repeat items the reader has
-                err = SupervisionError(
-                    f"the producer died after {self.items} item(s); the stream is not moved "
-                    f"to another replica, as its items would repeat: {exc.message}",
-                    reason=exc.reason, mesh=exc.mesh, rank=exc.rank, host=exc.host,
-                    log_path=exc.log_path,
-                )  # fmt: skip
-                err.__cause__ = exc
-                exc = err
-        self._end(ERROR, exc)
+        if not self.ended:
+            self._end(ERROR, exc)
 
     def on_message(self, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]) -> None:
         """A stream message of this source's request (which the runtime popped)."""
@@ -350,17 +328,13 @@ def open_stream(
     timeout: float | None,
     block: bool,
     points: list[Point] | None,
-    failover: Failover | None = None,
 ) -> ItemStream[Any]:
     """Start ``method``'s generator on every proc of ``refs``; the stream of its items.
 
-    ``points`` (one per ref) makes the items ``(point, item)`` pairs.
-
-    ``failover`` (one ref only; for services): when the producer dies
-    (``SupervisionError``, ``ConnectionLostError``) before its first item, it
-    is asked for another ``(ref, actor)`` to start the same call on, or
-    ``None`` to fail. After the first item a dead producer fails the stream
-    with a ``SupervisionError`` that says why it was not moved.
+    ``points`` (one per ref) makes the items ``(point, item)`` pairs. (A
+    service's generator endpoint streams through ``one_source_stream``
+    instead: its dispatcher picks the replica, and moves the request if that
+    replica dies before the first item.)
     """
     rt, home = _runtime.current()
     stream: ItemStream[Any] = ItemStream(rt, home, len(refs), window, points, timeout)
@@ -377,7 +351,6 @@ def open_stream(
         send_stream_call(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
 
     for src in sources:
-        src.failover = failover
         src.launch = launch
     rt.dispatch(_start, sources, refs, actor, here=home, targets=[r.addr for r in refs])
     return stream
