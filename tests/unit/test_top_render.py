@@ -241,6 +241,7 @@ def test_batched_endpoints_show_their_batches_and_mean_batch_size() -> None:
     assert total.batches_total == 20
     plain = derive(snapshot()).endpoints[1]
     assert (plain.batches_total, plain.mean_batch) == (0, None)
+    assert "batches" not in draw(snapshot())  # no batched endpoint: no batching columns
     out = draw(snap, width=120)
     head = line_with(out, "endpoint")
     cols = ["calls/s", "inflight", "queue", "batches", "batch"]
