@@ -49,6 +49,12 @@ class Gen(zmesh.Actor):
     def scount(self, n: int) -> Iterator[int]:
         yield from range(n)
 
+    @zmesh.endpoint
+    async def fail_after(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            yield i
+        raise KeyError("no more")
+
     @zmesh.endpoint(concurrent=True)
     async def status(self) -> tuple[int, int, list[str]]:
         return os.getpid(), self.running, self.closed
@@ -96,6 +102,13 @@ async def test_a_stream_through_a_service_arrives_in_order_from_either_form() ->
         assert got == list(range(1000))
         with pytest.raises(TypeError, match="generator endpoint"):
             svc.count.call(3)
+        # The generator's own error comes after its items, and is not retried.
+        got = []
+        with pytest.raises(zmesh.ActorError, match="no more"):
+            async for x in svc.fail_after(2):
+                got.append(x)
+        assert got == [0, 1] and svc.statistics().retried == 0
+        stats = svc.statistics()
         # A session's streams stay on its replica.
         async with svc.session() as session:
             for _ in range(4):
@@ -136,6 +149,13 @@ async def test_an_open_stream_is_load_and_break_runs_the_finally_in_the_replica(
             assert time.monotonic() < deadline, "a finally did not run"
             await asyncio.sleep(0.02)
         assert [r.in_flight for r in svc.statistics().replicas] == [0, 0]
+        # Stopping the service ends an open stream: "you stopped it".
+        last = svc.count.call_one(10**6, pause=0.001)
+        assert await last.__anext__() == 0
+        await svc.stop()
+        with pytest.raises(zmesh.ActorStoppedError):
+            async for _ in last:
+                pass
     finally:
         await svc.stop()
 
