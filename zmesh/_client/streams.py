@@ -364,12 +364,17 @@ def _start(sources: list[Source], refs: list[ProcRef], actor: str) -> None:
 
 
 def one_source_stream(
-    rt: Runtime, home: bool, window: int, timeout: float | None, make: Callable[[Inbox], Source]
+    rt: Runtime,
+    home: bool,
+    window: int,
+    timeout: float | None,
+    make: Callable[[Inbox], Source],
+    context: dict[str, Any],
 ) -> tuple[ItemStream[Any], Source]:
     """A stream of one source that ``make(inbox)`` builds (a service's routed stream).
 
     Nothing is sent: the caller starts the source (``send_stream_call``) when
-    it knows where.
+    it knows where. ``context`` goes on its errors (e.g. ``{"mesh": name}``).
     """
     stream: ItemStream[Any] = ItemStream(rt, home, 0, window, None, timeout)
     src = make(stream._inbox)
@@ -377,6 +382,7 @@ def one_source_stream(
     stream._unacked = [0]
     stream._open = 1
     stream._done = False
+    stream._context = context
     return stream, src
 
 

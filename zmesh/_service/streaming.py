@@ -158,9 +158,8 @@ def open_service_stream(
     win = window or info.window
     rt, home = _runtime.current()
     stream, src = one_source_stream(
-        rt, home, win, timeout, lambda inbox: RoutedSource(rt, inbox, win)
+        rt, home, win, timeout, lambda inbox: RoutedSource(rt, inbox, win), {"mesh": svc.name}
     )
-    stream._context = {"mesh": svc.name}
     req_id = f"{svc._req_tag}-{next(svc._ids)}"
 
     def begin() -> None:
