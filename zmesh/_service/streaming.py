@@ -48,12 +48,11 @@ if TYPE_CHECKING:
 class RoutedSource(Source):
     """The source of a service stream; its attempts are the dispatcher's."""
 
-    __slots__ = ("attempt", "block", "dispatcher", "req", "window")
+    __slots__ = ("attempt", "dispatcher", "req", "window")
 
     def __init__(self, rt: Runtime, inbox: Inbox, window: int) -> None:
         super().__init__(rt, inbox, 0)
         self.window = window
-        self.block = True
         self.dispatcher: Dispatcher | None = None
         self.req: Request | None = None
         self.attempt: Attempt | None = None  # the attempt whose StreamCall is out
@@ -75,7 +74,7 @@ class RoutedSource(Source):
         deadline = time.time() + (req.deadline - self.rt.loop.time())
         send_stream_call(
             self.rt, self, ref, mesh.actor, req.endpoint, payload, buffers, deadline,
-            self.window, self.block,
+            self.window, True,
         )  # fmt: skip
 
     def finish(self, error: BaseException | None) -> None:
