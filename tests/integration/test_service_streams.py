@@ -28,6 +28,7 @@ class Gen(zmesh.Actor):
 
     def __init__(self) -> None:
         self.running = 0
+        self.made = 0  # items yielded, over every stream
         self.closed: list[str] = []
 
     @zmesh.endpoint(concurrent=True)
@@ -38,6 +39,7 @@ class Gen(zmesh.Actor):
         try:
             await asyncio.sleep(delay)  # a "prefill" before the first item
             for i in range(n):
+                self.made += 1
                 yield i
                 if pause:
                     await asyncio.sleep(pause)
@@ -54,6 +56,10 @@ class Gen(zmesh.Actor):
         for i in range(n):
             yield i
         raise KeyError("no more")
+
+    @zmesh.endpoint(concurrent=True)
+    async def produced(self) -> int:
+        return self.made
 
     @zmesh.endpoint(concurrent=True)
     async def status(self) -> tuple[int, int, list[str]]:
@@ -149,6 +155,16 @@ async def test_an_open_stream_is_load_and_break_runs_the_finally_in_the_replica(
             assert time.monotonic() < deadline, "a finally did not run"
             await asyncio.sleep(0.02)
         assert [r.in_flight for r in svc.statistics().replicas] == [0, 0]
+        # A reader that stops reading holds its producer to the window.
+        replicas = [svc.replica(i) for i in range(2)]
+        before = [await r.produced.call_one() for r in replicas if r is not None]
+        slow = svc.count.options(window=4).call_one(10**6)
+        assert await slow.__anext__() == 0
+        await asyncio.sleep(0.5)  # time to run ahead, were it allowed
+        after = [await r.produced.call_one() for r in replicas if r is not None]
+        assert sorted(a - b for a, b in zip(after, before, strict=True)) == [0, 4]
+        assert [await slow.__anext__() for _ in range(20)] == list(range(1, 21))
+        await slow.aclose()
         # Stopping the service ends an open stream: "you stopped it".
         last = svc.count.call_one(10**6, pause=0.001)
         assert await last.__anext__() == 0
