@@ -283,7 +283,7 @@ class Dispatcher:
             else:
                 self.waiting.append(req)  # until a replica recovers or the deadline
             return
-        target = self._bound(req)
+        target = _bound(self, req)
         if req.done:
             return  # a strict session lost its replica
         if target is None:
@@ -309,30 +309,6 @@ class Dispatcher:
             slot.queue.append(req)
         else:
             self._finish(req, None, _overloaded(self.name, self.config))
-
-    def _bound(self, req: Request) -> Slot | None:
-        """The replica ``req``'s session is bound to, if it still serves that generation.
-
-        A session whose generation is gone is unbound here (and counted); a
-        strict one fails ``req`` with ``SessionLostError`` instead of moving
-        silently.
-        """
-        session = req.session
-        if session is None or session.replica is None:
-            return None
-        slot = self.slots[session.replica]
-        if slot.state == HEALTHY and slot.generation == session.generation:
-            return slot
-        lost = f"replica {session.replica} generation {session.generation}"
-        session.replica = None
-        session.rebinds += 1
-        session.rebound = True
-        if session.strict:
-            self._finish(req, None, SessionLostError(
-                f"session {session.id} of {self.name} lost its replica ({lost} is gone): "
-                "the state it kept there is gone", mesh=self.name,
-            ))  # fmt: skip
-        return None
 
     def _send(self, slot: Slot, req: Request) -> None:
         if self.clock() >= req.deadline:
@@ -373,6 +349,31 @@ class Dispatcher:
         else:
             self.failed += 1
         self._finish_out(req, error, value)
+
+
+def _bound(d: Dispatcher, req: Request) -> Slot | None:
+    """The replica ``req``'s session is bound to, if it still serves that generation.
+
+    A session whose generation is gone is unbound here (and counted); a
+    strict one fails ``req`` with ``SessionLostError`` instead of moving
+    silently.
+    """
+    session = req.session
+    if session is None or session.replica is None:
+        return None
+    slot = d.slots[session.replica]
+    if slot.state == HEALTHY and slot.generation == session.generation:
+        return slot
+    lost = f"replica {session.replica} generation {session.generation}"
+    session.replica = None
+    session.rebinds += 1
+    session.rebound = True
+    if session.strict:
+        d._finish(req, None, SessionLostError(
+            f"session {session.id} of {d.name} lost its replica ({lost} is gone): "
+            "the state it kept there is gone", mesh=d.name,
+        ))  # fmt: skip
+    return None
 
 
 def _overloaded(name: str, cfg: ServiceConfig) -> ServiceOverloadedError:
