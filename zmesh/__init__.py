@@ -55,6 +55,7 @@ from zmesh._errors import (
     ServiceOverloadedError,
     SessionLostError,
     SpawnError,
+    StreamInterruptedError,
     SupervisionError,
     ZmeshError,
 )
@@ -201,6 +202,7 @@ __all__ = [
     "SpawnError",
     "Status",
     "Stream",
+    "StreamInterruptedError",
     "SupervisionError",
     "SupervisionEvent",
     "ValueMesh",

@@ -10,7 +10,8 @@ Hierarchy::
     ├── SpawnError            a proc or an actor could not be started
     │   └── DetachError           detached=True where nothing can outlive the script
     ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
-    │   └── ConnectionLostError   the connection to the proc dropped with the call on it
+    │   ├── ConnectionLostError   the connection to the proc dropped with the call on it
+    │   └── StreamInterruptedError  a service's stream broke after its first item
     ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
     ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
     ├── EndpointError         unknown endpoint or arguments that do not fit it
@@ -50,6 +51,7 @@ __all__ = [
     "ServiceOverloadedError",
     "SessionLostError",
     "SpawnError",
+    "StreamInterruptedError",
     "SupervisionError",
     "ZmeshError",
 ]
@@ -178,6 +180,34 @@ class ConnectionLostError(SupervisionError):
     The call may or may not have run; its reply is lost. The proc itself
     may be alive: later calls go out on a new connection.
     """
+
+
+class StreamInterruptedError(SupervisionError):
+    """A service's stream lost its replica after the first item.
+
+    Before the first item a dead replica costs nothing but time: the request
+    moves to another replica unseen. After it, re-running the request would
+    repeat items the reader already has, so the stream ends with this error.
+
+    Attributes:
+        replica: the index of the replica that broke.
+        generation: its generation.
+        items: how many items the reader had been given.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        replica: int | None = None,
+        generation: int | None = None,
+        items: int = 0,
+        **context: object,
+    ) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.replica = replica
+        self.generation = generation
+        self.items = items
 
 
 class ActorStoppedError(ZmeshError):
