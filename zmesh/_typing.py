@@ -8,18 +8,20 @@ turns each method into a descriptor that, read from an instance, is
 ``Adverbs[P, R]`` (``P`` the method's parameters after ``self``, ``R`` its
 result, an ``async def``'s awaited result) or, for a generator method,
 ``StreamAdverbs[P, T]`` (``T`` what it yields). So ``mesh.incr.call_one(1)``
-is a ``Future[int]`` and ``mesh.incr.call_one("x")`` is an error.
+is a ``Future[int]`` and ``mesh.incr.call_one("x")`` is an error. Both are
+the handle's ``EndpointRef`` with the endpoint's signature.
 
-The mesh's own methods (``slice``, ``stop``, ``initialized``, ...) are
+The handle's own methods (``slice``, ``stop``, ``initialized``, ...) are
 declared on ``zmesh.Actor`` for the checker only (``HandleFace``), and
 ``zmesh.ActorMesh[Counter]`` / ``zmesh.Service[Counter]`` are other names
 for ``Counter``. At run time none of this exists: ``zmesh.Actor`` has no
-base but ``object``, and ``zmesh.ActorMesh`` is the handle class
-(``zmesh._client.mesh``). This module is only imported under
+base but ``object``, ``zmesh.ActorMesh`` is the handle class
+(``zmesh._client.mesh``), and this module is only imported under
 ``TYPE_CHECKING``.
 
-Inside an actor ``self.incr`` is typed the same way (the checker cannot tell
-an actor from its handle), though there it is the plain method.
+What the checker cannot tell apart: inside an actor ``self.incr`` is typed
+as on a handle (there it is the plain method); ``isinstance(x,
+zmesh.ActorMesh)`` works at run time, but pyright refuses an alias there.
 """
 
 # The bodies are declarations: the real ones are the handles'.
@@ -40,9 +42,10 @@ from typing import (
     overload,
 )
 
+from zmesh._client.adverbs import EndpointRef
+
 if TYPE_CHECKING:
     from zmesh._actor import Actor, Endpoint
-    from zmesh._client.adverbs import EndpointRef
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.future import Future
     from zmesh._client.meshstate import MeshState
@@ -184,10 +187,10 @@ class HandleFace:
     and those. (``zmesh._client.mistakes`` refuses endpoints named like them.)
     """
 
+    # The handle fields that tests and tools read; fields an actor of its
+    # own is likely to have (a service's id, name, config) are left out.
     actor: str
-    cls_name: str
     proc_mesh: str
-    full_dims: dict[str, int]
     _refs: list[ProcRef]
 
     @property
@@ -208,7 +211,6 @@ class HandleFace:
     def __len__(self) -> int: ...
 
     # A service's own.
-    id: str
 
     def session(self, session_id: str | None = None, *, strict: bool = False) -> Session: ...
     def statistics(self) -> ServiceStatistics: ...
