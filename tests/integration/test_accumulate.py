@@ -53,7 +53,7 @@ async def test_accumulate_over_a_2x4_mesh_equals_the_local_fold(
 async def test_value_mesh_reduce_folds_in_rank_order(mesh: zmesh.ActorMesh[Scalar]) -> None:
     vm = await mesh.value.call()
     assert vm.reduce(operator.add) == sum(vm.values())
-    assert vm.reduce(lambda acc, v: [*acc, v], initial=[]) == vm.values()
+    assert vm.reduce(lambda acc, v: [*acc, v], initial=list[int]()) == vm.values()
 
 
 async def test_a_failing_rank_fails_the_accumulation(mesh: zmesh.ActorMesh[Scalar]) -> None:

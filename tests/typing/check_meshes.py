@@ -84,6 +84,9 @@ async def adverbs(mesh: zmesh.ActorMesh[Counter]) -> None:
         assert_type(point, Point)
         assert_type(value, int)
     assert_type(values.values(), list[int])
+    assert_type(values.reduce(max), int)
+    assert_type(values.reduce(lambda acc, v: [*acc, v], list[int]()), list[int])
+    values.reduce(lambda acc, v: acc + v, "")  # type: ignore[operator]
     async for reply in mesh.incr.stream(1):
         assert_type(reply, int)
     for reply in mesh.incr.stream(1):
@@ -147,6 +150,7 @@ async def spawning(procs: zmesh.ProcMesh) -> None:
     assert_type(Counter.options().as_actor().get(timeout=30), Counter)
     assert_type(await Counter.options().spawn(), Counter)
     assert_type(Counter.options().spawn().get(timeout=30), Counter)
+    Counter.options().as_service().incr  # type: ignore[attr-defined]  # noqa: B018  (await it)
     assert_type(procs.spawn("counter", Counter, 0), Counter)
     assert_type(zmesh.this_proc().spawn("counter", Counter), Counter)
     assert_type(zmesh.get_or_spawn_controller("c", Counter), Counter)
