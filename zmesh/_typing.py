@@ -184,7 +184,8 @@ class HandleFace:
 
     Mesh handles have all but the service ones (``session``,
     ``statistics``, ``replica``); service handles have ``stop``, ``len()``
-    and those. (``zmesh._client.mistakes`` refuses endpoints named like them.)
+    and those. An endpoint may not be named like most of them
+    (``zmesh._client.mistakes``); one named ``get`` hides ``mesh.get``.
     """
 
     # The handle fields that tests and tools read; fields an actor of its
