@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
     from zmesh._client.lookup import lookup
-    from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
+    from zmesh._client.mesh import MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
@@ -91,9 +91,12 @@ if TYPE_CHECKING:
         ServiceStatistics,
         Session,
     )
-    from zmesh._service.service import Service
     from zmesh._shared.points import Extent
     from zmesh._shared.state import Rank, Status
+
+    # A handle is typed as its actor class (zmesh._typing): ActorMesh[Counter]
+    # and Service[Counter] are Counter to a checker, the handle classes at run time.
+    from zmesh._typing import ActorMesh, Service
 
 _LAZY = {
     "send": "zmesh._client.ports",

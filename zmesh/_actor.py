@@ -8,20 +8,28 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
-    from zmesh._client.mesh import ActorMesh
     from zmesh._service.routing import ServiceConfig
-    from zmesh._service.service import Service
+    from zmesh._typing import (
+        Adverbs,
+        BatchEndpointify,
+        Endpointify,
+        HandleFace,
+        PortedEndpointify,
+        Spawned,
+        StreamEndpoint,
+    )
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 A = TypeVar("A", bound="Actor")
 
 
@@ -84,6 +92,13 @@ class Endpoint(Generic[P, R]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.info = dataclasses.replace(self.info, name=name)
 
+    # Read from the class: the endpoint. From an instance: in the actor the
+    # bound method, on a handle the adverbs; typed as the handle's (the
+    # checker sees a handle as an instance of its class: zmesh._typing).
+    @overload
+    def __get__(self, obj: None, objtype: Any = None) -> Endpoint[P, R]: ...
+    @overload
+    def __get__(self, obj: object, objtype: Any = None) -> Adverbs[P, R]: ...
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
@@ -96,20 +111,51 @@ class Endpoint(Generic[P, R]):
         )
 
 
+# The overloads type an endpoint by its method (zmesh._typing): ``async def``
+# gives its awaited result, a generator its items. Awaitable comes first, so
+# that a method typed ``-> Any`` (or not at all) is a plain endpoint.
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
 @overload
+def endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], AsyncIterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
+def endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], Iterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(  # type: ignore[overload-overlap]  # batch=0 is no batch
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: Literal[False] = False,
+    batch: Literal[0] = 0,
+    batch_wait: float = 0.0,
+) -> Endpointify: ...
 @overload
 def endpoint(
     *,
     concurrent: bool = False,
     retry: bool = True,
     window: int = DEFAULT_WINDOW,
-    explicit_response_port: bool = False,
-    batch: int = 0,
+    explicit_response_port: Literal[True],
+    batch: Literal[0] = 0,
     batch_wait: float = 0.0,
-) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+) -> PortedEndpointify: ...
+@overload
+def endpoint(
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: Literal[False] = False,
+    batch: int,
+    batch_wait: float = 0.0,
+) -> BatchEndpointify: ...
 def endpoint(
     fn: Callable[..., Any] | None = None,
     *,
@@ -169,11 +215,17 @@ def endpoint(
 @overload
 def concurrent_endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
 @overload
+def concurrent_endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], AsyncIterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
+def concurrent_endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], Iterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
 def concurrent_endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
-def concurrent_endpoint(
-    *, retry: bool = True
-) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+def concurrent_endpoint(*, retry: bool = True) -> Endpointify: ...
 def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, retry: bool = True) -> Any:
     """``@endpoint(concurrent=True)``, by Monarch's name: may run while others do."""
     if fn is None:
@@ -326,7 +378,7 @@ class Options(Generic[A]):
 
             ServiceConfig(**settings)  # unknown or bad settings fail here, at once
 
-    def spawn(self, *args: Any, **kwargs: Any) -> Any:
+    def spawn(self, *args: Any, **kwargs: Any) -> Spawned[A]:
         """Spawn it: a future of a ``Service`` when ``replicas`` (or a service
         setting) was given, else the ``ActorMesh`` at once (see ``as_actor``).
         Both are awaitable and have ``.get(timeout)``.
@@ -337,9 +389,10 @@ class Options(Generic[A]):
         """
         if self.is_service:
             return self.as_service(*args, **kwargs)
-        return self.as_actor(*args, **kwargs)
+        # A mesh is a Spawned[A]; mypy cannot see it through the TypeVar.
+        return self.as_actor(*args, **kwargs)  # type: ignore[return-value]
 
-    def as_actor(self, *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def as_actor(self, *args: Any, **kwargs: Any) -> A:
         """Spawn ``hosts x procs`` actors; their ``ActorMesh``, at once.
 
         The procs and actors start in the background: calls made meanwhile
@@ -354,9 +407,10 @@ class Options(Generic[A]):
 
         if self.is_service:
             raise ValueError("replicas= and service settings are for as_service() or spawn()")
-        return spawn_actor_mesh(self, args, kwargs)
+        # Typed as the class: the handle has its endpoints (zmesh._typing).
+        return spawn_actor_mesh(self, args, kwargs)  # type: ignore[return-value]
 
-    def as_service(self, *args: Any, **kwargs: Any) -> Future[Service]:
+    def as_service(self, *args: Any, **kwargs: Any) -> Future[A]:
         """Spawn ``replicas`` actor meshes as one self-healing ``Service``.
 
         Raises (from the future):
@@ -367,7 +421,13 @@ class Options(Generic[A]):
         return spawn_service(self, args, kwargs)
 
 
-class Actor:
+if TYPE_CHECKING:
+    _Handle = HandleFace  # a handle's own methods, for the checker (zmesh._typing)
+else:
+    _Handle = object
+
+
+class Actor(_Handle):
     """Base class of actors. Subclass it and mark methods with ``@zmesh.endpoint``.
 
     An actor handles one message at a time, in send order per sender, unless

@@ -250,7 +250,7 @@ class ProcMesh(_MeshBase):
     def name(self) -> str:
         return self.proc_mesh
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> A:
         """Construct ``cls(*args, **kwargs)`` in every proc; the ``ActorMesh``, at once.
 
         The actors start in the background, after the procs. Calls made
@@ -270,7 +270,8 @@ class ProcMesh(_MeshBase):
         from zmesh._client import spawning
 
         _names.check_name(name, "actor name")
-        return spawning.start_actors(self, name, cls, args, kwargs)
+        # Typed as the class: the handle has its endpoints (zmesh._typing).
+        return spawning.start_actors(self, name, cls, args, kwargs)  # type: ignore[return-value]
 
     def get(self, timeout: float | None = None) -> ProcMesh:
         """Wait until the procs are up (``initialized.get``); this mesh.
