@@ -38,7 +38,7 @@ class Embedder(zmesh.Actor):
 
 def up() -> None:
     svc = Embedder.options(name="embedder", replicas=2, detached=True).spawn().get(timeout=60)
-    print(f"up: made {svc.name} with {len(svc)} replicas; this script exits now", flush=True)
+    print(f"up: made embedder with {len(svc)} replicas; this script exits now", flush=True)
 
 
 def call() -> None:
