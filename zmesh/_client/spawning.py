@@ -19,9 +19,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import msgspec
+
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
+from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import submit
@@ -76,15 +79,24 @@ def start_procs(
 
 
 def start_actors(
-    procs: ProcMesh, name: str, cls: type[A], args: tuple[Any, ...], kwargs: dict[str, Any]
+    procs: ProcMesh,
+    name: str,
+    cls: type[A],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
-    """``ProcMesh.spawn``: the ``ActorMesh`` now, its actors once the procs are up."""
-    mesh = _pending_actor_mesh(procs.proc_mesh, procs._shape, name, cls)
+    """``ProcMesh.spawn``: the ``ActorMesh`` now, its actors once the procs are up.
+
+    With ``per_proc`` > 1, that many actors in each proc, on one more dim, ``actors``.
+    """
+    per_proc = check_per_proc(per_proc)
+    mesh = _pending_actor_mesh(procs.proc_mesh, actors_shape(procs._shape, per_proc), name, cls)
 
     async def work(rt: Runtime) -> None:
         await _until_ready(procs)
         args_now = await _ready_arguments(args, kwargs)
-        up = await _spawn_actors(rt, procs, name, cls, *args_now)
+        up = await _spawn_actors(rt, procs, name, cls, *args_now, per_proc=per_proc)
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 
@@ -99,20 +111,45 @@ def spawn_actor_mesh(
     base = opts.name
     check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
+    per_proc = getattr(opts, "actors_per_proc", 1)
     shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
-    mesh = _pending_actor_mesh(name, shape, base, opts.cls)
+    mesh = _pending_actor_mesh(name, actors_shape(shape, per_proc), base, opts.cls)
     mesh._owns_procs = True
 
     async def work(rt: Runtime) -> None:
         args_now = await _ready_arguments(args, kwargs)
         up = await spawn_owned_mesh(
-            rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name
-        )
+            rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name,
+            per_proc=per_proc,
+        )  # fmt: skip
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 
     _launch(mesh, work)
     return mesh
+
+
+def check_per_proc(per_proc: Any) -> int:
+    """``actors_per_proc``, checked.
+
+    Raises:
+        TypeError: it is not an int.
+        ValueError: it is below 1.
+    """
+    if isinstance(per_proc, bool) or not isinstance(per_proc, int):
+        raise TypeError(f"actors_per_proc must be an int (at least 1), not {per_proc!r}")
+    if per_proc < 1:
+        raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
+    return per_proc
+
+
+def actors_shape(procs: _Shape, per_proc: int) -> _Shape:
+    """The shape of ``per_proc`` actors in each proc of ``procs``: one more dim,
+    ``actors``, when ``per_proc`` > 1 (ranks row-major, the actors of a proc together)."""
+    if per_proc == 1:
+        return procs
+    dims = {**procs.dims, "actors": per_proc}
+    return _Shape(dims, [r * per_proc + k for r in procs.ranks for k in range(per_proc)])
 
 
 def _pending_actor_mesh(proc_mesh: str, shape: _Shape, name: str, cls: type[A]) -> ActorMesh[A]:
@@ -222,6 +259,7 @@ async def spawn_owned_mesh(
     kwargs: dict[str, Any],
     addrs: list[str] | None = None,
     proc_mesh: str | None = None,
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
     """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
 
@@ -229,6 +267,7 @@ async def spawn_owned_mesh(
         addrs: the agents to place the host slices on (default: the first
             ``hosts`` configured agents, or the embedded default).
         proc_mesh: the procs' mesh name (default: ``name`` and a random suffix).
+        per_proc: actors in each proc (more than 1: the mesh's dim ``actors``).
 
     Raises:
         SpawnError: a proc or an actor failed to start; nothing is left running.
@@ -237,7 +276,7 @@ async def spawn_owned_mesh(
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
     pm = await _spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
     try:
-        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
+        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
     except BaseException:
         await stop_procs(rt, pm._refs)
         raise
@@ -423,6 +462,7 @@ async def _spawn_actors(
     cls: type[A],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
@@ -434,11 +474,18 @@ async def _spawn_actors(
     fut: asyncio.Future[None] = rt.loop.create_future()
     errors: list[BaseException] = []
     remaining = len(procs._refs)
+    # With several actors per proc, each is one ref: its place in its proc, and its rank.
+    members = [
+        [msgspec.structs.replace(r, index=k, point=r.rank * per_proc + k) for k in range(per_proc)]
+        for r in procs._refs
+    ] if per_proc > 1 else []  # fmt: skip
 
     def deliver(i: int, ok: bool, value: Any) -> None:
         nonlocal remaining
         remaining -= 1
-        if not ok:
+        if ok and type(value) is _grouping.Parts:  # each actor's __init__, apart
+            errors.extend(v for part_ok, v in value.outcomes(rt.codec, members[i]) if not part_ok)
+        elif not ok:
             errors.append(value)
         if remaining == 0 and not fut.done():
             fut.set_result(None)
@@ -455,6 +502,7 @@ async def _spawn_actors(
                 mesh=procs.name,
                 dims=dims,
                 rank=ref.rank,
+                count=per_proc if per_proc > 1 else 0,
             ),
             buffers,
             deliver,
@@ -462,7 +510,7 @@ async def _spawn_actors(
         )
     await fut
     if errors:
-        err = errors[0]
+        err = min(errors, key=lambda e: getattr(e, "rank", None) or 0)  # the first rank's
         if isinstance(err, SpawnError):
             tb = getattr(err, "remote_traceback", "")
             raise SpawnError(
@@ -476,9 +524,10 @@ async def _spawn_actors(
             ) from err  # fmt: skip
         raise err
     infos = endpoints_of(cls)
+    shape = actors_shape(_Shape(dims, procs._shape.ranks), per_proc)
+    refs = [r for rs in members for r in rs] if members else procs._refs
     return ActorMesh(
-        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
-        modes=_modes(infos),
+        name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),
     )  # fmt: skip
 
 

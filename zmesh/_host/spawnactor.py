@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from zmesh import _context
 from zmesh._actor import Point, set_current
 from zmesh._errors import SpawnError
+from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.mailbox import Mailbox
 from zmesh._wire import messages as w
@@ -61,9 +62,7 @@ async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: lis
         # (the actor never started); the proc serves on.
         server._send_failure(ident, msg.id, "spawn", exc, "__init__")
         return
-    old = server.actors.pop(msg.actor, None)
-    if old is not None:
-        old.close()
+    _actors.stop(server, msg.actor)  # a new actor (or group) of a name replaces the old one
     server.actors[msg.actor] = Mailbox(server, msg.actor, instance, point)
     if hasattr(instance, "__cleanup__"):
         _lifecycle.on_sigterm(server)  # its __cleanup__ runs when the agent stops us
