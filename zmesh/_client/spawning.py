@@ -480,18 +480,18 @@ async def _spawn_actors(
         for r in procs._refs
     ] if per_proc > 1 else []  # fmt: skip
 
-    def deliver(i: int, ok: bool, value: Any) -> None:
+    def deliver(p: int, i: int, ok: bool, value: Any) -> None:
         nonlocal remaining
         remaining -= 1
-        if ok and type(value) is _grouping.Parts:  # each actor's __init__, apart
-            errors.extend(v for part_ok, v in value.outcomes(rt.codec, members[i]) if not part_ok)
+        if ok and type(value) is _grouping.Parts:  # each actor's __init__, apart (proc p's)
+            errors.extend(v for part_ok, v in value.outcomes(rt.codec, members[p]) if not part_ok)
         elif not ok:
             errors.append(value)
         if remaining == 0 and not fut.done():
             fut.set_result(None)
 
     dims = procs.sizes
-    for ref in procs._refs:
+    for p, ref in enumerate(procs._refs):
         rt.send(
             [ref],
             functools.partial(
@@ -505,7 +505,7 @@ async def _spawn_actors(
                 count=per_proc if per_proc > 1 else 0,
             ),
             buffers,
-            deliver,
+            functools.partial(deliver, p),
             INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
         )
     await fut
