@@ -290,6 +290,6 @@ def test_bad_actors_per_proc_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match="actors_per_proc"):
         Sim.options(actors_per_proc=0)
     with pytest.raises(TypeError, match="actors_per_proc"):
-        Sim.options(actors_per_proc="2")  # type: ignore[arg-type]
+        Sim.options(actors_per_proc="2")
     with pytest.raises(ValueError, match="actors_per_proc"):
         Sim.options(replicas=2, actors_per_proc=2)

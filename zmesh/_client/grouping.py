@@ -106,8 +106,25 @@ class _Group:
         self.refs: list[ProcRef] = []
 
 
+# Plans of recent fan-outs, by the id of their refs list (a mesh's ``_refs``,
+# the same list call after call; it is held here, so its id is not reused).
+_plans: dict[int, tuple[list[ProcRef], list[_Group], int]] = {}
+MAX_PLANS = 256
+
+
 def plan(refs: list[ProcRef]) -> list[_Group]:
     """``refs`` grouped by proc, in order of first appearance."""
+    hit = _plans.get(id(refs))
+    if hit is not None and hit[0] is refs and hit[2] == len(refs):
+        return hit[1]
+    groups = _plan(refs)
+    if len(_plans) >= MAX_PLANS:
+        _plans.clear()
+    _plans[id(refs)] = (refs, groups, len(refs))
+    return groups
+
+
+def _plan(refs: list[ProcRef]) -> list[_Group]:
     groups: dict[str, _Group] = {}
     for i, ref in enumerate(refs):
         g = groups.get(ref.addr)
@@ -171,9 +188,10 @@ def _expand(rt: Runtime, gs: list[_Group], deliver: Deliver) -> Deliver:
             got = value.outcomes(rt.codec, g.refs)
             for place, (part_ok, part) in zip(places, got, strict=False):
                 deliver(place, part_ok, part)
-            for place, ref in list(zip(places, g.refs, strict=True))[len(got) :]:
-                err = EncodeError("the proc's answer lacks this actor's part")
-                deliver(place, False, for_actor(err, ref))
+            if len(got) < len(places):  # (a malformed answer: say so, never hang)
+                for place, ref in list(zip(places, g.refs, strict=True))[len(got) :]:
+                    err = EncodeError("the proc's answer lacks this actor's part")
+                    deliver(place, False, for_actor(err, ref))
         elif ok:
             for place in places:
                 deliver(place, True, value)

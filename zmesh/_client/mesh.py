@@ -384,7 +384,12 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def points(self) -> list[Point]:
         """The point of each actor of this view in the full mesh, in rank order."""
-        return [Point(r, self.full_dims) for r in self._shape.ranks]
+        cached = self.__dict__.get("_points")
+        if cached is not None and cached[0] is self._shape:
+            return cached[1]  # every call() of a view needs them: made once (never mutated)
+        points = [Point(r, self.full_dims) for r in self._shape.ranks]
+        self.__dict__["_points"] = (self._shape, points)
+        return points
 
     def stop(self) -> Future[None]:
         """Stop these actors (and their procs, if this mesh made them).

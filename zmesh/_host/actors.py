@@ -123,15 +123,16 @@ def dispatch(server: ProcServer, ident: bytes, msg: w.GroupCall, frames: list[An
     name, method, payload, deadline, oneway, request = (
         msg.actor, msg.method, msg.payload, msg.deadline, msg.oneway, msg.request,
     )  # fmt: skip
+    n = len(boxes)
     for j, k in enumerate(picks):
-        # Each actor's own call: its id is its place in the answer.
-        call = w.Call(j, member(name, k), method, payload, deadline, oneway, request)
         to: Any = ident if gather is None else Slot(gather, j)
-        box = boxes[k] if k < len(boxes) else None
+        box = boxes[k] if k < n else None
+        # Each actor's own call: its id is its place in the answer.
         if box is None:
+            call = w.Call(j, member(name, k), method, payload, deadline, oneway, request)
             server.fail(to, call, "stopped", "ActorStopped", f"no actor {call.actor!r} here")
         else:
-            box.put(to, call, frames)
+            box.put(to, w.Call(j, box.name, method, payload, deadline, oneway, request), frames)
 
 
 def stop(server: ProcServer, name: str) -> None:
