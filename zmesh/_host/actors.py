@@ -12,9 +12,10 @@ the call's ``Gather``; when the last is in, one ``Gathered`` message carries
 them all, each actor's ``Reply`` or ``Failure`` apart from the others'.
 
 The answers are caught at the router: a gathered call's "identity" is a
-``Slot``, and ``Router.send`` hands frames addressed to a ``Slot`` to its
-gather. So the code that runs a call and answers it (``ProcServer.handle``,
-batching, ``fail``) is the same whether a call came alone or in a group.
+``Slot``, and the proc's router, once it has a group (``intercept``), hands
+frames addressed to a ``Slot`` to its gather. So the code that runs a call
+and answers it (``ProcServer.handle``, batching, ``fail``) is the same
+whether a call came alone or in a group.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from zmesh._errors import SpawnError
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.mailbox import Mailbox
 from zmesh._wire import messages as w
-from zmesh._wire.zsock import AsyncSocket
+
+if TYPE_CHECKING:
+    from zmesh._wire.zsock import AsyncSocket
 
 if TYPE_CHECKING:
     from zmesh._host.proc import ProcServer
@@ -46,15 +49,24 @@ def member(name: str, k: int) -> str:
     return f"{name}{SEP}{k}"
 
 
-class Router(AsyncSocket):
-    """The proc's ROUTER: what is sent to a ``Slot`` goes to its gather instead."""
+def intercept(router: AsyncSocket) -> None:
+    """Make ``router`` hand what is sent to a ``Slot`` to its gather.
 
-    def send(self, frames: list[Any]) -> None:
+    Done once, when a proc gets its first group, on that socket alone: a
+    proc of one actor per mesh sends as it always did, with no test per reply.
+    """
+    if "send" in vars(router):
+        return
+    plain = router.send
+
+    def send(frames: list[Any]) -> None:
         head = frames[0]
         if type(head) is Slot:
             head.answer(frames)
             return
-        AsyncSocket.send(self, frames)
+        plain(frames)
+
+    router.send = send  # type: ignore[method-assign]  # (instance attribute wins)
 
 
 class Slot:
@@ -163,6 +175,7 @@ async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: lis
     """
     count = msg.count
     dims = {**msg.dims, "actors": count}
+    intercept(server.router)
     try:
         cls = pickle.loads(msg.cls)
     except Exception as exc:

@@ -116,7 +116,7 @@ class ProcServer:
         if bind.startswith("ipc://"):
             os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.router = _actors.Router(router, loop, self._on_message, router=True, batch=True)
+        self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
         _context.set_own_proc(
             _runtime.ProcRef(
                 self.mesh, self.rank, self.generation, self.addr, self.spec.agent, self.host,
