@@ -279,6 +279,35 @@ async def test_proc_mesh_spawn_and_stop_runs_each_cleanup(tmp_path: Any) -> None
         await procs.stop()
 
 
+class Relay(zmesh.Actor):
+    """Calls a mesh handle it was given, from its own proc."""
+
+    @zmesh.endpoint
+    async def ranks(self, mesh: zmesh.ActorMesh[Sim]) -> tuple[list[int], int]:
+        fan = await mesh.where.call()
+        one = await mesh.slice(procs=1, actors=PER - 1).where.call_one()
+        return [v["rank"] for v in fan.values()], one["rank"]
+
+
+@pytest.mark.anyio
+async def test_calls_before_the_spawn_is_done_and_a_handle_passed_to_an_actor(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    mesh = Sim.options(procs=1, actors_per_proc=4).as_actor()
+    early = mesh.where.call()  # queued until the actors are up
+    one = mesh.slice(actors=2).where.call_one()
+    assert sorted(v["rank"] for v in (await early).values()) == [0, 1, 2, 3]
+    assert (await one)["rank"] == 2
+    await mesh.stop()
+    relay = await Relay.options().as_actor()
+    try:
+        fan, one_rank = await relay.ranks.call_one(sims)
+        assert fan == list(range(PROCS * PER))
+        assert one_rank == 2 * PER - 1
+    finally:
+        await relay.stop()
+
+
 def _lines(path: str) -> list[str]:
     if not os.path.exists(path):
         return []
