@@ -5,6 +5,7 @@ context where ``current_rank()``, ``current_actor_name()`` and the owner of
 meshes spawned inside ``__init__`` are the new actor's, so the proc's loop
 (and its heartbeats) go on meanwhile. A failure of either is the spawn's
 answer; the proc serves on. A new actor of a name replaces the old one.
+A ``SpawnActor`` of several actors (``count``) is ``zmesh._host.actors``'s.
 """
 
 from __future__ import annotations
