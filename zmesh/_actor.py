@@ -311,7 +311,7 @@ class Options(Generic[A]):
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
-        from zmesh._client.spawning import check_per_proc
+        from zmesh._client.grouping import check_per_proc
 
         # Several actors in each proc: the mesh's dims are {hosts, procs, actors}.
         self.actors_per_proc = check_per_proc(per_proc)

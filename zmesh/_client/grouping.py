@@ -33,6 +33,7 @@ from zmesh._errors import EncodeError, ZmeshError
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
+    from zmesh._client.mesh import _Shape
     from zmesh._client.runtime import ProcRef, Runtime
     from zmesh._wire.codec import Codec
 
@@ -54,6 +55,42 @@ def for_actor(err: Any, ref: ProcRef) -> Any:
     mine.rank = ref.point
     mine.__cause__ = err.__cause__
     return mine
+
+
+def check_per_proc(per_proc: Any) -> int:
+    """``actors_per_proc``, checked.
+
+    Raises:
+        TypeError: it is not an int.
+        ValueError: it is below 1.
+    """
+    if isinstance(per_proc, bool) or not isinstance(per_proc, int):
+        raise TypeError(f"actors_per_proc must be an int (at least 1), not {per_proc!r}")
+    if per_proc < 1:
+        raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
+    return per_proc
+
+
+def actors_shape(procs: _Shape, per_proc: int) -> _Shape:
+    """The shape of ``per_proc`` actors in each proc of ``procs``: one more dim,
+    ``actors``, when ``per_proc`` > 1 (ranks row-major, the actors of a proc together)."""
+    from zmesh._client.mesh import _Shape
+
+    if per_proc == 1:
+        return procs
+    dims = {**procs.dims, "actors": per_proc}
+    return _Shape(dims, [r * per_proc + k for r in procs.ranks for k in range(per_proc)])
+
+
+def member_refs(procs: list[ProcRef], per_proc: int) -> list[list[ProcRef]]:
+    """Each proc's actors, as refs: their place in the proc and their rank in
+    the mesh (``[]`` for one actor per proc, whose ref is its proc's)."""
+    if per_proc == 1:
+        return []
+    return [
+        [msgspec.structs.replace(r, index=k, point=r.rank * per_proc + k) for k in range(per_proc)]
+        for r in procs
+    ]
 
 
 class Parts:

@@ -19,8 +19,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgspec
-
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
@@ -90,8 +88,9 @@ def start_actors(
 
     With ``per_proc`` > 1, that many actors in each proc, on one more dim, ``actors``.
     """
-    per_proc = check_per_proc(per_proc)
-    mesh = _pending_actor_mesh(procs.proc_mesh, actors_shape(procs._shape, per_proc), name, cls)
+    per_proc = _grouping.check_per_proc(per_proc)
+    shape = _grouping.actors_shape(procs._shape, per_proc)
+    mesh = _pending_actor_mesh(procs.proc_mesh, shape, name, cls)
 
     async def work(rt: Runtime) -> None:
         await _until_ready(procs)
@@ -113,7 +112,7 @@ def spawn_actor_mesh(
     name = f"{base}-{secrets.token_hex(4)}"
     per_proc = getattr(opts, "actors_per_proc", 1)
     shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
-    mesh = _pending_actor_mesh(name, actors_shape(shape, per_proc), base, opts.cls)
+    mesh = _pending_actor_mesh(name, _grouping.actors_shape(shape, per_proc), base, opts.cls)
     mesh._owns_procs = True
 
     async def work(rt: Runtime) -> None:
@@ -127,29 +126,6 @@ def spawn_actor_mesh(
 
     _launch(mesh, work)
     return mesh
-
-
-def check_per_proc(per_proc: Any) -> int:
-    """``actors_per_proc``, checked.
-
-    Raises:
-        TypeError: it is not an int.
-        ValueError: it is below 1.
-    """
-    if isinstance(per_proc, bool) or not isinstance(per_proc, int):
-        raise TypeError(f"actors_per_proc must be an int (at least 1), not {per_proc!r}")
-    if per_proc < 1:
-        raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
-    return per_proc
-
-
-def actors_shape(procs: _Shape, per_proc: int) -> _Shape:
-    """The shape of ``per_proc`` actors in each proc of ``procs``: one more dim,
-    ``actors``, when ``per_proc`` > 1 (ranks row-major, the actors of a proc together)."""
-    if per_proc == 1:
-        return procs
-    dims = {**procs.dims, "actors": per_proc}
-    return _Shape(dims, [r * per_proc + k for r in procs.ranks for k in range(per_proc)])
 
 
 def _pending_actor_mesh(proc_mesh: str, shape: _Shape, name: str, cls: type[A]) -> ActorMesh[A]:
@@ -474,11 +450,7 @@ async def _spawn_actors(
     fut: asyncio.Future[None] = rt.loop.create_future()
     errors: list[BaseException] = []
     remaining = len(procs._refs)
-    # With several actors per proc, each is one ref: its place in its proc, and its rank.
-    members = [
-        [msgspec.structs.replace(r, index=k, point=r.rank * per_proc + k) for k in range(per_proc)]
-        for r in procs._refs
-    ] if per_proc > 1 else []  # fmt: skip
+    members = _grouping.member_refs(procs._refs, per_proc)  # [] for one actor per proc
 
     def deliver(p: int, i: int, ok: bool, value: Any) -> None:
         nonlocal remaining
@@ -524,7 +496,7 @@ async def _spawn_actors(
             ) from err  # fmt: skip
         raise err
     infos = endpoints_of(cls)
-    shape = actors_shape(_Shape(dims, procs._shape.ranks), per_proc)
+    shape = _grouping.actors_shape(_Shape(dims, procs._shape.ranks), per_proc)
     refs = [r for rs in members for r in rs] if members else procs._refs
     return ActorMesh(
         name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),
