@@ -132,19 +132,17 @@ def dispatch(server: ProcServer, ident: bytes, msg: w.GroupCall, frames: list[An
         return
     picks = msg.actors
     gather = None if msg.oneway else Gather(server, ident, msg.id, len(picks))
-    name, method, payload, deadline, oneway, request = (
-        msg.actor, msg.method, msg.payload, msg.deadline, msg.oneway, msg.request,
-    )  # fmt: skip
+    # One Call for every actor: its answer's place comes from its Slot, not its id.
+    call = w.Call(0, msg.actor, msg.method, msg.payload, msg.deadline, msg.oneway, msg.request)
     n = len(boxes)
     for j, k in enumerate(picks):
         to: Any = ident if gather is None else Slot(gather, j)
         box = boxes[k] if k < n else None
-        # Each actor's own call: its id is its place in the answer.
         if box is None:
-            call = w.Call(j, member(name, k), method, payload, deadline, oneway, request)
-            server.fail(to, call, "stopped", "ActorStopped", f"no actor {call.actor!r} here")
+            why = f"no actor {member(msg.actor, k)!r} here"
+            server.fail(to, call, "stopped", "ActorStopped", why)
         else:
-            box.put(to, w.Call(j, box.name, method, payload, deadline, oneway, request), frames)
+            box.put(to, call, frames)
 
 
 def stop(server: ProcServer, name: str) -> None:
