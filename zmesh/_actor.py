@@ -302,6 +302,9 @@ class Options(Generic[A]):
     Args:
         procs: procs per host.
         hosts: hosts (agents), one host slice each.
+        actors_per_proc: actors in each proc (default 1). More than one puts
+            that many actors, each with its own mailbox, in every proc, on
+            one more dim, ``actors``: ``{hosts, procs, actors}``.
         replicas: how many replicas of a service (each ``hosts x procs``);
             given (here or by ``@zmesh.service``), ``spawn()`` makes a service.
         name: the mesh name (default: the class name in lower case): 1-108
@@ -337,6 +340,10 @@ class Options(Generic[A]):
     ) -> None:
         defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
         detached = detached if detached is not None else defaults.pop("detached", False)
+        # Actors per proc (as_actor only): a keyword of options(), not a service setting.
+        per_proc = service_config.pop("actors_per_proc", None)
+        per_proc = per_proc if per_proc is not None else defaults.pop("actors_per_proc", 1)
+        defaults.pop("actors_per_proc", None)
         procs = procs if procs is not None else defaults.pop("procs", 1)
         hosts = hosts if hosts is not None else defaults.pop("hosts", 1)
         if replicas is None:
@@ -362,8 +369,14 @@ class Options(Generic[A]):
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
+        from zmesh._client.grouping import check_per_proc
+
+        # Several actors in each proc: the mesh's dims are {hosts, procs, actors}.
+        self.actors_per_proc = check_per_proc(per_proc)
         # Whether this is a service: replicas given, or service settings.
         self.is_service = replicas is not None or bool(settings)
+        if self.is_service and self.actors_per_proc > 1:
+            raise ValueError("actors_per_proc is for as_actor(): a service's replicas are procs")
         self.replicas = replicas if replicas is not None else 1
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"

@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from zmesh._actor import Point
 from zmesh._client import runtime as _runtime
 from zmesh._client.connections import BIG, ProcConn
+from zmesh._client.grouping import member
 from zmesh._client.inflight import OneRequest
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import CallTimeoutError, EncodeError
@@ -360,7 +361,7 @@ def _start(sources: list[Source], refs: list[ProcRef], actor: str) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
     for src, ref in zip(sources, refs, strict=True):
         if not src.ended and src.launch is not None:  # (closed before it started)
-            src.launch(src, ref, actor)
+            src.launch(src, ref, member(actor, ref))  # (one of several actors of a proc: by name)
 
 
 def one_source_stream(

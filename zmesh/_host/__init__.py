@@ -7,8 +7,9 @@
 * ``forkserver``: a warm interpreter the agent forks procs from;
 * ``proc``: the actor process (its entry point; sockets, dispatch, replies),
   with ``mailbox`` (an actor's queue and run loop), ``spawnactor`` (building
-  actors), ``procboot`` (its setup before it serves) and ``lifecycle``
-  (``__cleanup__``, the proc's exit);
+  actors), ``actors`` (several actors of one mesh in the proc: their group,
+  and one gathered answer per fan-out), ``procboot`` (its setup before it
+  serves) and ``lifecycle`` (``__cleanup__``, the proc's exit);
 * ``janitor``, ``ptree``: cleaning up process trees when an agent dies;
 * ``stacks``: a live proc's stacks, on request.
 """

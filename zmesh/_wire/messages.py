@@ -71,6 +71,10 @@ class SpawnActor(Message, frozen=True):
     mesh: Name
     dims: Dims
     rank: RankNo
+    # Several actors in this proc (``zmesh._host.actors``): ``count`` of them,
+    # ``actor#0`` .. ``actor#<count-1>``, answered with one ``Gathered``.
+    # 0: one actor named ``actor`` (answered with a ``Reply``).
+    count: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] = 0
 
 
 class StopActor(Message, frozen=True):
@@ -99,6 +103,45 @@ class Failure(Message, frozen=True):
     traceback: str = ""
     exc: bytes | None = None  # the pickled exception, when it pickles
     endpoint: str = ""
+
+
+# ---------------------------------- several actors per proc (client <-> proc)
+#
+# A fan-out to a mesh with several actors per proc sends one ``GroupCall``
+# per proc for all its targeted actors; the proc answers with one
+# ``Gathered`` (or ``GatheredFrames``, when a value has buffer frames)
+# holding each actor's ``Reply`` or ``Failure`` in the order of ``actors``.
+# See ``zmesh._client.grouping`` and ``zmesh._host.actors``.
+
+
+class GroupCall(Message, frozen=True):
+    """``Call`` ``method`` on the actors ``actors`` (local indexes) of group ``actor``."""
+
+    id: int
+    actor: str
+    method: str
+    payload: Payload
+    deadline: float = 0.0
+    oneway: bool = False
+    request: str = ""
+    actors: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)] = []
+
+
+class Gathered(Message, frozen=True):
+    """The answers of a ``GroupCall`` (or a ``SpawnActor`` of ``count``
+    actors), one per actor; no part has buffer frames."""
+
+    id: int
+    parts: list[Reply | Failure]
+
+
+class GatheredFrames(Message, frozen=True):
+    """``Gathered`` with buffer frames: part ``k`` is decoded with its own
+    ``nbufs[k]`` frames, which follow the envelope in part order."""
+
+    id: int
+    parts: list[msgspec.Raw]
+    nbufs: list[Count]
 
 
 # ------------------------------------------- streams (client <-> proc)
@@ -498,10 +541,12 @@ AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
     | {"Detach", "Lookup", "StopDetached"}
 )
-PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel
-CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive
+PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | GroupCall
+CLIENT_INBOX: Any = (
+    Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames
+)
 PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (
     CreateOrUpdate
