@@ -444,15 +444,65 @@ class StatsReply(Message, frozen=True):
     stream: str = ""  # where the agent publishes ``Stats`` about once a second
 
 
+# ------------------------------------------- tree fan-out (client <-> relay proc)
+#
+# A fan-out to a wide mesh sends one ``Relay`` per host, to one proc of the
+# mesh there (its relay), instead of one message per proc. The relay sends
+# ``body`` (with the frames after the envelope) to each target unchanged:
+# the very message the direct path would have sent it. See
+# ``zmesh._client.tree`` and ``zmesh._host.relay``.
+
+
+class RelayTarget(msgspec.Struct, frozen=True, array_like=True):
+    """A proc behind a relay: a rank of the relay's own mesh on the relay's host."""
+
+    rank: RankNo
+    generation: Count
+    addr: Text
+
+
+class Relay(Message, frozen=True):
+    """Send ``body`` (and this message's buffer frames) to each of ``targets``.
+
+    ``body`` is an encoded per-proc request with the same ``id`` that expects
+    one answer (a ``Reply`` or ``Failure``) unless ``oneway``. The relay acknowledges the
+    forwarding with a ``RelayReply`` (``forwarded``) and gathers the answers.
+    """
+
+    id: int
+    mesh: Name
+    targets: Annotated[list[RelayTarget], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+    body: bytes
+    oneway: bool = False
+
+
+class RelayReply(Message, frozen=True):
+    """What a relay has for a ``Relay``: answers of some targets, gathered.
+
+    ``answers[k]`` is target ``index[k]``'s answer; its buffer frames (``nbufs[k]``
+    of them) follow this envelope in order. ``lost``: targets whose
+    connection dropped with the request on it. ``forwarded``: the relay sent
+    the request to every target. ``done``: nothing more comes for this id.
+    """
+
+    id: int
+    index: list[int] = []
+    answers: list[Reply | Failure] = []
+    nbufs: list[int] = []
+    lost: list[int] = []
+    forwarded: bool = False
+    done: bool = False
+
+
 # Messages that carry a request id in their first field and expect an
 # answer: one that fails to decode is answered with an error naming why.
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
 )
-PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "Relay"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel
-CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive
+PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | Relay
+CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive | RelayReply
 PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (
     CreateOrUpdate

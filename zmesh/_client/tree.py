@@ -1,0 +1,442 @@
+"""Tree fan-out: a call or broadcast to a wide mesh sends one message per host.
+
+The direct path sends a fan-out to every proc itself: N messages and N
+connections for N procs. On a wide mesh (``wide``) ``send`` instead groups
+the targets by host and sends one ``Relay`` to one proc of the mesh on each
+host (its *relay*, ``zmesh._host.relay``), which sends the request on to its
+host's targets and gathers their answers. The request itself is encoded
+once, as for the direct path, and the relay forwards it unchanged.
+
+Which path: ``ZMESH_FANOUT`` (``auto``, ``tree`` or ``direct``; or set
+``MODE``); in ``auto`` a mesh takes the tree when it spans at least two
+hosts and ``ZMESH_TREE_MIN`` (32) procs or more. The choice is by the size of
+the whole mesh, so every fan-out to it (a slice too) goes the same way.
+
+The direct path's guarantees hold:
+
+* **Failures.** Each host's part is a request on the relay's connection
+  (``Carrier``), so a relay that dies, drops or times out fails its
+  targets' calls (``ConnectionLostError``: they may or may not have run;
+  the relay's own rank gets its ``SupervisionError``). A target that dies
+  fails at once from supervision (``broken``), as on the direct path.
+* **Order per sender and actor.** A later direct message to a proc (a
+  ``call_one`` after a broadcast) waits until the relay has acknowledged
+  forwarding the earlier ones (``defer``, fed by the runtime's ``held``);
+  a fan-out target with direct calls still unanswered gets its part
+  directly rather than through the relay.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from zmesh._client.connections import (
+    BIG,
+    DISCONNECT_GRACE,
+    MAX_IN_FLIGHT,
+    expire_one,
+    frames_size,
+    over,
+    wait,
+)
+from zmesh._client.inflight import OneRequest, Sink, outcome, resolve, timeout_error
+from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, ZmeshError
+from zmesh._wire import messages as w
+
+if TYPE_CHECKING:
+    from zmesh._client.connections import ProcConn
+    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.runtime import ProcRef, Runtime
+
+log = logging.getLogger("zmesh.tree")
+
+MODE = os.environ.get("ZMESH_FANOUT", "auto")
+MIN_PROCS = int(os.environ.get("ZMESH_TREE_MIN", "32"))
+
+Deliver = Callable[[int, bool, Any], None]
+
+
+def wide(mesh: ActorMesh[Any]) -> bool:
+    """Whether fan-outs to ``mesh`` take the tree path (see the module docstring)."""
+    if MODE == "direct":
+        return False
+    if MODE == "tree":
+        return True
+    dims = mesh.full_dims
+    procs = math.prod(n for d, n in dims.items() if d != "actors")
+    return dims.get("hosts", 1) >= 2 and procs >= MIN_PROCS
+
+
+class TreeStatistics(msgspec.Struct, frozen=True):
+    """What this runtime's tree fan-outs did.
+
+    Attributes:
+        fanouts: fan-outs sent on the tree path.
+        relay_messages: ``Relay`` messages sent (one per host per fan-out).
+        relayed: targets reached through a relay.
+        direct: targets of tree fan-outs sent directly (they had direct calls in flight).
+        deferred: direct messages that waited for a relay's acknowledgement.
+    """
+
+    fanouts: int
+    relay_messages: int
+    relayed: int
+    direct: int
+    deferred: int
+
+
+def send(
+    rt: Runtime,
+    refs: list[ProcRef],
+    msg_for: Callable[[int], Any],
+    buffers: list[Any],
+    deliver: Deliver | None,
+    timeout: float | None = None,
+    block: bool = True,
+) -> None:
+    """``Runtime.send`` on the tree path: one ``Relay`` per host. On ``rt``'s loop."""
+    tree = rt.tree
+    if tree is None:
+        tree = rt.tree = Tree(rt)
+    if tree.queue:  # direct messages wait for acknowledgements: keep the order
+        again = functools.partial(tree.send, refs, msg_for, buffers, deliver, timeout, block)
+        tree.queue_thunk([r.addr for r in refs], again)
+        return
+    tree.send(refs, msg_for, buffers, deliver, timeout, block)
+
+
+class Carrier:
+    """One host's part of a tree fan-out, in flight on its relay's connection.
+
+    It stands as the future of a ``OneRequest`` on that connection, so the
+    connection's failures, timeout and release reach it as they reach any
+    call (``set_exception``), and the relay's messages come to ``on_message``.
+    """
+
+    __slots__ = ("acked", "deliver", "index", "open", "refs", "relay", "req", "timeout", "tree")
+
+    def __init__(
+        self, tree: Tree, relay: ProcRef, refs: list[ProcRef], index: list[int],
+        deliver: Deliver | None, timeout: float | None,
+    ) -> None:  # fmt: skip
+        self.tree = tree
+        self.relay = relay
+        self.refs = refs  # the targets on this host
+        self.index = index  # their places in the fan-out
+        self.deliver = deliver
+        self.timeout = timeout
+        self.open: set[int] = set(range(len(refs))) if deliver is not None else set()
+        self.acked = False
+        self.req: OneRequest | None = None
+
+    # The part of a future the runtime uses (zmesh._client.inflight.Sink).
+
+    def done(self) -> bool:
+        return self.acked and not self.open
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, value: Any) -> None:  # a relay answers with RelayReply, never Reply
+        self.set_exception(EncodeError(f"unexpected answer from the relay: {value!r}"))
+
+    def set_exception(self, error: BaseException) -> None:
+        """The relay's connection failed this part (relay died, dropped, timed out, ...)."""
+        self.tree.relay_failed(self, error)
+
+    def on_message(self, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]) -> None:
+        self.tree.on_relay_reply(self, conn, req, msg, frames)
+
+    def settle(self, k: int, ok: bool, value: Any) -> None:
+        """Deliver target ``k``'s answer, once."""
+        if k in self.open:
+            self.open.discard(k)
+            self.tree.untrack(self, k)
+            assert self.deliver is not None
+            self.deliver(self.index[k], ok, value)
+            self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.done() and self.req is not None and self.req.timer is not None:
+            self.req.timer.cancel()
+
+
+class Tree:
+    """The tree path's state in one runtime: relays, parts in flight, held procs."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.relays: dict[tuple[str, str], ProcRef] = {}  # (mesh, agent) -> its relay
+        self.by_addr: dict[str, set[Carrier]] = {}  # target address -> parts not settled
+        # Direct messages waiting (in order) for relays to acknowledge:
+        # (addresses, send, the future a failure of the send settles).
+        self.queue: deque[tuple[list[str], Callable[[], Any], Sink | None]] = deque()
+        self.unacked: dict[str, int] = {}  # address -> relay messages not acknowledged
+        self.bypass = False
+        self._fanouts = self._relay_messages = self._relayed = self._direct = self._deferred = 0
+
+    def statistics(self) -> TreeStatistics:
+        """Counters of this runtime's tree fan-outs, as a frozen record."""
+        return TreeStatistics(
+            self._fanouts, self._relay_messages, self._relayed, self._direct, self._deferred
+        )
+
+    # ------------------------------------------------------------ order
+
+    def defer(self, addrs: list[str], thunk: Callable[[], Any], fut: Sink | None = None) -> bool:
+        """Queue a direct message to ``addrs`` behind unacknowledged relay messages.
+
+        The runtime's ``held`` names the addresses that have them (or have
+        messages queued here). ``False``: it need not wait (this is the
+        queue sending it now); the runtime sends it at once.
+        """
+        if self.bypass:
+            return False
+        self._deferred += 1
+        self.queue_thunk(addrs, thunk, fut)
+        return True
+
+    def queue_thunk(
+        self, addrs: list[str], thunk: Callable[[], Any], fut: Sink | None = None
+    ) -> None:
+        _count(self.rt.held, addrs, 1)
+        self.queue.append((addrs, thunk, fut))
+
+    def _run_queue(self) -> None:
+        queue = self.queue
+        while queue and not self.bypass:
+            addrs, thunk, fut = queue[0]
+            if any(a in self.unacked for a in addrs):
+                return  # its turn comes with an acknowledgement
+            queue.popleft()
+            _count(self.rt.held, addrs, -1)
+            self.bypass = True
+            try:
+                thunk()
+            except Exception as exc:  # it fails alone; the queue goes on
+                if fut is not None:
+                    resolve(fut, False, exc)
+                else:
+                    log.error("a deferred message could not be sent", exc_info=exc)
+            finally:
+                self.bypass = False
+
+    # ------------------------------------------------------------ sending
+
+    def send(
+        self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],
+        deliver: Deliver | None, timeout: float | None, block: bool,
+    ) -> None:  # fmt: skip
+        rt = self.rt
+        req_id = rt.next_id()
+        try:
+            frames = rt.codec.encode(msg_for(req_id), buffers)
+        except EncodeError as exc:
+            err = EncodeError(f"the message cannot be sent: {exc.message}", mesh=refs[0].mesh)
+            if deliver is None:
+                raise err from exc
+            for i in range(len(refs)):
+                deliver(i, False, err)
+            return
+        self._fanouts += 1
+        groups: dict[str, list[int]] = {}
+        direct: list[int] = []
+        for i, r in enumerate(refs):
+            c = rt.conns.get(r.addr)
+            if c is not None and c.mesh == r.mesh and (c.pending or c.waiting or c.broken):
+                direct.append(i)  # keep its order after the direct calls on it
+                continue
+            gone = rt.controller.gone(r)
+            if gone is not None:
+                if deliver is not None:
+                    deliver(i, False, gone)
+                continue
+            groups.setdefault(r.agent, []).append(i)
+        if direct:
+            self._direct += len(direct)
+            drefs = [refs[i] for i in direct]
+            sub = None if deliver is None else (lambda j, ok, v: deliver(direct[j], ok, v))
+            self.bypass = True
+            try:
+                rt.send(drefs, msg_for, buffers, sub, timeout, block)
+            finally:
+                self.bypass = False
+        oneway = deliver is None
+        for agent, idx in groups.items():
+            self._send_part(req_id, refs, idx, agent, frames, oneway, deliver, timeout, block)
+
+    def _send_part(
+        self, req_id: int, refs: list[ProcRef], idx: list[int], agent: str, frames: list[Any], oneway: bool,
+        deliver: Deliver | None, timeout: float | None, block: bool,
+    ) -> None:  # fmt: skip
+        rt = self.rt
+        targets = [refs[i] for i in idx]
+        relay, c = self._relay_for(targets, agent)
+        if relay is None or c is None:
+            for i, r in zip(idx, targets, strict=True):  # every candidate is broken
+                if deliver is not None:
+                    deliver(
+                        i, False, rt.conn(r).broken or ConnectionLostError("no relay", mesh=r.mesh)
+                    )
+            return
+        for r in targets:
+            rt.controller.watch(r)  # its failure must reach us: it has no connection here
+        carrier = Carrier(self, relay, targets, idx, deliver, timeout)
+        where = [w.RelayTarget(r.rank, r.generation, r.addr) for r in targets]
+        # The same id as the request in it: the relay matches answers by it.
+        msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway)
+        try:
+            out = rt.codec.encode(msg, frames[1:])
+        except EncodeError as exc:
+            err = EncodeError(f"the message cannot be sent: {exc.message}", mesh=relay.mesh)
+            for k in range(len(targets)):
+                if deliver is not None:
+                    deliver(idx[k], False, err)
+            return
+        size = frames_size(out) if len(out) > 1 or len(out[0]) >= BIG else 0
+        req = OneRequest(msg.id, c, carrier, size)  # type: ignore[arg-type]
+        carrier.req = req
+        if timeout is not None:
+            req.timer = rt.loop.call_later(timeout, expire_one, req, timeout)
+        addrs = [r.addr for r in targets]
+        _count(self.unacked, addrs, 1)
+        _count(rt.held, addrs, 1)  # later direct messages to them wait (see defer)
+        for r in targets:
+            if deliver is not None:
+                self.by_addr.setdefault(r.addr, set()).add(carrier)
+        self._relay_messages += 1
+        self._relayed += len(targets)
+        if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and over(c, size)):
+            wait(c, out, req, 0, block)
+            return
+        c.sock.send(out)
+        c.pending[req.id] = req
+        c.bytes += size
+
+    def _relay_for(self, targets: list[ProcRef], agent: str) -> tuple[ProcRef | None, Any]:
+        """The relay for ``targets`` (on one host) and the connection to it."""
+        rt = self.rt
+        key = (targets[0].mesh, agent)
+        relay = self.relays.get(key)
+        candidates = ([relay] if relay is not None else []) + targets
+        for r in candidates:
+            if rt.controller.gone(r) is not None:
+                continue
+            c = rt.conn(r)
+            if c.broken is None:
+                self.relays[key] = r
+                return r, c
+        return None, None
+
+    # ------------------------------------------------------------ answers
+
+    def on_relay_reply(
+        self, carrier: Carrier, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]
+    ) -> None:
+        if type(msg) is not w.RelayReply:
+            return
+        req.size = 0  # its arguments have arrived
+        if not msg.done:
+            conn.pending[msg.id] = req  # more comes for it
+        elif req.timer is not None and not carrier.open:
+            req.timer.cancel()
+        if msg.forwarded and not carrier.acked:
+            carrier.acked = True
+            self._release_targets(carrier)
+        pos = 1
+        for k, answer, nbuf in zip(msg.index, msg.answers, msg.nbufs, strict=False):
+            if 0 <= k < len(carrier.refs):
+                sub = [b"", *frames[pos : pos + nbuf]] if nbuf else [b""]
+                ok, value = outcome(self.rt.codec, answer, sub, carrier.refs[k])
+                carrier.settle(k, ok, value)
+            pos += nbuf
+        for k in msg.lost:
+            if 0 <= k < len(carrier.refs) and k in carrier.open:
+                self.rt.loop.call_later(DISCONNECT_GRACE, self._lost, carrier, k)
+        if msg.done and carrier.open:
+            # The relay is done, but some answers never came (garbled): fail them.
+            for k in list(carrier.open):
+                self.rt.loop.call_later(DISCONNECT_GRACE, self._lost, carrier, k)
+
+    def _lost(self, carrier: Carrier, k: int) -> None:
+        ref = carrier.refs[k]
+        carrier.settle(k, False, ConnectionLostError(
+            "the relay's connection to the proc dropped with this call on it: "
+            "it may or may not have run",
+            reason="connection lost", mesh=ref.mesh, rank=ref.rank, host=ref.host,
+            log_path=ref.log_path or None,
+        ))  # fmt: skip
+
+    def _release_targets(self, carrier: Carrier) -> None:
+        self._release_unacked([r.addr for r in carrier.refs])
+
+    def _release_unacked(self, addrs: list[str]) -> None:
+        _count(self.unacked, addrs, -1)
+        _count(self.rt.held, addrs, -1)
+        self._run_queue()
+
+    def untrack(self, carrier: Carrier, k: int) -> None:
+        addr = carrier.refs[k].addr
+        parts = self.by_addr.get(addr)
+        if parts is not None:
+            parts.discard(carrier)
+            if not parts:
+                del self.by_addr[addr]
+
+    def relay_failed(self, carrier: Carrier, error: BaseException) -> None:
+        """The relay's connection failed ``carrier``: so do its targets not answered yet."""
+        relay = carrier.relay
+        for k in sorted(carrier.open):
+            ref = carrier.refs[k]
+            carrier.settle(k, False, _for_target(error, relay, ref, carrier.timeout))
+        if not carrier.acked:
+            carrier.acked = True
+            self._release_targets(carrier)
+        if isinstance(error, ZmeshError) and self.relays.get((relay.mesh, relay.agent)) == relay:
+            del self.relays[(relay.mesh, relay.agent)]  # the next fan-out picks another
+
+    def broken(self, addr: str, error: ZmeshError, mesh: str | None) -> None:
+        """Supervision says the proc at ``addr`` broke: its parts' answers fail now."""
+        parts = self.by_addr.get(addr)
+        if not parts:
+            return
+        for carrier in list(parts):
+            for k, r in enumerate(carrier.refs):
+                if r.addr == addr and (mesh is None or r.mesh == mesh):
+                    carrier.settle(k, False, error)
+
+
+def _count(counts: dict[str, int], addrs: list[str], step: int) -> None:
+    """Add ``step`` to each address's count; a count that reaches 0 is removed."""
+    for a in addrs:
+        n = counts.get(a, 0) + step
+        if n > 0:
+            counts[a] = n
+        else:
+            counts.pop(a, None)
+
+
+def _for_target(error: BaseException, relay: ProcRef, ref: ProcRef, timeout: float | None) -> Any:
+    """The error for ``ref``'s call when its relay's request failed with ``error``."""
+    if ref.addr == relay.addr or not isinstance(error, ZmeshError):
+        return error
+    if isinstance(error, CallTimeoutError):
+        return timeout_error(ref, timeout if timeout is not None else 0.0)
+    ctx: dict[str, Any] = {
+        "mesh": ref.mesh, "rank": ref.rank, "host": ref.host, "log_path": ref.log_path or None,
+    }  # fmt: skip
+    err = ConnectionLostError(
+        f"the relay of host {relay.host} (rank {relay.rank}) failed with this call on it: "
+        f"{error.message}; it may or may not have run",
+        reason="relay lost", **ctx,
+    )  # fmt: skip
+    err.__cause__ = error
+    return err
