@@ -113,6 +113,19 @@ def send(
     tree.send(refs, msg_for, buffers, deliver, timeout, block)
 
 
+class RelayRequest(OneRequest):
+    """A ``Relay`` in flight on its relay's connection (its future is a ``Carrier``)."""
+
+    __slots__ = ()
+
+
+def _direct_in_flight(c: ProcConn) -> bool:
+    """Whether ``c`` has direct messages (not relays') sent and unanswered, or waiting."""
+    if c.pending and any(type(q) is not RelayRequest for q in c.pending.values()):
+        return True
+    return any(type(q) is not RelayRequest for _, q, _ in c.waiting)
+
+
 class Carrier:
     """One host's part of a tree fan-out, in flight on its relay's connection.
 
@@ -251,7 +264,7 @@ class Tree:
         direct: list[int] = []
         for i, r in enumerate(refs):
             c = rt.conns.get(r.addr)
-            if c is not None and c.mesh == r.mesh and (c.pending or c.waiting or c.broken):
+            if c is not None and c.mesh == r.mesh and (c.broken or _direct_in_flight(c)):
                 direct.append(i)  # keep its order after the direct calls on it
                 continue
             gone = rt.controller.gone(r)
@@ -302,7 +315,7 @@ class Tree:
                     deliver(idx[k], False, err)
             return
         size = frames_size(out) if len(out) > 1 or len(out[0]) >= BIG else 0
-        req = OneRequest(msg.id, c, carrier, size)  # type: ignore[arg-type]
+        req = RelayRequest(msg.id, c, carrier, size)  # type: ignore[arg-type]
         carrier.req = req
         if timeout is not None:
             req.timer = rt.loop.call_later(timeout, expire_one, req, timeout)
