@@ -22,7 +22,10 @@ from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster
 
-from _helpers import wait_for
+from _helpers import (
+    keep_module_meshes,  # noqa: F401  (a fixture: the mesh outlives tests)
+    wait_for,
+)
 
 HOSTS, PROCS = 16, 2
 
@@ -62,7 +65,7 @@ def mesh(agents: list[AgentProcess]) -> Iterator[zmesh.ActorMesh[Wide]]:
     # One mesh for the module: the tests that kill procs kill different hosts'.
     m = Wide.options(hosts=HOSTS, procs=PROCS).as_actor().get(timeout=90)
     yield m
-    m.stop().get(timeout=30)
+    zmesh.shutdown()
 
 
 def tree_stats() -> _tree.TreeStatistics:
@@ -181,4 +184,42 @@ def test_a_relay_killed_mid_fanout_fails_its_host_never_hangs(
         mesh.slice(hosts=host).nap.call(0).get(timeout=20)
     assert mesh.slice(hosts=slice(8, 16)).nap.call(0).get(timeout=20).values() == list(
         range(8 * PROCS, 16 * PROCS)
+    )
+
+
+def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
+    agents: list[AgentProcess], mesh: zmesh.ActorMesh[Wide]
+) -> None:
+    """A relay is no way around the keys: it refuses any other target, sending nothing."""
+    import zmq
+
+    from zmesh._wire.codec import Codec
+
+    relay, other_host = mesh._refs[0], mesh._refs[PROCS]
+    codec = Codec(w.CLIENT_INBOX)
+    body = codec.encode(w.Call(7, mesh.actor, "note", w.Payload((-4242,))))[0]
+    refused = [
+        w.RelayTarget(other_host.rank, other_host.generation, other_host.addr),  # another host's
+        w.RelayTarget(relay.rank, relay.generation, agents[0].control),  # not its address
+        w.RelayTarget(relay.rank, relay.generation + 1, relay.addr),  # not its generation
+    ]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(relay.addr)
+    try:
+        sock.send_multipart(codec.encode(w.Relay(7, relay.mesh, refused, body)))
+        answers: dict[int, w.Failure] = {}
+        deadline = time.monotonic() + 10
+        while len(answers) < len(refused) and time.monotonic() < deadline:
+            if sock.poll(500):
+                for msg in codec.decode_frames(sock.recv_multipart()):
+                    if isinstance(msg, w.RelayReply):
+                        answers.update(zip(msg.index, msg.answers, strict=False))  # type: ignore[arg-type]
+    finally:
+        sock.close()
+    assert sorted(answers) == [0, 1, 2]
+    assert all(a.type == "RelayRefused" for a in answers.values())
+    # Nothing went anywhere: no actor ran note(-4242).
+    assert all(
+        1 not in s for s in mesh.slice(hosts=slice(0, 2)).seen.call().get(timeout=20).values()
     )
