@@ -28,6 +28,7 @@ from _helpers import (
 )
 
 HOSTS, PROCS = 16, 2
+TOPS = 4  # two levels: sqrt(16) top relays of 4 hosts each
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +121,7 @@ def test_broadcast_and_call_send_one_message_per_host(
     after = tree_stats()
     fanouts = rounds + 2  # the broadcasts, the call and the last broadcast
     sent = after.relay_messages - (before.relay_messages if before else 0)
-    assert sent == fanouts * HOSTS  # flat: fanouts * HOSTS * PROCS
+    assert sent == fanouts * TOPS  # flat: fanouts * HOSTS * PROCS
     assert after.direct == (before.direct if before else 0)
 
     # Each host's relay forwarded each fan-out to its PROCS procs, and every
@@ -139,7 +140,13 @@ def test_broadcast_and_call_send_one_message_per_host(
     relays = [p for p in stats.values() if p.relayed]
     assert len(relays) == HOSTS  # one relay per host
     assert {p.rank // PROCS for p in relays} == set(range(HOSTS))
-    assert all(p.relayed == fanouts and p.forwarded == fanouts * PROCS for p in relays)
+    assert all(p.relayed == fanouts for p in relays)
+    # A top relay sends to its PROCS procs and to the relays of its 3 other
+    # hosts; those send to their PROCS procs.
+    forwarded = sorted(p.forwarded for p in relays)
+    per_host = HOSTS // TOPS
+    want = [fanouts * PROCS] * (HOSTS - TOPS) + [fanouts * (PROCS + per_host - 1)] * TOPS
+    assert forwarded == want
     assert all(calls_of(p, "note") == rounds + 1 for p in stats.values())
     assert all(calls_of(p, "seen") == 1 for p in stats.values() if p.rank != len(stats) - 1)
 
@@ -162,7 +169,10 @@ def test_a_relay_killed_mid_fanout_fails_its_host_never_hangs(
 ) -> None:
     rt, _ = _runtime.current()
     assert rt.tree is not None
-    host = 7
+    host = 8  # a top relay's host: hosts 8-11 go through it
+    assert rt.tree.top_of[(mesh.proc_mesh, mesh._refs[host * PROCS].agent)] == (
+        mesh._refs[host * PROCS].agent
+    )
     relay = rt.tree.relays[(mesh.proc_mesh, mesh._refs[host * PROCS].agent)]
     assert relay.rank // PROCS == host
     pid = mesh.slice(hosts=host, procs=relay.rank % PROCS).pid.call_one().get(timeout=30)
@@ -182,9 +192,24 @@ def test_a_relay_killed_mid_fanout_fails_its_host_never_hangs(
     assert got == [other]
     with pytest.raises(zmesh.SupervisionError):
         mesh.slice(hosts=host).nap.call(0).get(timeout=20)
-    assert mesh.slice(hosts=slice(8, 16)).nap.call(0).get(timeout=20).values() == list(
-        range(8 * PROCS, 16 * PROCS)
-    )
+    # Its other hosts too, through a new top relay on the same host.
+    below = mesh.slice(hosts=slice(9, 16)).nap.call(0).get(timeout=20).values()
+    assert below == list(range(9 * PROCS, 16 * PROCS))
+
+
+def test_an_agent_killed_fails_its_hosts_calls_within_the_liveness_deadline(
+    agents: list[AgentProcess], mesh: zmesh.ActorMesh[Wide]
+) -> None:
+    host = 12  # a top relay's host, with its agent: every proc there dies
+    call = mesh.slice(hosts=slice(12, 16)).nap.call(1.0)
+    agents[host].kill()
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.SupervisionError) as info:
+        call.get(timeout=20)
+    assert info.value.rank is not None and info.value.rank // PROCS == host
+    assert time.monotonic() - t0 < 4.0  # the agent's silence (1.2 s) plus slack
+    below = mesh.slice(hosts=slice(13, 16)).nap.call(0).get(timeout=20).values()
+    assert below == list(range(13 * PROCS, 16 * PROCS))
 
 
 def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
@@ -203,7 +228,7 @@ def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
         w.RelayTarget(relay.rank, relay.generation, agents[0].control),  # not its address
         w.RelayTarget(relay.rank, relay.generation + 1, relay.addr),  # not its generation
     ]
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(relay.addr)
     try:
@@ -218,8 +243,7 @@ def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
     finally:
         sock.close()
     assert sorted(answers) == [0, 1, 2]
-    assert all(a.type == "RelayRefused" for a in answers.values())
+    assert all(a.type == "RelayRefused" for a in answers.values()), answers
     # Nothing went anywhere: no actor ran note(-4242).
-    assert all(
-        1 not in s for s in mesh.slice(hosts=slice(0, 2)).seen.call().get(timeout=20).values()
-    )
+    seen = mesh.slice(hosts=slice(0, 2)).seen.call().get(timeout=20).values()
+    assert all(-4242 not in s for s in seen)

@@ -2,10 +2,14 @@
 
 The direct path sends a fan-out to every proc itself: N messages and N
 connections for N procs. On a wide mesh (``wide``) ``send`` instead groups
-the targets by host and sends one ``Relay`` to one proc of the mesh on each
-host (its *relay*, ``zmesh._host.relay``), which sends the request on to its
-host's targets and gathers their answers. The request itself is encoded
-once, as for the direct path, and the relay forwards it unchanged.
+the targets by host; each host has a *relay*, one proc of the mesh there
+(``zmesh._host.relay``), which sends the request on to its host's targets
+and gathers their answers. Hosts are grouped again under about sqrt(hosts)
+*top* relays (``ZMESH_TREE_BRANCH`` hosts each; 1: one level), so the
+client sends one ``Relay`` per top: 4 for 16 hosts, 32 for 1,000. A top
+relay sends its own host's part and one ``Relay`` to each of its other
+hosts' relays. The request is encoded once, as for the direct path, and
+every relay forwards it unchanged.
 
 Which path: ``ZMESH_FANOUT`` (``auto``, ``tree`` or ``direct``; or set
 ``MODE``); in ``auto`` a mesh takes the tree when it spans at least two
@@ -60,6 +64,8 @@ log = logging.getLogger("zmesh.tree")
 
 MODE = os.environ.get("ZMESH_FANOUT", "auto")
 MIN_PROCS = int(os.environ.get("ZMESH_TREE_MIN", "32"))
+# Hosts per top relay (0: about the square root of the mesh's hosts; 1: one level).
+BRANCH = int(os.environ.get("ZMESH_TREE_BRANCH", "0"))
 
 Deliver = Callable[[int, bool, Any], None]
 
@@ -188,6 +194,10 @@ class Tree:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.relays: dict[tuple[str, str], ProcRef] = {}  # (mesh, agent) -> its relay
+        # Two levels: (mesh, agent) -> the host (agent) whose relay its parts go through,
+        # and per mesh, each top's count of hosts.
+        self.top_of: dict[tuple[str, str], str] = {}
+        self.tops: dict[str, dict[str, int]] = {}
         self.by_addr: dict[str, set[Carrier]] = {}  # target address -> parts not settled
         # Direct messages waiting (in order) for relays to acknowledge:
         # (addresses, send, the future a failure of the send settles).
@@ -283,29 +293,67 @@ class Tree:
             finally:
                 self.bypass = False
         oneway = deliver is None
-        for agent, idx in groups.items():
-            self._send_part(req_id, refs, idx, agent, frames, oneway, deliver, timeout, block)
+        for top, parts in self._plan(refs[0].mesh, groups).items():
+            self._send_part(req_id, refs, top, parts, frames, oneway, deliver, timeout, block)
+
+    def _plan(
+        self, mesh: str, groups: dict[str, list[int]]
+    ) -> dict[str, list[tuple[str, list[int]]]]:
+        """Which hosts' parts go through which host's relay: ``{top: [hosts]}``.
+
+        A host joins a top relay once, for good (so its messages always take
+        the same way, in order): about sqrt(hosts) tops of about sqrt(hosts)
+        hosts each, so the client sends about sqrt(hosts) messages.
+        """
+        width = BRANCH or math.isqrt(max(len(groups), 1) - 1) + 1
+        plan: dict[str, list[str]] = {}
+        for agent in groups:
+            top = self.top_of.get((mesh, agent))
+            if top is None:
+                tops = self.tops.setdefault(mesh, {})
+                top = next((t for t, n in tops.items() if n < width), agent)
+                tops[top] = tops.get(top, 0) + 1
+                self.top_of[(mesh, agent)] = top
+            plan.setdefault(top, []).append(agent)
+        return {top: [(a, groups[a]) for a in agents] for top, agents in plan.items()}
 
     def _send_part(
-        self, req_id: int, refs: list[ProcRef], idx: list[int], agent: str, frames: list[Any], oneway: bool,
-        deliver: Deliver | None, timeout: float | None, block: bool,
+        self, req_id: int, refs: list[ProcRef], top: str, parts: list[tuple[str, list[int]]],
+        frames: list[Any], oneway: bool, deliver: Deliver | None, timeout: float | None,
+        block: bool,
     ) -> None:  # fmt: skip
         rt = self.rt
-        targets = [refs[i] for i in idx]
-        relay, c = self._relay_for(targets, agent)
+        mesh = refs[parts[0][1][0]].mesh
+        own = next((idx for a, idx in parts if a == top), [])
+        relay, c = self._relay_for([refs[i] for i in own], top, mesh)
         if relay is None or c is None:
-            for i, r in zip(idx, targets, strict=True):  # every candidate is broken
-                if deliver is not None:
-                    deliver(
-                        i, False, rt.conn(r).broken or ConnectionLostError("no relay", mesh=r.mesh)
+            for a, idx in parts:  # the top host has no relay: each host on its own
+                if a != top:
+                    self._send_part(
+                        req_id, refs, a, [(a, idx)], frames, oneway, deliver, timeout, block
                     )
+            for i in own:  # every candidate there is broken
+                if deliver is not None:
+                    r = refs[i]
+                    err = rt.conn(r).broken or ConnectionLostError("no relay", mesh=r.mesh)
+                    deliver(i, False, err)
             return
+        idx = list(own)
+        down = []
+        for a, part in parts:
+            if a == top:
+                continue
+            sub = self._sub_relay(mesh, a, [refs[i] for i in part])
+            hop = [w.RelayTarget(refs[i].rank, refs[i].generation, refs[i].addr) for i in part]
+            down.append(w.RelayHop(w.RelayTarget(sub.rank, sub.generation, sub.addr), hop))
+            idx.extend(part)
+        targets = [refs[i] for i in idx]
         for r in targets:
             rt.controller.watch(r)  # its failure must reach us: it has no connection here
         carrier = Carrier(self, relay, targets, idx, deliver, timeout)
-        where = [w.RelayTarget(r.rank, r.generation, r.addr) for r in targets]
+        where = [w.RelayTarget(refs[i].rank, refs[i].generation, refs[i].addr) for i in own]
         # The same id as the request in it: the relay matches answers by it.
-        msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway)
+        msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway, down)
         try:
             out = rt.codec.encode(msg, frames[1:])
         except EncodeError as exc:
@@ -334,10 +382,24 @@ class Tree:
         c.pending[req.id] = req
         c.bytes += size
 
-    def _relay_for(self, targets: list[ProcRef], agent: str) -> tuple[ProcRef | None, Any]:
+    def _sub_relay(self, mesh: str, agent: str, targets: list[ProcRef]) -> ProcRef:
+        """The relay of ``agent``'s host below a top relay (no connection from here)."""
+        rt = self.rt
+        key = (mesh, agent)
+        relay = self.relays.get(key)
+        for r in ([relay] if relay is not None else []) + targets:
+            c = rt.conns.get(r.addr)
+            if rt.controller.gone(r) is None and (c is None or c.broken is None):
+                self.relays[key] = r
+                return r
+        return targets[0]  # all broken: the top relay reports them lost
+
+    def _relay_for(
+        self, targets: list[ProcRef], agent: str, mesh: str
+    ) -> tuple[ProcRef | None, Any]:
         """The relay for ``targets`` (on one host) and the connection to it."""
         rt = self.rt
-        key = (targets[0].mesh, agent)
+        key = (mesh, agent)
         relay = self.relays.get(key)
         candidates = ([relay] if relay is not None else []) + targets
         for r in candidates:
@@ -418,6 +480,9 @@ class Tree:
 
     def broken(self, addr: str, error: ZmeshError, mesh: str | None) -> None:
         """Supervision says the proc at ``addr`` broke: its parts' answers fail now."""
+        for key, relay in list(self.relays.items()):
+            if relay.addr == addr:  # the next fan-out picks another relay there
+                del self.relays[key]
         parts = self.by_addr.get(addr)
         if not parts:
             return

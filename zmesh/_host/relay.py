@@ -55,7 +55,7 @@ _PROBE_ACTOR = "\x00relay-probe"
 class Forward:
     """One ``Relay`` being served: who asked, and the answers not sent back yet."""
 
-    __slots__ = ("forwarded", "id", "ident", "open", "out", "unproven")
+    __slots__ = ("forwarded", "hops", "id", "ident", "open", "out", "unproven")
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
         self.ident = ident
@@ -64,17 +64,31 @@ class Forward:
         self.out: list[tuple[int, Any, list[Any]]] = []  # (target index, answer, buffers)
         self.forwarded = False  # acknowledged to the sender
         self.unproven = 0  # links it went on that have not proved themselves yet
+        self.hops = 0  # relays below it that have not acknowledged yet
+
+
+class Hop:
+    """A ``Relay`` this relay sent on to a relay of another host."""
+
+    __slots__ = ("acked", "fwd", "offset", "remaining")
+
+    def __init__(self, fwd: Forward, offset: int, n: int, oneway: bool) -> None:
+        self.fwd = fwd
+        self.offset = offset  # where its targets' indexes start in ``fwd``'s
+        self.remaining: set[int] = set() if oneway else set(range(n))
+        self.acked = False
 
 
 class Link:
     """One sender's DEALER to one local proc, and what waits for answers on it."""
 
-    __slots__ = ("addr", "pending", "proven", "sock", "waiting_proof")
+    __slots__ = ("addr", "hops", "pending", "proven", "sock", "waiting_proof")
 
     def __init__(self, addr: str, sock: AsyncSocket) -> None:
         self.addr = addr
         self.sock = sock
         self.pending: dict[int, tuple[Forward, int]] = {}  # request id -> (forward, target index)
+        self.hops: dict[int, Hop] = {}  # request id -> a Relay sent on (to another relay)
         self.proven = False
         self.waiting_proof: list[Forward] = []
 
@@ -138,7 +152,8 @@ class RelayServer:
                 self._forward(ident, msg, frames)
 
     def _forward(self, ident: bytes, msg: w.Relay, frames: list[Any]) -> None:
-        fwd = Forward(ident, msg.id, 0 if msg.oneway else len(msg.targets))
+        total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
+        fwd = Forward(ident, msg.id, 0 if msg.oneway else total)
         out = [msg.body, *frames[1:]]
         for k, t in enumerate(msg.targets):
             if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
@@ -155,7 +170,22 @@ class RelayServer:
             if not link.proven:
                 fwd.unproven += 1
                 link.waiting_proof.append(fwd)
-        if not fwd.unproven:
+        offset = len(msg.targets)
+        for hop in msg.down:  # the next level: its relay checks its own targets
+            if msg.mesh != self.server.mesh:
+                break  # (every target was refused above; these are refused below)
+            link = self._link(ident, hop.relay.addr)
+            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway)
+            link.sock.send(self.server.codec.encode(nested, frames[1:]))
+            self.forwarded += 1
+            link.hops[msg.id] = Hop(fwd, offset, len(hop.targets), msg.oneway)
+            fwd.hops += 1
+            offset += len(hop.targets)
+        if msg.mesh != self.server.mesh and not msg.oneway:
+            for k in range(len(msg.targets), total):
+                why = f"this relay serves {self.server.mesh}, not {msg.mesh}"
+                self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+        if not fwd.unproven and not fwd.hops:
             self._acknowledge(fwd)
 
     def _acknowledge(self, fwd: Forward) -> None:
@@ -190,6 +220,9 @@ class RelayServer:
                 if m.id < 0:  # the answer to our probe: the link is connected
                     self._proven(link)
                     continue
+                if type(m) is w.RelayReply:
+                    self._from_hop(link, m, bufs)
+                    continue
                 entry = link.pending.pop(m.id, None)
                 if entry is not None:
                     self._answer(entry[0], entry[1], m, list(bufs))
@@ -197,11 +230,43 @@ class RelayServer:
 
         return on_answer
 
+    def _from_hop(self, link: Link, m: w.RelayReply, bufs: list[Any]) -> None:
+        """What a relay below sent back: its answers join ours, re-indexed."""
+        hop = link.hops.get(m.id)
+        if hop is None:
+            return
+        fwd = hop.fwd
+        pos = 0
+        for k, answer, nbuf in zip(m.index, m.answers, m.nbufs, strict=False):
+            if k in hop.remaining:
+                hop.remaining.discard(k)
+                fwd.open -= 1
+                fwd.out.append((hop.offset + k, answer, list(bufs[pos : pos + nbuf])))
+            pos += nbuf
+        for k in m.lost:
+            if k in hop.remaining:
+                hop.remaining.discard(k)
+                fwd.open -= 1
+                fwd.out.append((hop.offset + k, None, []))
+        if m.forwarded:
+            self._hop_acked(hop)
+        if m.done:
+            del link.hops[m.id]
+        self._schedule(fwd)
+
+    def _hop_acked(self, hop: Hop) -> None:
+        if not hop.acked:
+            hop.acked = True
+            fwd = hop.fwd
+            fwd.hops -= 1
+            if not fwd.hops and not fwd.unproven and not fwd.forwarded:
+                self._acknowledge(fwd)
+
     def _proven(self, link: Link) -> None:
         link.proven = True
         for fwd in link.waiting_proof:
             fwd.unproven -= 1
-            if not fwd.unproven and not fwd.forwarded:
+            if not fwd.unproven and not fwd.hops and not fwd.forwarded:
                 self._acknowledge(fwd)
         link.waiting_proof.clear()
 
@@ -212,6 +277,14 @@ class RelayServer:
             fwd.open -= 1
             fwd.out.append((k, None, []))
             self._schedule(fwd)
+        hops, link.hops = link.hops, {}
+        for hop in hops.values():
+            for k in sorted(hop.remaining):
+                hop.fwd.open -= 1
+                hop.fwd.out.append((hop.offset + k, None, []))
+            hop.remaining.clear()
+            self._hop_acked(hop)
+            self._schedule(hop.fwd)
         # Replaced: a new connection, proved again before anything is acknowledged.
         for key, value in list(self.links.items()):
             if value is link:

@@ -461,19 +461,30 @@ class RelayTarget(msgspec.Struct, frozen=True, array_like=True):
     addr: Text
 
 
+class RelayHop(msgspec.Struct, frozen=True, array_like=True):
+    """A relay on another host and its targets there: one more level of the tree."""
+
+    relay: RelayTarget
+    targets: Annotated[list[RelayTarget], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+
+
 class Relay(Message, frozen=True):
     """Send ``body`` (and this message's buffer frames) to each of ``targets``.
 
     ``body`` is an encoded per-proc request with the same ``id`` that expects
-    one answer (a ``Reply`` or ``Failure``) unless ``oneway``. The relay acknowledges the
-    forwarding with a ``RelayReply`` (``forwarded``) and gathers the answers.
+    one answer (a ``Reply`` or ``Failure``) unless ``oneway``. ``down``: relays
+    on other hosts this relay sends a ``Relay`` of their targets to (with no
+    ``down`` of its own: two levels at most). Answers are indexed over
+    ``targets`` then each hop's targets, in order. The relay acknowledges
+    the forwarding with a ``RelayReply`` (``forwarded``) and gathers the answers.
     """
 
     id: int
     mesh: Name
-    targets: Annotated[list[RelayTarget], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+    targets: Annotated[list[RelayTarget], msgspec.Meta(max_length=MAX_RANKS_PER_HOST)]
     body: bytes
     oneway: bool = False
+    down: Annotated[list[RelayHop], msgspec.Meta(max_length=4096)] = []
 
 
 class RelayReply(Message, frozen=True):
