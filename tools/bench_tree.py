@@ -50,16 +50,19 @@ def _counts() -> tuple[int, int]:
     return sum(s.sent for s in socks), sum(s.received for s in socks)
 
 
-async def _timed(op: Any, n: int) -> tuple[float, float, float]:
-    """p50 in µs of ``await op()``, and client messages sent and received per op."""
+async def _timed(op: Any, n: int) -> tuple[float, float, float, float]:
+    """p50 in µs of ``await op()``; client messages sent and received, and
+    client CPU µs, per op."""
     samples = []
     s0, r0 = _counts()
+    c0 = time.process_time()
     for _ in range(n):
         t = time.perf_counter()
         await op()
         samples.append((time.perf_counter() - t) * 1e6)
+    cpu = (time.process_time() - c0) / n * 1e6
     s1, r1 = _counts()
-    return statistics.median(samples), (s1 - s0) / n, (r1 - r0) / n
+    return statistics.median(samples), (s1 - s0) / n, (r1 - r0) / n, cpu
 
 
 async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any]:
@@ -86,11 +89,12 @@ async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any
                 key = "flat" if mode == "direct" else "tree"
                 row = res[key]
                 for name, op in (("call", mesh.ping.call), ("bcast_call", bcast_call)):
-                    p50, sent, recv = await _timed(op, n)
+                    p50, sent, recv, cpu = await _timed(op, n)
                     row.setdefault(f"{name}_p50_us", []).append(p50)
+                    row.setdefault(f"{name}_client_cpu_us", []).append(cpu)
                     row.setdefault(f"{name}_sent", []).append(sent)
                     row.setdefault(f"{name}_received", []).append(recv)
-                _, sent, _ = await _timed(bcast, n)
+                _, sent, _, _ = await _timed(bcast, n)
                 await mesh.ping.call()  # the broadcasts have run
                 row.setdefault("bcast_sent", []).append(sent)
     finally:
@@ -127,6 +131,7 @@ def render(res: dict[str, Any]) -> None:
         ("bcast_sent", "client msgs sent per broadcast"),
         ("call_sent", "client msgs sent per call()"),
         ("call_received", "client msgs received per call()"),
+        ("call_client_cpu_us", "client CPU per call() µs"),
         ("call_p50_us", "call() p50 µs"),
         ("bcast_call_p50_us", "broadcast+call() p50 µs"),
     ):

@@ -140,7 +140,7 @@ class Carrier:
     call (``set_exception``), and the relay's messages come to ``on_message``.
     """
 
-    __slots__ = ("acked", "deliver", "index", "open", "refs", "relay", "req", "timeout", "tree")
+    __slots__ = ("deliver", "index", "open", "refs", "relay", "req", "timeout", "tree", "unacked")
 
     def __init__(
         self, tree: Tree, relay: ProcRef, refs: list[ProcRef], index: list[int],
@@ -153,13 +153,14 @@ class Carrier:
         self.deliver = deliver
         self.timeout = timeout
         self.open: set[int] = set(range(len(refs))) if deliver is not None else set()
-        self.acked = False
+        # Targets whose forwarding the relay has not acknowledged (see Tree.defer).
+        self.unacked: set[int] = set(range(len(refs)))
         self.req: OneRequest | None = None
 
     # The part of a future the runtime uses (zmesh._client.inflight.Sink).
 
     def done(self) -> bool:
-        return self.acked and not self.open
+        return not self.open and not self.unacked
 
     def cancelled(self) -> bool:
         return False
@@ -184,8 +185,20 @@ class Carrier:
             self._maybe_done()
 
     def _maybe_done(self) -> None:
-        if self.done() and self.req is not None and self.req.timer is not None:
-            self.req.timer.cancel()
+        """Done (every target answered or failed, and forwarded or broken): let go.
+
+        What the relay still sends for it (a target supervision failed may
+        answer after all) finds no request and is dropped.
+        """
+        req = self.req
+        if not self.done() or req is None:
+            return
+        if req.timer is not None:
+            req.timer.cancel()
+        if req.conn.pending.get(req.id) is req:
+            del req.conn.pending[req.id]
+            req.conn.bytes -= req.size
+            req.size = 0
 
 
 class Tree:
@@ -371,8 +384,7 @@ class Tree:
         _count(self.unacked, addrs, 1)
         _count(rt.held, addrs, 1)  # later direct messages to them wait (see defer)
         for r in targets:
-            if deliver is not None:
-                self.by_addr.setdefault(r.addr, set()).add(carrier)
+            self.by_addr.setdefault(r.addr, set()).add(carrier)
         self._relay_messages += 1
         self._relayed += len(targets)
         if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and over(c, size)):
@@ -420,11 +432,8 @@ class Tree:
             return
         req.size = 0  # its arguments have arrived
         if not msg.done:
-            conn.pending[msg.id] = req  # more comes for it
-        elif req.timer is not None and not carrier.open:
-            req.timer.cancel()
-        if msg.forwarded and not carrier.acked:
-            carrier.acked = True
+            conn.pending[msg.id] = req  # more comes for it (unless it is done: below)
+        if msg.forwarded and carrier.unacked:
             self._release_targets(carrier)
         pos = 1
         for k, answer, nbuf in zip(msg.index, msg.answers, msg.nbufs, strict=False):
@@ -440,6 +449,7 @@ class Tree:
             # The relay is done, but some answers never came (garbled): fail them.
             for k in list(carrier.open):
                 self.rt.loop.call_later(DISCONNECT_GRACE, self._lost, carrier, k)
+        carrier._maybe_done()
 
     def _lost(self, carrier: Carrier, k: int) -> None:
         ref = carrier.refs[k]
@@ -450,8 +460,13 @@ class Tree:
             log_path=ref.log_path or None,
         ))  # fmt: skip
 
-    def _release_targets(self, carrier: Carrier) -> None:
-        self._release_unacked([r.addr for r in carrier.refs])
+    def _release_targets(self, carrier: Carrier, ks: list[int] | None = None) -> None:
+        """The relay forwarded to ``carrier``'s targets ``ks`` (default: all left)."""
+        ks = sorted(carrier.unacked) if ks is None else ks
+        carrier.unacked.difference_update(ks)
+        for k in ks:
+            self.untrack(carrier, k)
+        self._release_unacked([carrier.refs[k].addr for k in ks])
 
     def _release_unacked(self, addrs: list[str]) -> None:
         _count(self.unacked, addrs, -1)
@@ -459,6 +474,8 @@ class Tree:
         self._run_queue()
 
     def untrack(self, carrier: Carrier, k: int) -> None:
+        if k in carrier.open or k in carrier.unacked:
+            return  # still waits for something
         addr = carrier.refs[k].addr
         parts = self.by_addr.get(addr)
         if parts is not None:
@@ -472,14 +489,14 @@ class Tree:
         for k in sorted(carrier.open):
             ref = carrier.refs[k]
             carrier.settle(k, False, _for_target(error, relay, ref, carrier.timeout))
-        if not carrier.acked:
-            carrier.acked = True
+        if carrier.unacked:
             self._release_targets(carrier)
         if isinstance(error, ZmeshError) and self.relays.get((relay.mesh, relay.agent)) == relay:
             del self.relays[(relay.mesh, relay.agent)]  # the next fan-out picks another
 
     def broken(self, addr: str, error: ZmeshError, mesh: str | None) -> None:
-        """Supervision says the proc at ``addr`` broke: its parts' answers fail now."""
+        """Supervision says the proc at ``addr`` broke: its parts' answers fail now,
+        and nothing waits any more for it to be forwarded to."""
         for key, relay in list(self.relays.items()):
             if relay.addr == addr:  # the next fan-out picks another relay there
                 del self.relays[key]
@@ -487,9 +504,13 @@ class Tree:
         if not parts:
             return
         for carrier in list(parts):
-            for k, r in enumerate(carrier.refs):
-                if r.addr == addr and (mesh is None or r.mesh == mesh):
+            ks = [k for k, r in enumerate(carrier.refs) if r.addr == addr]
+            ks = [k for k in ks if mesh is None or carrier.refs[k].mesh == mesh]
+            for k in ks:
+                if k in carrier.open:
                     carrier.settle(k, False, error)
+            self._release_targets(carrier, [k for k in ks if k in carrier.unacked])
+            carrier._maybe_done()
 
 
 def _count(counts: dict[str, int], addrs: list[str], step: int) -> None:
