@@ -435,6 +435,9 @@ class Tree:
             conn.pending[msg.id] = req  # more comes for it (unless it is done: below)
         if msg.forwarded and carrier.unacked:
             self._release_targets(carrier)
+        elif msg.acked:  # a part of the tree acknowledged before the rest
+            ks = [k for k in msg.acked if k in carrier.unacked]
+            self._release_targets(carrier, ks)
         pos = 1
         for k, answer, nbuf in zip(msg.index, msg.answers, msg.nbufs, strict=False):
             if 0 <= k < len(carrier.refs):

@@ -55,7 +55,7 @@ _PROBE_ACTOR = "\x00relay-probe"
 class Forward:
     """One ``Relay`` being served: who asked, and the answers not sent back yet."""
 
-    __slots__ = ("forwarded", "hops", "id", "ident", "open", "out", "unproven")
+    __slots__ = ("acks", "forwarded", "hops", "id", "ident", "local", "open", "out", "unproven")
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
         self.ident = ident
@@ -65,15 +65,18 @@ class Forward:
         self.forwarded = False  # acknowledged to the sender
         self.unproven = 0  # links it went on that have not proved themselves yet
         self.hops = 0  # relays below it that have not acknowledged yet
+        self.local = 0  # its own host's targets (the first indexes)
+        self.acks: list[int] = []  # targets acknowledged since the last RelayReply
 
 
 class Hop:
     """A ``Relay`` this relay sent on to a relay of another host."""
 
-    __slots__ = ("acked", "fwd", "offset", "remaining")
+    __slots__ = ("acked", "fwd", "n", "offset", "remaining")
 
     def __init__(self, fwd: Forward, offset: int, n: int, oneway: bool) -> None:
         self.fwd = fwd
+        self.n = n
         self.offset = offset  # where its targets' indexes start in ``fwd``'s
         self.remaining: set[int] = set() if oneway else set(range(n))
         self.acked = False
@@ -154,6 +157,7 @@ class RelayServer:
     def _forward(self, ident: bytes, msg: w.Relay, frames: list[Any]) -> None:
         total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
         fwd = Forward(ident, msg.id, 0 if msg.oneway else total)
+        fwd.local = len(msg.targets)
         out = [msg.body, *frames[1:]]
         for k, t in enumerate(msg.targets):
             if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
@@ -181,12 +185,14 @@ class RelayServer:
             link.hops[msg.id] = Hop(fwd, offset, len(hop.targets), msg.oneway)
             fwd.hops += 1
             offset += len(hop.targets)
-        if msg.mesh != self.server.mesh and not msg.oneway:
+        if msg.mesh != self.server.mesh:
+            fwd.acks.extend(range(len(msg.targets), total))  # nothing sent there
             for k in range(len(msg.targets), total):
                 why = f"this relay serves {self.server.mesh}, not {msg.mesh}"
-                self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
-        if not fwd.unproven and not fwd.hops:
-            self._acknowledge(fwd)
+                if not msg.oneway:
+                    self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+        if not fwd.unproven:
+            self._local_acked(fwd)
 
     def _acknowledge(self, fwd: Forward) -> None:
         fwd.forwarded = True
@@ -254,20 +260,31 @@ class RelayServer:
             del link.hops[m.id]
         self._schedule(fwd)
 
+    def _local_acked(self, fwd: Forward) -> None:
+        """Our own host's part is on proven links: say so now (a hop may take longer)."""
+        fwd.acks.extend(range(fwd.local))
+        if not fwd.hops:
+            self._acknowledge(fwd)
+        else:
+            self._schedule(fwd)
+
     def _hop_acked(self, hop: Hop) -> None:
         if not hop.acked:
             hop.acked = True
             fwd = hop.fwd
             fwd.hops -= 1
+            fwd.acks.extend(range(hop.offset, hop.offset + hop.n))
             if not fwd.hops and not fwd.unproven and not fwd.forwarded:
                 self._acknowledge(fwd)
+            else:
+                self._schedule(fwd)
 
     def _proven(self, link: Link) -> None:
         link.proven = True
         for fwd in link.waiting_proof:
             fwd.unproven -= 1
-            if not fwd.unproven and not fwd.hops and not fwd.forwarded:
-                self._acknowledge(fwd)
+            if not fwd.unproven and not fwd.forwarded:
+                self._local_acked(fwd)
         link.waiting_proof.clear()
 
     def _lost(self, link: Link) -> None:
@@ -324,7 +341,8 @@ class RelayServer:
             answers.append(answer)
             nbufs.append(len(bufs))
             frames.extend(bufs)
-        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done)
+        acks, fwd.acks = fwd.acks, []
+        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks)
         try:
             env = self.server.codec.encode(msg, frames)
         except Exception as exc:  # too big together: each answer alone

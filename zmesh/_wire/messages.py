@@ -492,8 +492,9 @@ class RelayReply(Message, frozen=True):
 
     ``answers[k]`` is target ``index[k]``'s answer; its buffer frames (``nbufs[k]``
     of them) follow this envelope in order. ``lost``: targets whose
-    connection dropped with the request on it. ``forwarded``: the relay sent
-    the request to every target. ``done``: nothing more comes for this id.
+    connection dropped with the request on it. ``acked``: targets the
+    request was sent to since the last ``RelayReply``; ``forwarded``: to
+    every target. ``done``: nothing more comes for this id.
     """
 
     id: int
@@ -503,6 +504,7 @@ class RelayReply(Message, frozen=True):
     lost: list[int] = []
     forwarded: bool = False
     done: bool = False
+    acked: list[int] = []  # targets forwarded to (a part of the tree may lag)
 
 
 # Messages that carry a request id in their first field and expect an
