@@ -232,6 +232,8 @@ class Connections:
         still on them fails with ``error``."""
         for c in [c for c in self.conns.values() if c.mesh == mesh]:
             self._drop(c, error)
+        if self.tree is not None:
+            self.tree.forget(mesh)
 
     def _drop(self, c: ProcConn, error: ZmeshError) -> None:
         if self.conns.get(c.ref.addr) is c:

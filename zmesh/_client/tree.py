@@ -217,6 +217,9 @@ class Tree:
         self.queue: deque[tuple[list[str], Callable[[], Any], Sink | None]] = deque()
         self.unacked: dict[str, int] = {}  # address -> relay messages not acknowledged
         self.bypass = False
+        # Per proc, made once: its wire form, and that supervision follows it.
+        self.targets: dict[ProcRef, w.RelayTarget] = {}
+        self.watched: set[ProcRef] = set()
         self._fanouts = self._relay_messages = self._relayed = self._direct = self._deferred = 0
 
     def statistics(self) -> TreeStatistics:
@@ -357,14 +360,16 @@ class Tree:
             if a == top:
                 continue
             sub = self._sub_relay(mesh, a, [refs[i] for i in part])
-            hop = [w.RelayTarget(refs[i].rank, refs[i].generation, refs[i].addr) for i in part]
-            down.append(w.RelayHop(w.RelayTarget(sub.rank, sub.generation, sub.addr), hop))
+            hop = [self._target(refs[i]) for i in part]
+            down.append(w.RelayHop(self._target(sub), hop))
             idx.extend(part)
         targets = [refs[i] for i in idx]
         for r in targets:
-            rt.controller.watch(r)  # its failure must reach us: it has no connection here
+            if r not in self.watched:  # its failure must reach us: it has no connection here
+                rt.controller.watch(r)
+                self.watched.add(r)
         carrier = Carrier(self, relay, targets, idx, deliver, timeout)
-        where = [w.RelayTarget(refs[i].rank, refs[i].generation, refs[i].addr) for i in own]
+        where = [self._target(refs[i]) for i in own]
         # The same id as the request in it: the relay matches answers by it.
         msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway, down)
         try:
@@ -393,6 +398,22 @@ class Tree:
         c.sock.send(out)
         c.pending[req.id] = req
         c.bytes += size
+
+    def forget(self, mesh: str) -> None:
+        """``mesh`` is over (released): drop what was kept for it."""
+        for ref in [r for r in self.targets if r.mesh == mesh]:
+            del self.targets[ref]
+        self.watched = {r for r in self.watched if r.mesh != mesh}
+        for d in (self.relays, self.top_of):
+            for key in [k for k in d if k[0] == mesh]:
+                del d[key]
+        self.tops.pop(mesh, None)
+
+    def _target(self, ref: ProcRef) -> w.RelayTarget:
+        t = self.targets.get(ref)
+        if t is None:
+            t = self.targets[ref] = w.RelayTarget(ref.rank, ref.generation, ref.addr)
+        return t
 
     def _sub_relay(self, mesh: str, agent: str, targets: list[ProcRef]) -> ProcRef:
         """The relay of ``agent``'s host below a top relay (no connection from here)."""
