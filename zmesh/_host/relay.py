@@ -102,7 +102,10 @@ class RelayServer:
     def __init__(self, server: ProcServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.codec = Codec(w.CLIENT_INBOX)
+        # Answers pass through: buffer references stay as they are, and an
+        # answer with buffer frames goes back alone, its frames numbered as
+        # the proc numbered them (see _flush).
+        self.codec = Codec(w.CLIENT_INBOX, keep_ext=True)
         self.links: dict[tuple[bytes, str], Link] = {}
         self.known: dict[int, tuple[int, str]] = {}  # rank -> (generation, addr), this host
         self._agent: AgentClient | None = None
@@ -325,10 +328,15 @@ class RelayServer:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
+            alone = [o for o in fwd.out if o[2]]  # with buffer frames: one per message
+            gathered = [o for o in fwd.out if not o[2]]
+            fwd.out = []
+            for one in alone:
+                self._send_back(fwd, [one], done=False)
             while True:
-                out, fwd.out = fwd.out[:MAX_ANSWERS], fwd.out[MAX_ANSWERS:]
-                self._send_back(fwd, out, done=not fwd.out and fwd.open <= 0 and fwd.forwarded)
-                if not fwd.out:
+                out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
+                self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
+                if not gathered:
                     break
 
     def _send_back(self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool) -> None:
