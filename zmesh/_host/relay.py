@@ -47,6 +47,9 @@ log = logging.getLogger("zmesh.relay")
 
 # Answers gathered into one RelayReply, at most (the rest go in the next).
 MAX_ANSWERS = 256
+# A call's acknowledgements wait this long (s) for answers to travel with
+# them: one message to the sender instead of two. A oneway's go at once.
+ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
 _PROBE_ACTOR = "\x00relay-probe"
@@ -55,7 +58,9 @@ _PROBE_ACTOR = "\x00relay-probe"
 class Forward:
     """One ``Relay`` being served: who asked, and the answers not sent back yet."""
 
-    __slots__ = ("acks", "forwarded", "hops", "id", "ident", "local", "open", "out", "unproven")
+    __slots__ = (
+        "acks", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out", "unproven",
+    )  # fmt: skip
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
         self.ident = ident
@@ -67,6 +72,7 @@ class Forward:
         self.hops = 0  # relays below it that have not acknowledged yet
         self.local = 0  # its own host's targets (the first indexes)
         self.acks: list[int] = []  # targets acknowledged since the last RelayReply
+        self.lingering = False  # acknowledgements wait for answers to ride on (ACK_LINGER)
 
 
 class Hop:
@@ -328,6 +334,11 @@ class RelayServer:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
+            if not fwd.out and fwd.open > 0:  # only acknowledgements, and answers to come
+                if not fwd.lingering:
+                    fwd.lingering = True
+                    self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
+                continue
             alone = [o for o in fwd.out if o[2]]  # with buffer frames: one per message
             gathered = [o for o in fwd.out if not o[2]]
             fwd.out = []
@@ -338,6 +349,11 @@ class RelayServer:
                 self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
                 if not gathered:
                     break
+
+    def _linger_over(self, fwd: Forward) -> None:
+        fwd.lingering = False
+        if fwd.acks and fwd.open > 0:  # no answer came to carry them
+            self._send_back(fwd, [], done=False)
 
     def _send_back(self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool) -> None:
         index, answers, nbufs, lost, frames = [], [], [], [], []
