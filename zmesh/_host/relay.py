@@ -7,13 +7,21 @@ sent them), to each target, and gathers their answers into ``RelayReply``
 messages: every answer that arrived in one turn of the loop goes back as one
 message, so a dead or slow target does not hold the others' answers.
 
-Security. A relay adds no reach: it accepts ``Relay`` on the proc's own
-ROUTER (the same CURVE keys and ZAP allow-list as every call), and forwards
-only to procs of its own mesh on its own host, as its agent knows them
-(rank, generation and address, from ``GetState``); any peer allowed to send
-it a ``Relay`` may call those procs directly anyway. A target that is not
-such a proc gets a ``Failure`` and nothing is sent to it, so a relay cannot
-be turned into a way to reach other sockets with the host's keys.
+Two levels: a *top* relay is also given relays of other hosts (``down``);
+it sends each one a ``Relay`` of its targets (with no ``down``: no deeper)
+and merges what comes back into its own answers, re-indexed.
+
+Security. A relay accepts ``Relay`` on the proc's own ROUTER (the same CURVE
+keys and ZAP allow-list as every call), and forwards the request only to
+procs of its own mesh on its own host, as its agent knows them (rank,
+generation and address, from ``GetState``); any peer allowed to send it a
+``Relay`` may call those procs directly anyway. A target that is not such a
+proc gets a ``Failure`` and nothing is sent to it. The one address a relay
+sends to unchecked is a hop's relay (its agent knows no other host): what
+it sends there is a ``Relay`` of this mesh, which a relay of another mesh
+refuses and which checks its own targets the same way; and whoever may
+reach a proc already runs code with the host's keys (``pickle.loads``), so
+that gives no one a reach they did not have.
 
 Order. Each sender gets its own connection to each target (a *link*), so
 messages from one sender to one actor stay in the order the sender sent
