@@ -48,6 +48,10 @@ class Wide(zmesh.Actor):
         return list(self.notes)
 
     @zmesh.endpoint
+    def echo(self, data: bytearray) -> bytearray:
+        return data
+
+    @zmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -150,6 +154,14 @@ def test_broadcast_and_call_send_one_message_per_host(
     assert forwarded == want
     assert all(calls_of(p, "note") == rounds + 1 for p in stats.values())
     assert all(calls_of(p, "seen") == 1 for p in stats.values() if p.rank != len(stats) - 1)
+
+
+def test_large_values_come_back_through_relays_as_they_were_sent(
+    mesh: zmesh.ActorMesh[Wide],
+) -> None:
+    big = bytearray(b"z" * (256 << 10))  # out-of-band frames, through two relays
+    got = mesh.slice(hosts=slice(0, 8)).echo.call(big).get(timeout=30).values()
+    assert all(type(v) is bytearray and v == big for v in got)
 
 
 def test_a_dead_proc_behind_a_relay_fails_its_rank_fast(mesh: zmesh.ActorMesh[Wide]) -> None:
