@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import bench_tree  # tools/: the tree vs flat rows
 import zmq
 
 import zmesh
@@ -967,6 +968,16 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
     console.print(tt)
 
 
+def _tree_rows(wanted: bool, rounds: int) -> dict[str, Any]:
+    """Tree vs flat fan-out on 16 loopback agents x 4 procs (tools/bench_tree.py)."""
+    if not wanted:
+        return {}
+    log("tree vs flat fan-out: 16 agents x 4 procs")
+    tree = bench_tree.measure(16, 4, rounds=rounds, n=50 if rounds == 1 else 100)
+    zmesh.shutdown()
+    return {"tree": tree}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run")
@@ -975,6 +986,7 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true", help="skip Ray even when installed")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables (for docs)")
     ap.add_argument("--from-json", metavar="PATH", help="print the tables of a saved run; no run")
+    ap.add_argument("--tree", action="store_true", help="tree vs flat rows in quick mode too")
     args = ap.parse_args()
     if args.from_json:
         with open(args.from_json) as f:
@@ -1003,11 +1015,14 @@ def main() -> None:
         "elapsed_s": time.time() - started,
         "ray": ray,
         **summarize(res, ray),
+        **_tree_rows(args.tree or mode == "full", 1 if args.quick else 3),
         "rounds": res["rounds"],
         "cold": res["cold"],
         "rss_mb": res["rss_mb"],
     }
     render(report, markdown=args.markdown)
+    if "tree" in report:
+        bench_tree.render(report["tree"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2, default=float)

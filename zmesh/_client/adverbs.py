@@ -24,6 +24,7 @@ from zmesh._client import grouping as _grouping
 from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
+from zmesh._client import tree as _tree
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
 from zmesh._client.pending import NotReady
@@ -380,6 +381,7 @@ class EndpointRef(Generic[R]):
         msg = self._call_msg(payload)
         points = mesh.points()
         dims = mesh.sizes
+        wide = _tree.wide(mesh)  # one message per host, through relays
 
         def start(rt: Runtime, fut: Sink) -> None:
             results: list[Any] = [None] * len(refs)
@@ -399,6 +401,8 @@ class EndpointRef(Generic[R]):
 
             if not refs:
                 fut.set_result(ValueMesh(dims, [], []))
+            elif wide:
+                _tree.send(rt, refs, msg, buffers, deliver, self._timeout, self._block)
             else:
                 rt.send(refs, msg, buffers, deliver, self._timeout, self._block)
 
@@ -411,7 +415,11 @@ class EndpointRef(Generic[R]):
         msg = self._call_msg(payload, oneway=True)
         refs = self._mesh._refs
         rt, here = _runtime.current()
-        rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=(r.addr for r in refs))
+        targets = (r.addr for r in refs)
+        if refs and _tree.wide(self._mesh):  # one message per host, through relays
+            rt.dispatch(_tree.send, rt, refs, msg, buffers, None, here=here, targets=targets)
+            return
+        rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=targets)
 
     @_deferrable("stream")
     def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from zmesh._client.controller import Controller
     from zmesh._client.lanes import SyncCall
     from zmesh._client.runtime import ProcRef
+    from zmesh._client.tree import Tree
 
 
 # Calls sent on one proc connection and not answered yet, at most: a tenth
@@ -186,6 +187,7 @@ class Connections:
         controller: Controller
         sync_lock: threading.Lock
         sync_calls: dict[str, set[SyncCall]]
+        tree: Tree | None
 
         def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None: ...
 
@@ -230,6 +232,8 @@ class Connections:
         still on them fails with ``error``."""
         for c in [c for c in self.conns.values() if c.mesh == mesh]:
             self._drop(c, error)
+        if self.tree is not None:
+            self.tree.forget(mesh)
 
     def _drop(self, c: ProcConn, error: ZmeshError) -> None:
         if self.conns.get(c.ref.addr) is c:
@@ -274,6 +278,8 @@ class Connections:
                 another mesh is left alone, unless ``mesh`` is healthy there
                 now: then the other's proc is gone (its port was reused).
         """
+        if self.tree is not None and error is not None:  # its calls behind relays fail too
+            self.tree.broken(addr, error, mesh)
         c = self.conns.get(addr)
         if c is None:
             return

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
     from zmesh._client.controller import Controller
     from zmesh._client.lanes import SyncCall
+    from zmesh._client.tree import Tree
 
 
 class ProcRef(msgspec.Struct, frozen=True):
@@ -92,6 +94,10 @@ class Runtime(Connections):
         # address: supervision fails them with the connection's calls.
         self.sync_lock = threading.Lock()
         self.sync_calls: dict[str, set[SyncCall]] = {}
+        # Tree fan-out (zmesh._client.tree), made on first use; ``held``: the
+        # proc addresses whose direct messages must wait for it (usually none).
+        self.tree: Tree | None = None
+        self.held: dict[str, int] = {}
 
     def dispatch(
         self,
@@ -147,6 +153,10 @@ class Runtime(Connections):
         Raises:
             EncodeError: a part of the message is over the size limit.
         """
+        if self.held and ref.addr in self.held:  # an earlier tree fan-out is not forwarded yet
+            args = (ref, actor, method, payload, buffers, deadline, fut, timeout, block)
+            if self.tree.defer([ref.addr], functools.partial(self.call, *args), fut):  # type: ignore[union-attr]
+                return
         c = self.conns.get(ref.addr)
         if c is None or c.mesh != ref.mesh:
             c = self.conn(ref)
@@ -179,6 +189,10 @@ class Runtime(Connections):
     def post(self, c: ProcConn, frames: list[Any], req: OneRequest, block: bool = True) -> None:
         """Send ``req`` (encoded as ``frames``) on ``c``, or queue it behind the
         in-flight limits as ``call`` does; ``c`` is not broken."""
+        if self.held and c.ref.addr in self.held:  # see call()
+            again = functools.partial(self.post, c, frames, req, block)
+            if self.tree.defer([c.ref.addr], again, req.fut):  # type: ignore[union-attr]
+                return
         if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (req.size and over(c, req.size)):
             wait(c, frames, req, 0, block)
             return
@@ -224,6 +238,11 @@ class Runtime(Connections):
         to every target (raised, for a oneway). Targets that are several
         actors of one proc get one message per proc (``zmesh._client.grouping``).
         """
+        held = self.held
+        if held and any(r.addr in held for r in refs):  # see call()
+            again = functools.partial(self.send, refs, msg_for, buffers, deliver, timeout, block)
+            if self.tree.defer([r.addr for r in refs], again):  # type: ignore[union-attr]
+                return 0
         if refs and refs[0].index >= 0:
             return _grouping.send(self, refs, msg_for, buffers, deliver, timeout, block)
         req_id = next(self._ids)

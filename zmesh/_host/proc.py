@@ -37,6 +37,7 @@ from zmesh._host import procboot as _procboot
 from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
 from zmesh._host.mailbox import Mailbox
+from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._wire import excpickle as _excpickle
@@ -80,6 +81,7 @@ class ProcServer:
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
         self.sampler = _stats.ProcSampler()
         self.producers = Producers(self)  # generator endpoints' streams
+        self.relay: RelayServer | None = None  # made on the first tree fan-out message
 
     def statistics(self) -> _stats.ProcStatistics:
         """This proc (pid, CPU %, RSS, uptime) and its actors, as a frozen record."""
@@ -87,6 +89,7 @@ class ProcServer:
         return _stats.ProcStatistics(
             self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
             self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
+            **(self.relay.counts() if self.relay is not None else {}),
         )  # fmt: skip
 
     def _report_statistics(self) -> None:
@@ -213,6 +216,10 @@ class ProcServer:
             self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
         elif isinstance(msg, w.Credit | w.Cancel):
             self.producers.control(ident, msg)
+        elif isinstance(msg, w.Relay):  # this proc relays a tree fan-out (zmesh._host.relay)
+            if self.relay is None:
+                self.relay = RelayServer(self)
+            self.relay.handle(ident, msg, frames)
 
     def _drop(self, why: str) -> None:
         self.dropped += 1

@@ -80,6 +80,8 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
         rss: resident memory in bytes.
         uptime: seconds since the proc started.
         dropped: malformed messages dropped; late: requests past their deadline.
+        relayed: tree fan-out messages this proc received as its host's relay;
+        forwarded: the messages it sent on for them, one per target proc.
     """
 
     mesh: str
@@ -93,6 +95,8 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
     dropped: int = 0
     late: int = 0
     actors: list[ActorStatistics] = []
+    relayed: int = 0
+    forwarded: int = 0
 
 
 class HostStatistics(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -71,9 +71,12 @@ class Codec:
             authenticated peers).
     """
 
-    def __init__(self, inbox: Any, *, allow_pickle: bool = True) -> None:
+    def __init__(self, inbox: Any, *, allow_pickle: bool = True, keep_ext: bool = False) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(inbox, ext_hook=self._ext_hook)
+        # keep_ext: references to buffer frames stay ``msgspec.msgpack.Ext``, so a
+        # relay passes a message on with its frames, unchanged (zmesh._host.relay).
+        hook = _keep_ext if keep_ext else self._ext_hook
+        self._decoder = msgspec.msgpack.Decoder(inbox, ext_hook=hook)
         # A batch carries no buffer frames, so an Ext in it fails to decode,
         # as a malformed message should.
         self._batch_decoder = msgspec.msgpack.Decoder(list[inbox], ext_hook=_no_ext)
@@ -292,6 +295,10 @@ def _too_big(n: int, limit: int) -> EncodeError:
         f"a message part of {n:,} bytes is over the limit of {limit:,} bytes per part "
         "(set with ZMESH_MAX_MSG_SIZE): split it into smaller values"
     )
+
+
+def _keep_ext(code: int, data: memoryview) -> Any:
+    return msgspec.msgpack.Ext(code, bytes(data))
 
 
 def _no_ext(code: int, data: memoryview) -> Any:

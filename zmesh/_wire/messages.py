@@ -490,6 +490,69 @@ class StatsReply(Message, frozen=True):
     stream: str = ""  # where the agent publishes ``Stats`` about once a second
 
 
+# ------------------------------------------- tree fan-out (client <-> relay proc)
+#
+# A fan-out to a wide mesh sends one ``Relay`` per host, to one proc of the
+# mesh there (its relay), instead of one message per proc. The relay sends
+# ``body`` (with the frames after the envelope) to each target unchanged:
+# the very message the direct path would have sent it. See
+# ``zmesh._client.tree`` and ``zmesh._host.relay``.
+
+
+class RelayTarget(msgspec.Struct, frozen=True, array_like=True):
+    """A proc behind a relay: a rank of the relay's own mesh on the relay's host."""
+
+    rank: RankNo
+    generation: Count
+    addr: Text
+
+
+class RelayHop(msgspec.Struct, frozen=True, array_like=True):
+    """A relay on another host and its targets there: one more level of the tree."""
+
+    relay: RelayTarget
+    targets: Annotated[list[RelayTarget], msgspec.Meta(min_length=1, max_length=MAX_RANKS_PER_HOST)]
+
+
+class Relay(Message, frozen=True):
+    """Send ``body`` (and this message's buffer frames) to each of ``targets``.
+
+    ``body`` is an encoded per-proc request with the same ``id`` that expects
+    one answer (a ``Reply`` or ``Failure``) unless ``oneway``. ``down``: relays
+    on other hosts this relay sends a ``Relay`` of their targets to (with no
+    ``down`` of its own: two levels at most). Answers are indexed over
+    ``targets`` then each hop's targets, in order. The relay acknowledges
+    the forwarding with a ``RelayReply`` (``forwarded``) and gathers the answers.
+    """
+
+    id: int
+    mesh: Name
+    targets: Annotated[list[RelayTarget], msgspec.Meta(max_length=MAX_RANKS_PER_HOST)]
+    body: bytes
+    oneway: bool = False
+    down: Annotated[list[RelayHop], msgspec.Meta(max_length=4096)] = []
+
+
+class RelayReply(Message, frozen=True):
+    """What a relay has for a ``Relay``: answers of some targets, gathered.
+
+    ``answers[k]`` is target ``index[k]``'s answer; its buffer frames (``nbufs[k]``
+    of them) follow this envelope in order. ``lost``: targets whose
+    connection dropped with the request on it. ``acked``: targets the
+    request was sent to since the last ``RelayReply``; ``forwarded``: to
+    every target. ``done``: nothing more comes for this id.
+    """
+
+    id: int
+    index: list[int] = []
+    answers: list[Reply | Failure] = []
+    nbufs: list[int] = []
+    lost: list[int] = []
+    forwarded: bool = False
+    done: bool = False
+    acked: list[int] = []  # targets forwarded to (a part of the tree may lag)
+
+
 # Messages that carry a request id in their first field and expect an
 # answer: one that fails to decode is answered with an error naming why.
 
@@ -541,11 +604,11 @@ AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
     | {"Detach", "Lookup", "StopDetached"}
 )
-PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall"})
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall", "Relay"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | GroupCall
+PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | GroupCall | Relay
 CLIENT_INBOX: Any = (
-    Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames
+    Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames | RelayReply
 )
 PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (

@@ -1,0 +1,263 @@
+"""Tree fan-out on 16 loopback agents (16 "hosts" x 2 procs): one message per host.
+
+The counts come from where the messages are: the client's tree statistics
+(what it sent) and each proc's ``ProcStatistics`` as its agent publishes
+them for ``zmesh top`` (what each relay forwarded, what each actor ran).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import zmesh
+from zmesh._client import runtime as _runtime
+from zmesh._client import tree as _tree
+from zmesh._client.agents import AgentLink
+from zmesh._shared.stats import ProcStatistics
+from zmesh._wire import messages as w
+from zmesh.testing import AgentProcess, local_cluster
+
+from _helpers import (
+    keep_module_meshes,  # noqa: F401  (a fixture: the mesh outlives tests)
+    wait_for,
+)
+
+HOSTS, PROCS = 16, 2
+TOPS = 4  # two levels: sqrt(16) top relays of 4 hosts each
+
+pytestmark = pytest.mark.slow
+
+
+class Wide(zmesh.Actor):
+    def __init__(self) -> None:
+        self.notes: list[int] = []
+
+    @zmesh.endpoint
+    def note(self, n: int) -> None:
+        self.notes.append(n)
+
+    @zmesh.endpoint
+    def seen(self) -> list[int]:
+        return list(self.notes)
+
+    @zmesh.endpoint
+    def echo(self, data: bytearray) -> bytearray:
+        return data
+
+    @zmesh.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @zmesh.endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return zmesh.current_rank().rank
+
+
+@pytest.fixture(scope="module")
+def agents() -> Iterator[list[AgentProcess]]:
+    with local_cluster(HOSTS) as agents:
+        yield agents
+
+
+@pytest.fixture(scope="module")
+def mesh(agents: list[AgentProcess]) -> Iterator[zmesh.ActorMesh[Wide]]:
+    # One mesh for the module: the tests that kill procs kill different hosts'.
+    m = Wide.options(hosts=HOSTS, procs=PROCS).as_actor().get(timeout=90)
+    yield m
+    zmesh.shutdown()
+
+
+def tree_stats() -> _tree.TreeStatistics:
+    rt, _ = _runtime.current()
+    assert rt.tree is not None, "no fan-out took the tree path"
+    return rt.tree.statistics()
+
+
+def proc_stats(agents: list[AgentProcess], mesh: str) -> dict[int, ProcStatistics]:
+    """Every proc of ``mesh``, as the agents report them (``zmesh top``'s source)."""
+    out: dict[int, ProcStatistics] = {}
+    for a in agents:
+        link = AgentLink(a.control)
+        try:
+            reply = link.request(lambda i: w.GetStats(i), timeout=10)
+        finally:
+            link.close()
+        out.update({p.rank: p for p in reply.stats.procs if p.mesh == mesh})
+    return out
+
+
+def calls_of(p: ProcStatistics, endpoint: str) -> int:
+    return sum(e.calls for a in p.actors for e in a.endpoints if e.name == endpoint)
+
+
+def test_a_wide_mesh_takes_the_tree_by_size(mesh: zmesh.ActorMesh[Wide]) -> None:
+    assert _tree.MODE == "auto"
+    handle: Any = mesh  # the handle class, as the checker sees the actor class
+    assert _tree.wide(handle)  # 16 hosts x 2 procs = 32 >= ZMESH_TREE_MIN
+    assert _tree.wide(handle.slice(hosts=0))  # a slice goes as its whole mesh does
+    small: Any = types.SimpleNamespace(full_dims={"hosts": 2, "procs": 2}, _refs=[])
+    assert not _tree.wide(small)  # a small mesh goes directly
+    one_host: Any = types.SimpleNamespace(full_dims={"hosts": 1, "procs": 64})
+    assert not _tree.wide(one_host)
+
+
+def test_broadcast_and_call_send_one_message_per_host(
+    agents: list[AgentProcess], mesh: zmesh.ActorMesh[Wide]
+) -> None:
+    before = tree_stats() if _runtime.current()[0].tree is not None else None
+    rounds = 3
+    for n in range(rounds):
+        mesh.note.broadcast(n)
+    # Order holds through the relays: every actor saw the three, in order.
+    seen = mesh.seen.call().get(timeout=30).values()
+    assert seen == [list(range(rounds))] * (HOSTS * PROCS)
+    # A call_one right after a broadcast does not overtake it.
+    mesh.note.broadcast(99)
+    last = mesh.slice(hosts=HOSTS - 1, procs=PROCS - 1).seen.call_one().get(timeout=30)
+    assert last[-1] == 99
+
+    after = tree_stats()
+    fanouts = rounds + 2  # the broadcasts, the call and the last broadcast
+    sent = after.relay_messages - (before.relay_messages if before else 0)
+    assert sent == fanouts * TOPS  # flat: fanouts * HOSTS * PROCS
+    assert after.direct == (before.direct if before else 0)
+
+    # Each host's relay forwarded each fan-out to its PROCS procs, and every
+    # actor ran each message exactly once.
+    def settled() -> dict[int, ProcStatistics] | None:
+        stats = proc_stats(agents, mesh.proc_mesh)
+        if len(stats) < HOSTS * PROCS:
+            return None
+        if any(calls_of(p, "note") < rounds + 1 for p in stats.values()):
+            return None
+        if sum(p.forwarded for p in stats.values()) < fanouts * HOSTS * PROCS:
+            return None
+        return stats
+
+    stats = wait_for(settled, 15, "procs to report their relay counters")
+    relays = [p for p in stats.values() if p.relayed]
+    assert len(relays) == HOSTS  # one relay per host
+    assert {p.rank // PROCS for p in relays} == set(range(HOSTS))
+    assert all(p.relayed == fanouts for p in relays)
+    # A top relay sends to its PROCS procs and to the relays of its 3 other
+    # hosts; those send to their PROCS procs.
+    forwarded = sorted(p.forwarded for p in relays)
+    per_host = HOSTS // TOPS
+    want = [fanouts * PROCS] * (HOSTS - TOPS) + [fanouts * (PROCS + per_host - 1)] * TOPS
+    assert forwarded == want
+    assert all(calls_of(p, "note") == rounds + 1 for p in stats.values())
+    assert all(calls_of(p, "seen") == 1 for p in stats.values() if p.rank != len(stats) - 1)
+
+
+def test_large_values_come_back_through_relays_as_they_were_sent(
+    mesh: zmesh.ActorMesh[Wide],
+) -> None:
+    big = bytearray(b"z" * (256 << 10))  # out-of-band frames, through two relays
+    got = mesh.slice(hosts=slice(0, 8)).echo.call(big).get(timeout=30).values()
+    assert all(type(v) is bytearray and v == big for v in got)
+
+
+def test_a_dead_proc_behind_a_relay_fails_its_rank_fast(mesh: zmesh.ActorMesh[Wide]) -> None:
+    victim = 5 * PROCS + 1  # not its host's relay (the first rank there)
+    os.kill(mesh.slice(hosts=5, procs=1).pid.call_one().get(timeout=30), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.SupervisionError) as info:
+        mesh.nap.call(0.5).get(timeout=20)
+    assert info.value.rank == victim
+    assert time.monotonic() - t0 < 3.0
+    # The rest of the mesh goes on, through the same relays.
+    rest = mesh.slice(hosts=slice(0, 5)).nap.call(0).get(timeout=20).values()
+    assert rest == list(range(5 * PROCS))
+
+
+def test_a_relay_killed_mid_fanout_fails_its_host_never_hangs(
+    mesh: zmesh.ActorMesh[Wide],
+) -> None:
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    host = 8  # a top relay's host: hosts 8-11 go through it
+    assert rt.tree.top_of[(mesh.proc_mesh, mesh._refs[host * PROCS].agent)] == (
+        mesh._refs[host * PROCS].agent
+    )
+    relay = rt.tree.relays[(mesh.proc_mesh, mesh._refs[host * PROCS].agent)]
+    assert relay.rank // PROCS == host
+    pid = mesh.slice(hosts=host, procs=relay.rank % PROCS).pid.call_one().get(timeout=30)
+    call = mesh.slice(hosts=slice(6, 16)).nap.call(1.0)  # in flight on those procs
+    for n in range(20):  # and broadcasts going out while the relay dies
+        mesh.note.broadcast(n)
+        if n == 10:
+            os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.SupervisionError) as info:  # ConnectionLostError is one too
+        call.get(timeout=20)
+    assert info.value.rank is not None and info.value.rank // PROCS == host
+    assert time.monotonic() - t0 < 3.0
+    # The host's other proc is reached through a new relay; the dead rank fails.
+    other = host * PROCS + (1 - relay.rank % PROCS)
+    got = mesh.slice(hosts=host, procs=other % PROCS).nap.call(0).get(timeout=20).values()
+    assert got == [other]
+    with pytest.raises(zmesh.SupervisionError):
+        mesh.slice(hosts=host).nap.call(0).get(timeout=20)
+    # Its other hosts too, through a new top relay on the same host.
+    below = mesh.slice(hosts=slice(9, 16)).nap.call(0).get(timeout=20).values()
+    assert below == list(range(9 * PROCS, 16 * PROCS))
+
+
+def test_an_agent_killed_fails_its_hosts_calls_within_the_liveness_deadline(
+    agents: list[AgentProcess], mesh: zmesh.ActorMesh[Wide]
+) -> None:
+    host = 12  # a top relay's host, with its agent: every proc there dies
+    call = mesh.slice(hosts=slice(12, 16)).nap.call(1.0)
+    agents[host].kill()
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.SupervisionError) as info:
+        call.get(timeout=20)
+    assert info.value.rank is not None and info.value.rank // PROCS == host
+    assert time.monotonic() - t0 < 4.0  # the agent's silence (1.2 s) plus slack
+    below = mesh.slice(hosts=slice(13, 16)).nap.call(0).get(timeout=20).values()
+    assert below == list(range(13 * PROCS, 16 * PROCS))
+
+
+def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
+    agents: list[AgentProcess], mesh: zmesh.ActorMesh[Wide]
+) -> None:
+    """A relay is no way around the keys: it refuses any other target, sending nothing."""
+    import zmq
+
+    from zmesh._wire.codec import Codec
+
+    relay, other_host = mesh._refs[0], mesh._refs[PROCS]
+    codec = Codec(w.CLIENT_INBOX)
+    body = codec.encode(w.Call(7, mesh.actor, "note", w.Payload((-4242,))))[0]
+    refused = [
+        w.RelayTarget(other_host.rank, other_host.generation, other_host.addr),  # another host's
+        w.RelayTarget(relay.rank, relay.generation, agents[0].control),  # not its address
+        w.RelayTarget(relay.rank, relay.generation + 1, relay.addr),  # not its generation
+    ]
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(relay.addr)
+    try:
+        sock.send_multipart(codec.encode(w.Relay(7, relay.mesh, refused, body)))
+        answers: dict[int, w.Failure] = {}
+        deadline = time.monotonic() + 10
+        while len(answers) < len(refused) and time.monotonic() < deadline:
+            if sock.poll(500):
+                for msg in codec.decode_frames(sock.recv_multipart()):
+                    if isinstance(msg, w.RelayReply):
+                        answers.update(zip(msg.index, msg.answers, strict=False))  # type: ignore[arg-type]
+    finally:
+        sock.close()
+    assert sorted(answers) == [0, 1, 2]
+    assert all(a.type == "RelayRefused" for a in answers.values()), answers
+    # Nothing went anywhere: no actor ran note(-4242).
+    seen = mesh.slice(hosts=slice(0, 2)).seen.call().get(timeout=20).values()
+    assert all(-4242 not in s for s in seen)

@@ -1,0 +1,158 @@
+"""Tree fan-out vs flat: 16 loopback agents ("hosts") x 4 procs, in one run.
+
+    python tools/bench_tree.py [--hosts 16] [--procs 4] [--rounds 3] [--n 100]
+
+(``tools/bench.py`` runs it too: always in full mode, with ``--tree`` in
+quick mode.) The two paths alternate, round by round, on the same mesh:
+``flat`` is the direct path (``ZMESH_FANOUT=direct``: the client sends to
+every proc), ``tree`` sends one message per host to a relay proc there. For
+each: the p50 of ``call()`` on every proc, of ``broadcast()`` then
+``call()`` (per-sender order makes the call wait for the broadcast), and the
+ZeroMQ messages the client sent and received per fan-out, counted on its
+sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import zmesh
+from zmesh._client import runtime as _runtime
+from zmesh._client import tree as _tree
+from zmesh.testing import local_cluster
+
+PAYLOAD = b"x" * 64
+
+
+class TreeBench(zmesh.Actor):
+    @zmesh.endpoint
+    async def ping(self) -> None:
+        return None
+
+    @zmesh.endpoint
+    async def hit(self, data: bytes) -> None:
+        return None
+
+
+def _counts() -> tuple[int, int]:
+    """Messages this runtime's proc sockets have sent and received so far."""
+    rt, _ = _runtime.current()
+    socks = [c.sock for c in rt.conns.values() if c.sock is not None]
+    return sum(s.sent for s in socks), sum(s.received for s in socks)
+
+
+async def _timed(op: Any, n: int) -> tuple[float, float, float, float]:
+    """p50 in µs of ``await op()``; client messages sent and received, and
+    client CPU µs, per op."""
+    samples = []
+    s0, r0 = _counts()
+    c0 = time.process_time()
+    for _ in range(n):
+        t = time.perf_counter()
+        await op()
+        samples.append((time.perf_counter() - t) * 1e6)
+    cpu = (time.process_time() - c0) / n * 1e6
+    s1, r1 = _counts()
+    return statistics.median(samples), (s1 - s0) / n, (r1 - r0) / n, cpu
+
+
+async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any]:
+    mesh = await TreeBench.options(hosts=hosts, procs=procs).as_actor()
+    res: dict[str, dict[str, list[float]]] = {"flat": {}, "tree": {}}
+
+    async def bcast_call() -> None:
+        mesh.hit.broadcast(PAYLOAD)
+        await mesh.ping.call()
+
+    async def bcast() -> None:
+        mesh.hit.broadcast(PAYLOAD)
+        await asyncio.sleep(0)
+
+    try:
+        for mode in ("direct", "tree"):  # warm both paths: connections, links, caches
+            _tree.MODE = mode
+            for _ in range(20):
+                await bcast_call()
+        for r in range(rounds):
+            order = ("direct", "tree") if r % 2 == 0 else ("tree", "direct")
+            for mode in order:
+                _tree.MODE = mode
+                key = "flat" if mode == "direct" else "tree"
+                row = res[key]
+                for name, op in (("call", mesh.ping.call), ("bcast_call", bcast_call)):
+                    p50, sent, recv, cpu = await _timed(op, n)
+                    row.setdefault(f"{name}_p50_us", []).append(p50)
+                    row.setdefault(f"{name}_client_cpu_us", []).append(cpu)
+                    row.setdefault(f"{name}_sent", []).append(sent)
+                    row.setdefault(f"{name}_received", []).append(recv)
+                _, sent, _, _ = await _timed(bcast, n)
+                await mesh.ping.call()  # the broadcasts have run
+                row.setdefault("bcast_sent", []).append(sent)
+    finally:
+        _tree.MODE = "auto"
+        await mesh.stop()
+    out: dict[str, Any] = {
+        side: {k: statistics.median(v) for k, v in rows.items()} for side, rows in res.items()
+    }
+    f, t = out["flat"], out["tree"]
+    out["ratios"] = {
+        "bcast_sent_flat_over_tree": f["bcast_sent"] / max(t["bcast_sent"], 1e-9),
+        "call_sent_flat_over_tree": f["call_sent"] / max(t["call_sent"], 1e-9),
+        "call_p50_tree_over_flat": t["call_p50_us"] / f["call_p50_us"],
+        "bcast_call_p50_tree_over_flat": t["bcast_call_p50_us"] / f["bcast_call_p50_us"],
+    }
+    out["shape"] = {"hosts": hosts, "procs": procs, "rounds": rounds, "n": n}
+    return out
+
+
+def measure(hosts: int = 16, procs: int = 4, rounds: int = 3, n: int = 100) -> dict[str, Any]:
+    """Start ``hosts`` loopback agents, run the rows, stop them; the results."""
+    with local_cluster(hosts):
+        return asyncio.run(_measure(hosts, procs, rounds, n))
+
+
+def render(res: dict[str, Any]) -> None:
+    """Print the rows as a plain table."""
+    s = res["shape"]
+    print(f"\ntree vs flat fan-out, {s['hosts']} agents x {s['procs']} procs "
+          f"(medians of {s['rounds']} rounds x {s['n']})")  # fmt: skip
+    print(f"{'row':34} {'flat':>10} {'tree':>10} {'flat/tree':>10}")
+    f, t = res["flat"], res["tree"]
+    for key, label in (
+        ("bcast_sent", "client msgs sent per broadcast"),
+        ("call_sent", "client msgs sent per call()"),
+        ("call_received", "client msgs received per call()"),
+        ("call_client_cpu_us", "client CPU per call() µs"),
+        ("call_p50_us", "call() p50 µs"),
+        ("bcast_call_p50_us", "broadcast+call() p50 µs"),
+    ):
+        ratio = f[key] / t[key] if t[key] else float("inf")
+        print(f"{label:34} {f[key]:>10.1f} {t[key]:>10.1f} {ratio:>9.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=16)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = ap.parse_args()
+    res = measure(args.hosts, args.procs, args.rounds, args.n)
+    zmesh.shutdown()
+    render(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

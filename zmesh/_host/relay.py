@@ -1,0 +1,407 @@
+"""A proc as its host's relay: one tree fan-out message in, one message per local proc out.
+
+A client's fan-out to a wide mesh sends one ``Relay`` per host to one proc
+of the mesh there (``zmesh._client.tree``). That proc sends the request in
+it, unchanged (its envelope and buffer frames as the direct path would have
+sent them), to each target, and gathers their answers into ``RelayReply``
+messages: every answer that arrived in one turn of the loop goes back as one
+message, so a dead or slow target does not hold the others' answers.
+
+Two levels: a *top* relay is also given relays of other hosts (``down``);
+it sends each one a ``Relay`` of its targets (with no ``down``: no deeper)
+and merges what comes back into its own answers, re-indexed.
+
+Security. A relay accepts ``Relay`` on the proc's own ROUTER (the same CURVE
+keys and ZAP allow-list as every call), and forwards the request only to
+procs of its own mesh on its own host, as its agent knows them (rank,
+generation and address, from ``GetState``); any peer allowed to send it a
+``Relay`` may call those procs directly anyway. A target that is not such a
+proc gets a ``Failure`` and nothing is sent to it. The one address a relay
+sends to unchecked is a hop's relay (its agent knows no other host): what
+it sends there is a ``Relay`` of this mesh, which a relay of another mesh
+refuses and which checks its own targets the same way; and whoever may
+reach a proc already runs code with the host's keys (``pickle.loads``), so
+that gives no one a reach they did not have.
+
+Order. Each sender gets its own connection to each target (a *link*), so
+messages from one sender to one actor stay in the order the sender sent
+them, whether they come through the relay or not: the client only sends a
+message directly to a proc once the relay has acknowledged (``forwarded``)
+the earlier ones, and a link acknowledges only after it has proved itself
+connected (one round trip when it is made).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from zmesh._wire import messages as w
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
+from zmesh._wire.zsock import AsyncSocket, configure
+
+if TYPE_CHECKING:
+    from zmesh._client.agents import AgentClient
+    from zmesh._host.proc import ProcServer
+
+log = logging.getLogger("zmesh.relay")
+
+# Answers gathered into one RelayReply, at most (the rest go in the next).
+MAX_ANSWERS = 256
+# A call's acknowledgements wait this long (s) for answers to travel with
+# them: one message to the sender instead of two. A oneway's go at once.
+ACK_LINGER = 0.005
+# The probe a new link sends first: a call of an actor no proc has, which
+# every proc answers at once with a Failure, proving the link connected.
+_PROBE_ACTOR = "\x00relay-probe"
+
+
+class Forward:
+    """One ``Relay`` being served: who asked, and the answers not sent back yet."""
+
+    __slots__ = (
+        "acks", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out", "unproven",
+    )  # fmt: skip
+
+    def __init__(self, ident: bytes, req_id: int, n: int) -> None:
+        self.ident = ident
+        self.id = req_id
+        self.open = n  # targets not answered yet
+        self.out: list[tuple[int, Any, list[Any]]] = []  # (target index, answer, buffers)
+        self.forwarded = False  # acknowledged to the sender
+        self.unproven = 0  # links it went on that have not proved themselves yet
+        self.hops = 0  # relays below it that have not acknowledged yet
+        self.local = 0  # its own host's targets (the first indexes)
+        self.acks: list[int] = []  # targets acknowledged since the last RelayReply
+        self.lingering = False  # acknowledgements wait for answers to ride on (ACK_LINGER)
+
+
+class Hop:
+    """A ``Relay`` this relay sent on to a relay of another host."""
+
+    __slots__ = ("acked", "fwd", "n", "offset", "remaining")
+
+    def __init__(self, fwd: Forward, offset: int, n: int, oneway: bool) -> None:
+        self.fwd = fwd
+        self.n = n
+        self.offset = offset  # where its targets' indexes start in ``fwd``'s
+        self.remaining: set[int] = set() if oneway else set(range(n))
+        self.acked = False
+
+
+class Link:
+    """One sender's DEALER to one local proc, and what waits for answers on it."""
+
+    __slots__ = ("addr", "hops", "pending", "proven", "sock", "waiting_proof")
+
+    def __init__(self, addr: str, sock: AsyncSocket) -> None:
+        self.addr = addr
+        self.sock = sock
+        self.pending: dict[int, tuple[Forward, int]] = {}  # request id -> (forward, target index)
+        self.hops: dict[int, Hop] = {}  # request id -> a Relay sent on (to another relay)
+        self.proven = False
+        self.waiting_proof: list[Forward] = []
+
+
+class RelayServer:
+    """The relay part of a ``ProcServer``, made on its first ``Relay``."""
+
+    def __init__(self, server: ProcServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        # Answers pass through: buffer references stay as they are, and an
+        # answer with buffer frames goes back alone, its frames numbered as
+        # the proc numbered them (see _flush).
+        self.codec = Codec(w.CLIENT_INBOX, keep_ext=True)
+        self.links: dict[tuple[bytes, str], Link] = {}
+        self.known: dict[int, tuple[int, str]] = {}  # rank -> (generation, addr), this host
+        self._agent: AgentClient | None = None
+        self._ids = itertools.count(1)
+        self._held: deque[tuple[bytes, w.Relay, list[Any]]] = deque()  # while the agent is asked
+        self._asking = False
+        self._flush_due: set[Forward] = set()
+        self.relayed = 0
+        self.forwarded = 0
+
+    # ------------------------------------------------------------ inbound
+
+    def handle(self, ident: bytes, msg: w.Relay, frames: list[Any]) -> None:
+        """A ``Relay`` from ``ident`` (``frames``: its envelope then buffers)."""
+        self.relayed += 1
+        if self._held or (msg.mesh == self.server.mesh and not self._all_known(msg)):
+            # Keep the sender's order: what comes after waits too.
+            self._held.append((ident, msg, frames))
+            if not self._asking:
+                self._asking = True
+                self.loop.create_task(self._refresh())
+            return
+        self._forward(ident, msg, frames)
+
+    def _all_known(self, msg: w.Relay) -> bool:
+        known = self.known
+        return all(known.get(t.rank) == (t.generation, t.addr) for t in msg.targets)
+
+    async def _refresh(self) -> None:
+        """Ask our agent which procs of our mesh it runs here, then serve what waited."""
+        try:
+            if self._agent is None:
+                from zmesh._client.agents import AgentClient
+
+                self._agent = AgentClient(zmq.Context.instance(), self.server.spec.agent, self.loop)
+            reply = await self._agent.request(lambda i: w.GetState(i, self.server.mesh), 5.0)
+            known: dict[int, tuple[int, str]] = {}
+            for report in getattr(reply, "meshes", []):
+                if report.name == self.server.mesh:
+                    for r in report.ranks:
+                        if r.addr:
+                            known[r.rank] = (r.generation, r.addr)
+            self.known = known
+        except Exception as exc:  # the agent did not answer: unknown targets fail below
+            log.warning("cannot ask the agent which procs run here: %r", exc)
+        finally:
+            self._asking = False
+            held, self._held = self._held, deque()
+            for ident, msg, frames in held:
+                self._forward(ident, msg, frames)
+
+    def _forward(self, ident: bytes, msg: w.Relay, frames: list[Any]) -> None:
+        total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
+        fwd = Forward(ident, msg.id, 0 if msg.oneway else total)
+        fwd.local = len(msg.targets)
+        out = [msg.body, *frames[1:]]
+        for k, t in enumerate(msg.targets):
+            if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
+                if not msg.oneway:
+                    why = f"rank {t.rank} (generation {t.generation}) of {msg.mesh} is not a proc "
+                    why += f"this relay may reach (it serves {self.server.mesh} on its host)"
+                    self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+                continue
+            link = self._link(ident, t.addr)
+            link.sock.send(out)
+            self.forwarded += 1
+            if not msg.oneway:
+                link.pending[msg.id] = (fwd, k)
+            if not link.proven:
+                fwd.unproven += 1
+                link.waiting_proof.append(fwd)
+        offset = len(msg.targets)
+        for hop in msg.down:  # the next level: its relay checks its own targets
+            if msg.mesh != self.server.mesh:
+                break  # (every target was refused above; these are refused below)
+            link = self._link(ident, hop.relay.addr)
+            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway)
+            link.sock.send(self.server.codec.encode(nested, frames[1:]))
+            self.forwarded += 1
+            link.hops[msg.id] = Hop(fwd, offset, len(hop.targets), msg.oneway)
+            fwd.hops += 1
+            offset += len(hop.targets)
+        if msg.mesh != self.server.mesh:
+            fwd.acks.extend(range(len(msg.targets), total))  # nothing sent there
+            for k in range(len(msg.targets), total):
+                why = f"this relay serves {self.server.mesh}, not {msg.mesh}"
+                if not msg.oneway:
+                    self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+        if not fwd.unproven:
+            self._local_acked(fwd)
+
+    def _acknowledge(self, fwd: Forward) -> None:
+        fwd.forwarded = True
+        self._schedule(fwd)
+
+    # ------------------------------------------------------------ links
+
+    def _link(self, ident: bytes, addr: str) -> Link:
+        link = self.links.get((ident, addr))
+        if link is None:
+            sock = secure_client(configure(zmq.Context.instance().socket(zmq.DEALER), data=True),
+                                 addr=addr)  # fmt: skip
+            sock.connect(addr)
+            a = AsyncSocket(sock, self.loop, None, batch=True)
+            link = Link(addr, a)
+            a.on_message = self._on_answer_of(link)
+            a.watch_disconnects(lambda: self._lost(link))
+            self.links[(ident, addr)] = link
+            probe = w.Call(-next(self._ids), _PROBE_ACTOR, "", w.Payload())
+            a.send(self.server.codec.encode(probe))
+        return link
+
+    def _on_answer_of(self, link: Link) -> Callable[[list[Any]], int | None]:
+        def on_answer(frames: list[Any]) -> int | None:
+            try:
+                msgs = self.codec.decode_frames(frames)
+            except Exception:  # garbled: its call fails by timeout or supervision
+                return None
+            bufs = frames[1:] if len(msgs) == 1 else []
+            for m in msgs:
+                if m.id < 0:  # the answer to our probe: the link is connected
+                    self._proven(link)
+                    continue
+                if type(m) is w.RelayReply:
+                    self._from_hop(link, m, bufs)
+                    continue
+                entry = link.pending.pop(m.id, None)
+                if entry is not None:
+                    self._answer(entry[0], entry[1], m, list(bufs))
+            return len(msgs)
+
+        return on_answer
+
+    def _from_hop(self, link: Link, m: w.RelayReply, bufs: list[Any]) -> None:
+        """What a relay below sent back: its answers join ours, re-indexed."""
+        hop = link.hops.get(m.id)
+        if hop is None:
+            return
+        fwd = hop.fwd
+        pos = 0
+        for k, answer, nbuf in zip(m.index, m.answers, m.nbufs, strict=False):
+            if k in hop.remaining:
+                hop.remaining.discard(k)
+                fwd.open -= 1
+                fwd.out.append((hop.offset + k, answer, list(bufs[pos : pos + nbuf])))
+            pos += nbuf
+        for k in m.lost:
+            if k in hop.remaining:
+                hop.remaining.discard(k)
+                fwd.open -= 1
+                fwd.out.append((hop.offset + k, None, []))
+        if m.forwarded:
+            self._hop_acked(hop)
+        if m.done:
+            del link.hops[m.id]
+        self._schedule(fwd)
+
+    def _local_acked(self, fwd: Forward) -> None:
+        """Our own host's part is on proven links: say so now (a hop may take longer)."""
+        fwd.acks.extend(range(fwd.local))
+        if not fwd.hops:
+            self._acknowledge(fwd)
+        else:
+            self._schedule(fwd)
+
+    def _hop_acked(self, hop: Hop) -> None:
+        if not hop.acked:
+            hop.acked = True
+            fwd = hop.fwd
+            fwd.hops -= 1
+            fwd.acks.extend(range(hop.offset, hop.offset + hop.n))
+            if not fwd.hops and not fwd.unproven and not fwd.forwarded:
+                self._acknowledge(fwd)
+            else:
+                self._schedule(fwd)
+
+    def _proven(self, link: Link) -> None:
+        link.proven = True
+        for fwd in link.waiting_proof:
+            fwd.unproven -= 1
+            if not fwd.unproven and not fwd.forwarded:
+                self._local_acked(fwd)
+        link.waiting_proof.clear()
+
+    def _lost(self, link: Link) -> None:
+        """The link's connection dropped: what was on it may or may not have run."""
+        pending, link.pending = link.pending, {}
+        for fwd, k in pending.values():
+            fwd.open -= 1
+            fwd.out.append((k, None, []))
+            self._schedule(fwd)
+        hops, link.hops = link.hops, {}
+        for hop in hops.values():
+            for k in sorted(hop.remaining):
+                hop.fwd.open -= 1
+                hop.fwd.out.append((hop.offset + k, None, []))
+            hop.remaining.clear()
+            self._hop_acked(hop)
+            self._schedule(hop.fwd)
+        # Replaced: a new connection, proved again before anything is acknowledged.
+        for key, value in list(self.links.items()):
+            if value is link:
+                del self.links[key]
+        link.sock.close(linger=0)
+        self._proven(link)  # nothing waits for this one any more
+
+    # ------------------------------------------------------------ answers
+
+    def _answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
+        fwd.open -= 1
+        fwd.out.append((k, answer, bufs))
+        self._schedule(fwd)
+
+    def _schedule(self, fwd: Forward) -> None:
+        # Answers that arrive in the same loop turn go back as one message.
+        if not self._flush_due:
+            self.loop.call_soon(self._flush)
+        self._flush_due.add(fwd)
+
+    def _flush(self) -> None:
+        due, self._flush_due = self._flush_due, set()
+        for fwd in due:
+            if not fwd.out and fwd.open > 0:  # only acknowledgements, and answers to come
+                if not fwd.lingering:
+                    fwd.lingering = True
+                    self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
+                continue
+            alone = [o for o in fwd.out if o[2]]  # with buffer frames: one per message
+            gathered = [o for o in fwd.out if not o[2]]
+            fwd.out = []
+            for one in alone:
+                self._send_back(fwd, [one], done=False)
+            while True:
+                out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
+                self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
+                if not gathered:
+                    break
+
+    def _linger_over(self, fwd: Forward) -> None:
+        fwd.lingering = False
+        if fwd.acks and fwd.open > 0:  # no answer came to carry them
+            self._send_back(fwd, [], done=False)
+
+    def _send_back(self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool) -> None:
+        index, answers, nbufs, lost, frames = [], [], [], [], []
+        for k, answer, bufs in out:
+            if answer is None:
+                lost.append(k)
+                continue
+            index.append(k)
+            answers.append(answer)
+            nbufs.append(len(bufs))
+            frames.extend(bufs)
+        acks, fwd.acks = fwd.acks, []
+        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks)
+        try:
+            env = self.server.codec.encode(msg, frames)
+        except Exception as exc:  # too big together: each answer alone
+            if len(out) > 1:
+                for one in out:
+                    self._send_back(fwd, [one], done=False)
+                if done:
+                    self._send_back(fwd, [], done=True)
+                return
+            log.error("an answer cannot be relayed: %r", exc)
+            k = out[0][0]
+            f = w.Failure(
+                fwd.id, "encode", type(exc).__name__, f"the answer cannot be relayed: {exc}"
+            )
+            env = self.server.codec.encode(
+                w.RelayReply(fwd.id, [k], [f], [0], [], fwd.forwarded, done)
+            )
+        self.server.router.send([fwd.ident, *env])
+
+    def counts(self) -> dict[str, int]:
+        """This relay's counters, as ``ProcStatistics`` fields."""
+        return {"relayed": self.relayed, "forwarded": self.forwarded}
+
+    def close(self) -> None:
+        """Close every link (the proc is ending)."""
+        for link in self.links.values():
+            link.sock.close(linger=0)
+        self.links.clear()
+        if self._agent is not None:
+            self._agent.close()
