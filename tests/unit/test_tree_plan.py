@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -39,3 +40,19 @@ def test_two_hosts_are_one_message() -> None:
 def test_branch_one_is_one_level(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_tree, "BRANCH", 1)
     assert plan(new_tree(), [0, 1, 2]) == {"h0": ["h0"], "h1": ["h1"], "h2": ["h2"]}
+
+
+@pytest.mark.parametrize("mode", ["auto", "tree"])
+def test_several_actors_per_proc_keep_the_grouped_path(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # A relay forwards per-proc requests; a multi-actor mesh sends one grouped
+    # message per proc instead (zmesh._client.grouping), whatever the mode.
+    monkeypatch.setattr(_tree, "MODE", mode)
+    ref: Any = types.SimpleNamespace(index=0)
+    grouped: Any = types.SimpleNamespace(
+        full_dims={"hosts": 16, "procs": 8, "actors": 32}, _refs=[ref]
+    )
+    assert not _tree.wide(grouped)
+    flat: Any = types.SimpleNamespace(full_dims={"a": 4096}, _refs=[ref])  # flattened
+    assert not _tree.wide(flat)
