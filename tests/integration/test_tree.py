@@ -105,7 +105,7 @@ def test_a_wide_mesh_takes_the_tree_by_size(mesh: zmesh.ActorMesh[Wide]) -> None
     assert _tree.wide(handle.slice(hosts=0))  # a slice goes as its whole mesh does
     small: Any = types.SimpleNamespace(full_dims={"hosts": 2, "procs": 2}, _refs=[])
     assert not _tree.wide(small)  # a small mesh goes directly
-    one_host: Any = types.SimpleNamespace(full_dims={"hosts": 1, "procs": 64})
+    one_host: Any = types.SimpleNamespace(full_dims={"hosts": 1, "procs": 64}, _refs=[])
     assert not _tree.wide(one_host)
 
 
