@@ -60,7 +60,7 @@ def test_a_sibling_fork_is_the_callers_parents_child() -> None:
         pytest.skip("no clone(CLONE_PARENT) here (architecture or C library)")
     assert summary["mine"] is False  # not the forker's children...
     # ...but ours: we reap them, and see their exit codes.
-    codes = {}
+    codes: dict[int, int] = {}
     deadline = time.monotonic() + 30
     while len(codes) < 2 and time.monotonic() < deadline:
         for pid in summary["pids"]:

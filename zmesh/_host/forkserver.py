@@ -46,13 +46,13 @@ from typing import NoReturn
 import msgspec
 
 from zmesh._host import forking as _forking
+from zmesh._host import forklaunch as _forklaunch
 from zmesh._wire import boundary as b
 
 log = logging.getLogger("zmesh.agent")
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-_PR_SET_CHILD_SUBREAPER = 36
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in Python 3.10+ on Linux only
 PROC_NAME = b"zmesh-proc"  # a forked proc's name (/proc/PID/comm), for ps and tests
 # Past these a spawn falls back to Popen. Nothing waits on the agent's loop
@@ -65,9 +65,8 @@ BATCH = 16  # procs forked (and answered) at once, then let run
 FORK_TIME = 0.1  # more time per request in a batch before a silence counts
 
 
-def enabled() -> bool:
-    """Whether agents fork procs from a forkserver (Linux only)."""
-    return sys.platform.startswith("linux") and os.environ.get("ZMESH_FORKSERVER", "1") != "0"
+enabled = _forklaunch.enabled
+become_subreaper = _forklaunch.become_subreaper
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -85,11 +84,6 @@ def _set_name(name: bytes) -> None:
         libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (the agent calls it)."""
-    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 # ------------------------------------------------------------ agent side
@@ -165,19 +159,15 @@ class ForkServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def start(cls) -> ForkServer | None:
-        """Start a forkserver for this process (an agent), or ``None`` if off."""
-        if not enabled() or not become_subreaper():
-            return None
+    def start(cls, epoch: str) -> ForkServer | None:
+        """Start a forkserver for this process (the agent incarnation ``epoch``),
+        or ``None`` if off (see ``zmesh._host.forklaunch``)."""
         try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "zmesh._host.forkserver", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+            popen = _forklaunch.launch(epoch)
         except OSError as exc:
             log.warning("no forkserver (%s): procs start as fresh interpreters", exc)
             return None
-        return cls(popen)
+        return cls(popen) if popen is not None else None
 
     @property
     def pid(self) -> int:
