@@ -412,12 +412,12 @@ def _become_proc(req: b.ForkRequest, gate: int, adopted: bool) -> NoReturn:
     """
     code = 1
     try:
+        os.setsid()  # Ctrl+C at the client's terminal is the client's
+        _set_name(PROC_NAME)
         # Asleep until the forks of our batch are done: they have the CPU
         # meanwhile (see zmesh._host.forking).
         os.read(gate, 1)
         os.close(gate)
-        os.setsid()  # Ctrl+C at the client's terminal is the client's
-        _set_name(PROC_NAME)
         fd = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
         os.dup2(fd, 2)
