@@ -38,11 +38,11 @@ class Scorer(zmesh.Actor):
         return os.getpid()
 
 
-def states(svc: zmesh.Service) -> str:
+def states(svc: zmesh.Service[Scorer]) -> str:
     return " ".join(f"{r.state}/g{r.generation}" for r in svc.statistics().replicas)
 
 
-def replica(svc: zmesh.Service, index: int) -> zmesh.ActorMesh[Scorer]:
+def replica(svc: zmesh.Service[Scorer], index: int) -> zmesh.ActorMesh[Scorer]:
     """Replica ``index``'s mesh (the replicas this example calls are up)."""
     mesh = svc.replica(index)
     assert mesh is not None, f"replica {index} is down"

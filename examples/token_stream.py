@@ -1,15 +1,18 @@
-"""Token streaming from a generator endpoint, surviving a replica kill before the first token.
+"""Token streaming from a 2-replica generator service, surviving a replica kill.
 
-Two replicas of a toy "language model" stream tokens with an async generator
-endpoint. The client starts a request on replica 0 and kills it (kill -9)
-while it is still "prefilling"; the stream fails with SupervisionError before
-any token, so the request moves to replica 1, and the client prints the
-tokens as they arrive. A failure after the first token would be raised
-instead: re-running the request would repeat tokens the reader already has.
+A toy "language model" streams tokens from an async generator endpoint. It
+runs as a service of two replicas: ``svc.generate(prompt)`` streams from one
+replica the service's router picks, and the client prints each token as it
+arrives. While that replica is still "prefilling" (before its first token)
+the client kills it with SIGKILL: the request moves to the other replica
+without the reader seeing anything but the delay, and every token arrives
+once, in order. (A replica lost after the first token would end the stream
+with ``zmesh.StreamInterruptedError`` instead: re-running the request would
+repeat tokens the reader already has.)
 
 Run: python examples/token_stream.py
-Look for: "failover: replica 0 died before the first token", the tokens
-as they arrive, and "tokens: 12" at the end.
+Look for: "killed replica N before its first token", the tokens as they
+arrive, "tokens: 12" and "moved to another replica: 1" at the end.
 """
 
 from __future__ import annotations
@@ -27,58 +30,51 @@ WORDS = "the quick brown fox jumps over the lazy dog and runs away".split()
 class TinyLM(zmesh.Actor):
     """Streams one token at a time, after a "prefill" pause."""
 
+    def __init__(self) -> None:
+        self.prefilling = 0
+
     @zmesh.endpoint
     async def generate(self, prompt: str, prefill: float = 0.5) -> AsyncIterator[str]:
-        await asyncio.sleep(prefill)  # the first token takes a while
+        self.prefilling += 1
+        try:
+            await asyncio.sleep(prefill)  # the first token takes a while
+        finally:
+            self.prefilling -= 1
         for word in WORDS:
             await asyncio.sleep(0.02)
             yield word
 
     @zmesh.endpoint(concurrent=True)  # answers even while a stream is open
-    async def pid(self) -> int:
-        return os.getpid()
+    async def status(self) -> tuple[int, int]:
+        """This replica's pid, and how many requests it is prefilling."""
+        return os.getpid(), self.prefilling
 
 
-async def stream_with_failover(
-    replicas: list[zmesh.ActorMesh[TinyLM]], prompt: str
-) -> AsyncIterator[str]:
-    """Tokens for ``prompt`` from the first replica that gets one out.
-
-    A replica that dies before its first token costs nothing but time: the
-    request moves on. After the first token, its failure is the caller's.
-    """
-    for i, replica in enumerate(replicas):
-        started = False
-        stream: zmesh.ItemStream[str] = replica.generate.call_one(prompt)
-        try:
-            async for token in stream:
-                started = True
-                yield token
-            return
-        except zmesh.SupervisionError:
-            if started:
-                raise
-            print(f"failover: replica {i} died before the first token")
-    raise zmesh.ServiceError("every replica failed before its first token")
+async def prefilling_replica(svc: zmesh.Service) -> tuple[int, int]:
+    """``(index, pid)`` of the replica the router gave the request to."""
+    while True:
+        for i in range(len(svc)):
+            replica = svc.replica(i)
+            if replica is not None:
+                pid, prefilling = await replica.status.call_one()
+                if prefilling:
+                    return i, pid
+        await asyncio.sleep(0.01)
 
 
 async def main() -> None:
-    replicas = [await TinyLM.options(name=f"lm{i}").as_actor() for i in range(2)]
-    victim = await replicas[0].pid.call_one()
-
-    async def kill_soon() -> None:
-        await asyncio.sleep(0.2)  # replica 0 is prefilling now
-        os.kill(victim, signal.SIGKILL)
-
-    killer = asyncio.create_task(kill_soon())
+    svc = await TinyLM.options(replicas=2).spawn()
+    tokens: zmesh.ItemStream[str] = svc.generate("tell me a story")
+    index, pid = await asyncio.wait_for(prefilling_replica(svc), 10)
+    os.kill(pid, signal.SIGKILL)
+    print(f"killed replica {index} before its first token")
     count = 0
-    async for token in stream_with_failover(replicas, "tell me a story"):
+    async for token in tokens:
         print(token, end=" ", flush=True)
         count += 1
-    await killer
     print(f"\ntokens: {count}")
-    for r in replicas:
-        await r.stop()
+    print(f"moved to another replica: {svc.statistics().retried}")
+    await svc.stop()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ ZMESH_ONLY = [
     "cold_total_wall_s",
     "rss_proc_idle_mb",
     "rss_agent_idle_mb",
+    "call_actors8x32_p50_us",  # several actors per proc
+    "call_actors2x32_p50_us",
 ]
 
 

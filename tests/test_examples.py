@@ -35,8 +35,22 @@ EXPECT: dict[str, tuple[float, list[str], bool]] = {
     "service_failover.py": (90, [r"^lost:\s+0$", r"^service:\s+OK$"], False),
     "token_stream.py": (
         90,
-        [r"failover: replica 0 died before the first token", r"^tokens: 12$"],
+        [
+            r"killed replica \d before its first token",
+            r"^tokens: 12$",
+            r"^moved to another replica: 1$",
+        ],
         False,
+    ),
+    "detached_service.py": (
+        120,
+        [
+            r"^up: made embedder",
+            r"^call: \[0, 2, 4, 6\]$",
+            r"^kill: replica 0 .* respawned$",
+            r"^down: stopped$",
+        ],
+        True,
     ),
     "multihost.py": (90, [r"over 2 agents", r"per-host fan-out: \[\[3, 3\], \[4, 4\]\]"], True),
 }

@@ -37,7 +37,7 @@ import tempfile
 import textwrap
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import zmq
@@ -680,9 +680,37 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
         stop_raw_servers(raw_servers)
         await big_mesh.stop()
 
+    await actors_per_proc_rows(cfg, keep)
     res["rounds"] = rounds
     res["median"] = {k: med(v) for k, v in rounds.items()}
     return res
+
+
+# Several actors per proc: (procs, actors per proc) of the rows, as slices of one mesh.
+ACTOR_FANOUT = ((8, 32), (2, 32))
+
+
+async def actors_per_proc_rows(cfg: dict[str, int], keep: Callable[[str, float], None]) -> None:
+    """Fan-out to many actors in few procs: one message per proc, one reply per proc."""
+    procs = max(p for p, _ in ACTOR_FANOUT)
+    per = max(a for _, a in ACTOR_FANOUT)
+    log(f"spawning {procs} procs x {per} actors for the actors-per-proc fan-out")
+    mesh = await BenchActor.options(procs=procs, actors_per_proc=per).as_actor()
+    try:
+        meshes = {
+            (p, a): mesh.slice(procs=slice(0, p), actors=slice(0, a)) for p, a in ACTOR_FANOUT
+        }
+        for m in meshes.values():
+            for _ in range(5):
+                await m.ping.call()
+        for r in range(cfg["fan_rounds"]):
+            log(f"actors-per-proc fan-out round {r + 1}/{cfg['fan_rounds']}")
+            for (p, a), m in meshes.items():
+                s = await lat_async(lambda m=m: m.ping.call(), cfg["fan_n"])
+                keep(f"actors{p}x{a}_p50_us", pct(s, 50))
+                keep(f"actors{p}x{a}_p99_us", pct(s, 99))
+    finally:
+        await mesh.stop()
 
 
 def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
@@ -725,6 +753,13 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
             "zmesh": m["embed_batched_per_s"], "unbatched": m["embed_unbatched_per_s"],
             "speedup": m["embed_batched_per_s"] / m["embed_unbatched_per_s"],
         }  # fmt: skip
+    for p, a in ACTOR_FANOUT:
+        if f"actors{p}x{a}_p50_us" in m:  # against the 64-proc fan-out of the same run
+            results[f"call_actors{p}x{a}_p50_us"] = {
+                "zmesh": m[f"actors{p}x{a}_p50_us"], "base": m["call64_p50_us"],
+                "ratio_vs_base": m[f"actors{p}x{a}_p50_us"] / m["call64_p50_us"],
+            }  # fmt: skip
+            results[f"call_actors{p}x{a}_p99_us"] = {"zmesh": m[f"actors{p}x{a}_p99_us"]}
     results["spawn1_s"] = {"zmesh": res["spawn1_s"]}
     results["spawn64_s"] = {"zmesh": res["spawn64_s"]}
     for k, v in rss.items():
@@ -758,6 +793,14 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
                0.8, "x raw"),
         target("fan-out call to 64 p50", r["call_fanout64_p50_us"]["zmesh"] / 1000, "<=", 5.0,
                "ms"),
+        *([
+            target("fan-out to 256 actors (8 procs x 32) p50",
+                   r["call_actors8x32_p50_us"]["zmesh"] / 1000, "<=", 5.0, "ms"),
+            target("fan-out to 64 actors (2 procs x 32) p50",
+                   r["call_actors2x32_p50_us"]["zmesh"] / 1000, "<=", 2.0, "ms"),
+            target("fan-out to 64 actors (2 procs x 32) vs to 64 procs",
+                   r["call_actors2x32_p50_us"]["ratio_vs_base"], "<=", 0.3, "x 64 procs"),
+        ] if "call_actors8x32_p50_us" in r else []),
         target("streamed items/s vs pipelined call_one", r["stream_items_per_s"]["ratio_vs_base"],
                ">=", 0.8, "x calls"),
         target("cold start (main -> first reply)", cold["main_to_first_reply_s"], "<=", 1.0, "s"),
@@ -871,7 +914,7 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
     console.print(table)
 
     if "stream_items_per_s" in r:
-        st = new_table(title="streams and reductions (against zmesh, same run)")
+        st = new_table(title="streams, reductions, actors per proc (against zmesh, same run)")
         for col in ("metric", "zmesh", "against", "ratio"):
             st.add_column(col, justify="left" if col == "metric" else "right")
         for label, key, fmt, against in (
@@ -879,8 +922,14 @@ def render(report: dict[str, Any], markdown: bool = False) -> None:
              lambda v: f"{v:,.0f}/s", "pipelined call_one"),
             ("Accumulator over 16 actors, p50", "accumulate16_p50_us", us,
              "call() then a local fold"),
+            ("call fan-out to 256 actors (8 procs x 32), p50", "call_actors8x32_p50_us", us,
+             "fan-out to 64 procs"),
+            ("call fan-out to 64 actors (2 procs x 32), p50", "call_actors2x32_p50_us", us,
+             "fan-out to 64 procs"),
         ):  # fmt: skip
-            v = r[key]
+            v = r.get(key)
+            if v is None:  # a run saved by an older bench
+                continue
             st.add_row(
                 label, fmt(v["zmesh"]), f"{fmt(v['base'])} ({against})",
                 f"{v['ratio_vs_base']:.2f}x",

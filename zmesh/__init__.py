@@ -45,14 +45,17 @@ from zmesh._errors import (
     AgentTimeoutError,
     CallTimeoutError,
     ConnectionLostError,
+    DetachError,
     EncodeError,
     EndpointError,
+    NameNotFoundError,
     OverloadedError,
     SecurityError,
     ServiceError,
     ServiceOverloadedError,
     SessionLostError,
     SpawnError,
+    StreamInterruptedError,
     SupervisionError,
     ZmeshError,
 )
@@ -64,7 +67,8 @@ if TYPE_CHECKING:
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
-    from zmesh._client.mesh import ActorMesh, MeshState, ProcMesh
+    from zmesh._client.lookup import lookup
+    from zmesh._client.mesh import MeshState, ProcMesh
     from zmesh._client.ports import Channel, Port, PortReceiver, send
     from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
@@ -87,9 +91,12 @@ if TYPE_CHECKING:
         ServiceStatistics,
         Session,
     )
-    from zmesh._service.service import Service
     from zmesh._shared.points import Extent
     from zmesh._shared.state import Rank, Status
+
+    # A handle is typed as its actor class (zmesh._typing): ActorMesh[Counter]
+    # and Service[Counter] are Counter to a checker, the handle classes at run time.
+    from zmesh._typing import ActorMesh, Service
 
 _LAZY = {
     "send": "zmesh._client.ports",
@@ -116,6 +123,7 @@ _LAZY = {
     "this_proc": "zmesh._client.this_proc",
     "Extent": "zmesh._shared.points",
     "connect": "zmesh._client.hosts",
+    "lookup": "zmesh._client.lookup",
     "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",
@@ -162,6 +170,7 @@ __all__ = [
     "Channel",
     "ConnectionLostError",
     "Context",
+    "DetachError",
     "EncodeError",
     "Endpoint",
     "EndpointError",
@@ -173,6 +182,7 @@ __all__ = [
     "LeastLoadedRouter",
     "MeshFailure",
     "MeshState",
+    "NameNotFoundError",
     "Options",
     "OverloadedError",
     "Point",
@@ -195,6 +205,7 @@ __all__ = [
     "SpawnError",
     "Status",
     "Stream",
+    "StreamInterruptedError",
     "SupervisionError",
     "SupervisionEvent",
     "ValueMesh",
@@ -209,6 +220,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "local_proc_mesh",
+    "lookup",
     "proc_mesh",
     "send",
     "service",

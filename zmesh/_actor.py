@@ -8,20 +8,28 @@ import functools
 import inspect
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
-    from zmesh._client.mesh import ActorMesh
     from zmesh._service.routing import ServiceConfig
-    from zmesh._service.service import Service
+    from zmesh._typing import (
+        Adverbs,
+        BatchEndpointify,
+        Endpointify,
+        HandleFace,
+        PortedEndpointify,
+        Spawned,
+        StreamEndpoint,
+    )
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 A = TypeVar("A", bound="Actor")
 
 
@@ -84,6 +92,13 @@ class Endpoint(Generic[P, R]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.info = dataclasses.replace(self.info, name=name)
 
+    # Read from the class: the endpoint. From an instance: in the actor the
+    # bound method, on a handle the adverbs; typed as the handle's (the
+    # checker sees a handle as an instance of its class: zmesh._typing).
+    @overload
+    def __get__(self, obj: None, objtype: Any = None) -> Endpoint[P, R]: ...
+    @overload
+    def __get__(self, obj: object, objtype: Any = None) -> Adverbs[P, R]: ...
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
@@ -96,20 +111,51 @@ class Endpoint(Generic[P, R]):
         )
 
 
+# The overloads type an endpoint by its method (zmesh._typing): ``async def``
+# gives its awaited result, a generator its items. Awaitable comes first, so
+# that a method typed ``-> Any`` (or not at all) is a plain endpoint.
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
 @overload
+def endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], AsyncIterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
+def endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], Iterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(  # type: ignore[overload-overlap]  # batch=0 is no batch
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: Literal[False] = False,
+    batch: Literal[0] = 0,
+    batch_wait: float = 0.0,
+) -> Endpointify: ...
 @overload
 def endpoint(
     *,
     concurrent: bool = False,
     retry: bool = True,
     window: int = DEFAULT_WINDOW,
-    explicit_response_port: bool = False,
-    batch: int = 0,
+    explicit_response_port: Literal[True],
+    batch: Literal[0] = 0,
     batch_wait: float = 0.0,
-) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+) -> PortedEndpointify: ...
+@overload
+def endpoint(
+    *,
+    concurrent: bool = False,
+    retry: bool = True,
+    window: int = DEFAULT_WINDOW,
+    explicit_response_port: Literal[False] = False,
+    batch: int,
+    batch_wait: float = 0.0,
+) -> BatchEndpointify: ...
 def endpoint(
     fn: Callable[..., Any] | None = None,
     *,
@@ -169,11 +215,17 @@ def endpoint(
 @overload
 def concurrent_endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
 @overload
+def concurrent_endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], AsyncIterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
+def concurrent_endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[Any, P], Iterator[T]],
+) -> StreamEndpoint[P, T]: ...
+@overload
 def concurrent_endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
-def concurrent_endpoint(
-    *, retry: bool = True
-) -> Callable[[Callable[..., Any]], Endpoint[Any, Any]]: ...
+def concurrent_endpoint(*, retry: bool = True) -> Endpointify: ...
 def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, retry: bool = True) -> Any:
     """``@endpoint(concurrent=True)``, by Monarch's name: may run while others do."""
     if fn is None:
@@ -250,6 +302,9 @@ class Options(Generic[A]):
     Args:
         procs: procs per host.
         hosts: hosts (agents), one host slice each.
+        actors_per_proc: actors in each proc (default 1). More than one puts
+            that many actors, each with its own mailbox, in every proc, on
+            one more dim, ``actors``: ``{hosts, procs, actors}``.
         replicas: how many replicas of a service (each ``hosts x procs``);
             given (here or by ``@zmesh.service``), ``spawn()`` makes a service.
         name: the mesh name (default: the class name in lower case): 1-108
@@ -257,6 +312,10 @@ class Options(Generic[A]):
             appends a suffix, and it names the procs' log files).
         config: a whole ``zmesh.ServiceConfig``; settings given one by one
             override its fields.
+        detached: keep the service or mesh running after this script exits,
+            under ``name``, until ``zmesh stop NAME`` or ``stop()``; other
+            scripts attach with ``zmesh.lookup(name)``. Needs an external
+            agent (``ZMESH_AGENTS``): on the embedded one, ``DetachError``.
         service_config: service settings: see ``zmesh.ServiceConfig``.
 
     A class decorated with ``@zmesh.service(...)`` gives the defaults of all
@@ -276,16 +335,22 @@ class Options(Generic[A]):
         replicas: int | None = None,
         name: str | None = None,
         config: ServiceConfig | None = None,
+        detached: bool | None = None,
         **service_config: Any,
     ) -> None:
         defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        detached = detached if detached is not None else defaults.pop("detached", False)
+        # Actors per proc (as_actor only): a keyword of options(), not a service setting.
+        per_proc = service_config.pop("actors_per_proc", None)
+        per_proc = per_proc if per_proc is not None else defaults.pop("actors_per_proc", 1)
+        defaults.pop("actors_per_proc", None)
         procs = procs if procs is not None else defaults.pop("procs", 1)
         hosts = hosts if hosts is not None else defaults.pop("hosts", 1)
         if replicas is None:
             replicas = defaults.pop("replicas", None)
         name = name if name is not None else defaults.pop("name", None)
         config = config if config is not None else defaults.pop("config", None)
-        for key in ("procs", "hosts", "replicas", "name", "config"):
+        for key in ("procs", "hosts", "replicas", "name", "config", "detached"):
             defaults.pop(key, None)
         settings = defaults
         if config is not None:
@@ -304,8 +369,14 @@ class Options(Generic[A]):
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
+        from zmesh._client.grouping import check_per_proc
+
+        # Several actors in each proc: the mesh's dims are {hosts, procs, actors}.
+        self.actors_per_proc = check_per_proc(per_proc)
         # Whether this is a service: replicas given, or service settings.
         self.is_service = replicas is not None or bool(settings)
+        if self.is_service and self.actors_per_proc > 1:
+            raise ValueError("actors_per_proc is for as_actor(): a service's replicas are procs")
         self.replicas = replicas if replicas is not None else 1
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
@@ -313,13 +384,14 @@ class Options(Generic[A]):
 
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
+        self.detached = bool(detached)
         self.service_config = settings
         if settings:
             from zmesh._service.routing import ServiceConfig
 
             ServiceConfig(**settings)  # unknown or bad settings fail here, at once
 
-    def spawn(self, *args: Any, **kwargs: Any) -> Any:
+    def spawn(self, *args: Any, **kwargs: Any) -> Spawned[A]:
         """Spawn it: a future of a ``Service`` when ``replicas`` (or a service
         setting) was given, else the ``ActorMesh`` at once (see ``as_actor``).
         Both are awaitable and have ``.get(timeout)``.
@@ -330,9 +402,10 @@ class Options(Generic[A]):
         """
         if self.is_service:
             return self.as_service(*args, **kwargs)
-        return self.as_actor(*args, **kwargs)
+        # A mesh is a Spawned[A]; mypy cannot see it through the TypeVar.
+        return self.as_actor(*args, **kwargs)  # type: ignore[return-value]
 
-    def as_actor(self, *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def as_actor(self, *args: Any, **kwargs: Any) -> A:
         """Spawn ``hosts x procs`` actors; their ``ActorMesh``, at once.
 
         The procs and actors start in the background: calls made meanwhile
@@ -347,9 +420,10 @@ class Options(Generic[A]):
 
         if self.is_service:
             raise ValueError("replicas= and service settings are for as_service() or spawn()")
-        return spawn_actor_mesh(self, args, kwargs)
+        # Typed as the class: the handle has its endpoints (zmesh._typing).
+        return spawn_actor_mesh(self, args, kwargs)  # type: ignore[return-value]
 
-    def as_service(self, *args: Any, **kwargs: Any) -> Future[Service]:
+    def as_service(self, *args: Any, **kwargs: Any) -> Future[A]:
         """Spawn ``replicas`` actor meshes as one self-healing ``Service``.
 
         Raises (from the future):
@@ -360,7 +434,13 @@ class Options(Generic[A]):
         return spawn_service(self, args, kwargs)
 
 
-class Actor:
+if TYPE_CHECKING:
+    _Handle = HandleFace  # a handle's own methods, for the checker (zmesh._typing)
+else:
+    _Handle = object
+
+
+class Actor(_Handle):
     """Base class of actors. Subclass it and mark methods with ``@zmesh.endpoint``.
 
     An actor handles one message at a time, in send order per sender, unless
@@ -391,13 +471,14 @@ class Actor:
         replicas: int | None = None,
         name: str | None = None,
         config: ServiceConfig | None = None,
+        detached: bool | None = None,
         **service_config: Any,
     ) -> Options[A]:
         """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
         ``.as_service``). Defaults come from ``@zmesh.service`` on the class."""
         return Options(
             cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
-            **service_config,
+            detached=detached, **service_config,
         )  # fmt: skip
 
 
@@ -408,6 +489,7 @@ def service(
     hosts: int | None = None,
     name: str | None = None,
     config: ServiceConfig | None = None,
+    detached: bool | None = None,
     **settings: Any,
 ) -> Callable[[type[A]], type[A]]:
     """Class decorator: the class is a service by default, with these defaults.
@@ -422,7 +504,9 @@ def service(
 
         svc = await Embedder.options().spawn()
     """
-    given = {"replicas": replicas, "procs": procs, "hosts": hosts, "name": name}
+    given = {
+        "replicas": replicas, "procs": procs, "hosts": hosts, "name": name, "detached": detached
+    }  # fmt: skip
     defaults: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if config is not None:
         defaults["config"] = config

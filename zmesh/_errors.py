@@ -8,8 +8,10 @@ Hierarchy::
     ZmeshError
     ├── ActorError            an endpoint raised; the actor is still alive
     ├── SpawnError            a proc or an actor could not be started
+    │   └── DetachError           detached=True where nothing can outlive the script
     ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
-    │   └── ConnectionLostError   the connection to the proc dropped with the call on it
+    │   ├── ConnectionLostError   the connection to the proc dropped with the call on it
+    │   └── StreamInterruptedError  a service's stream broke after its first item
     ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
     ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
     ├── EndpointError         unknown endpoint or arguments that do not fit it
@@ -18,6 +20,7 @@ Hierarchy::
     │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
+    ├── NameNotFoundError     zmesh.lookup(name): no detached service or mesh of yours by that name
     └── ServiceError          a service cannot take the call
         └── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
 
@@ -38,14 +41,17 @@ __all__ = [
     "AgentTimeoutError",
     "CallTimeoutError",
     "ConnectionLostError",
+    "DetachError",
     "EncodeError",
     "EndpointError",
+    "NameNotFoundError",
     "OverloadedError",
     "SecurityError",
     "ServiceError",
     "ServiceOverloadedError",
     "SessionLostError",
     "SpawnError",
+    "StreamInterruptedError",
     "SupervisionError",
     "ZmeshError",
 ]
@@ -148,6 +154,14 @@ class SpawnError(ZmeshError):
     """A proc or an actor could not be started (``__init__`` raised, proc died)."""
 
 
+class DetachError(SpawnError):
+    """``detached=True`` asked of an agent that ends with the script (the embedded default).
+
+    Start an agent that outlives scripts (``zmesh agent``, ``zmesh cluster``,
+    ``zmesh up``) and point ``ZMESH_AGENTS`` (or ``zmesh.connect``) at it.
+    """
+
+
 class SupervisionError(ZmeshError):
     """The rank a call went to broke: it crashed, was killed, hung, or its host was lost.
 
@@ -166,6 +180,34 @@ class ConnectionLostError(SupervisionError):
     The call may or may not have run; its reply is lost. The proc itself
     may be alive: later calls go out on a new connection.
     """
+
+
+class StreamInterruptedError(SupervisionError):
+    """A service's stream lost its replica after the first item.
+
+    Before the first item a dead replica costs nothing but time: the request
+    moves to another replica unseen. After it, re-running the request would
+    repeat items the reader already has, so the stream ends with this error.
+
+    Attributes:
+        replica: the index of the replica that broke.
+        generation: its generation.
+        items: how many items the reader had been given.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        replica: int | None = None,
+        generation: int | None = None,
+        items: int = 0,
+        **context: object,
+    ) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.replica = replica
+        self.generation = generation
+        self.items = items
 
 
 class ActorStoppedError(ZmeshError):
@@ -214,6 +256,21 @@ class OverloadedError(ZmeshError):
     Raised only for calls made with ``.options(block=False)``; by default a
     call over the in-flight limit waits its turn (in order) instead.
     """
+
+
+class NameNotFoundError(ZmeshError):
+    """``zmesh.lookup(name)`` found no detached service or mesh of yours by that name.
+
+    Attributes:
+        name: the name asked for.
+        names: the names that do exist for your keys on the agents asked.
+    """
+
+    def __init__(self, message: str = "", *, name: str = "", names: list[str] | None = None,
+                 **context: object) -> None:  # fmt: skip
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.name = name
+        self.names = list(names or [])
 
 
 class ServiceError(ZmeshError):

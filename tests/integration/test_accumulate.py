@@ -41,7 +41,7 @@ async def test_accumulate_over_a_2x4_mesh_equals_the_local_fold(
     total = await zmesh.Accumulator(mesh.value, 0, operator.add).accumulate(3)
     assert total == sum(values)
     seen: frozenset[int] = await zmesh.Accumulator(
-        mesh.value, frozenset(), lambda s, v: s | {v}
+        mesh.value, frozenset[int](), lambda s, v: s | {v}
     ).accumulate(scale=2)
     assert seen == {2 * v for v in (await mesh.value.call(1)).values()}
     half = mesh.slice(hosts=1)
@@ -53,7 +53,7 @@ async def test_accumulate_over_a_2x4_mesh_equals_the_local_fold(
 async def test_value_mesh_reduce_folds_in_rank_order(mesh: zmesh.ActorMesh[Scalar]) -> None:
     vm = await mesh.value.call()
     assert vm.reduce(operator.add) == sum(vm.values())
-    assert vm.reduce(lambda acc, v: [*acc, v], initial=[]) == vm.values()
+    assert vm.reduce(lambda acc, v: [*acc, v], initial=list[int]()) == vm.values()
 
 
 async def test_a_failing_rank_fails_the_accumulation(mesh: zmesh.ActorMesh[Scalar]) -> None:

@@ -66,7 +66,7 @@ async def every_adverb_async(
     assert await mesh.slice(hosts=1, procs=0).where.call_one() == want[2]
 
     token = uuid.uuid4().hex
-    assert mesh.note.broadcast(token) is None
+    assert mesh.note.broadcast(token) is None  # type: ignore[func-returns-value]
     assert all(token in s for s in (await mesh.seen.call()).values())
 
     chosen = {(await mesh.where.choose())[0] for _ in range(8)}

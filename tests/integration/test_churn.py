@@ -186,8 +186,9 @@ async def test_a_handle_whose_address_now_serves_another_mesh_fails_fast() -> No
     stale_ref = _runtime.ProcRef(
         "gone-0000", 0, 1, ref.addr, ref.agent, ref.host, "/nonexistent.log"
     )
+    raw: Any = live  # the handle's own fields, which a checker does not see on an Echo
     stale: zmesh.ActorMesh[Echo]
-    stale = zmesh.ActorMesh("echo", "Echo", live.endpoints, live._shape, [stale_ref])
+    stale = zmesh.ActorMesh("echo", "Echo", raw.endpoints, raw._shape, [stale_ref])
     with pytest.raises(zmesh.SupervisionError, match=f"now serves mesh {live.proc_mesh}"):
         await asyncio.wait_for(_aw(stale.echo.call_one(2)), 5)
     assert await live.echo.call_one(3) == 3

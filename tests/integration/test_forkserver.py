@@ -32,7 +32,7 @@ def _comm(pid: int) -> str:
 
 class Probe(zmesh.Actor):
     @zmesh.endpoint
-    def facts(self) -> dict[str, object]:
+    def facts(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "ppid": os.getppid(),

@@ -172,15 +172,24 @@ def test_zmesh_logs_by_name_all_ranks_one_rank_since_and_follow(
         data = json.loads(one.stdout)
         assert data["rank"] == 1 and data["path"].endswith(".1.g1.log")
         assert data["text"].count("early from") == 1
-        # --since: only what came after; the agent notes sizes every ~100 ms.
-        time.sleep(2.5)  # so that "early" is older than the window below
+        # --since: only what came after; the agent notes sizes every ~100 ms. The
+        # window is measured from the late lines plus a margin for the CLI's own
+        # start (seconds on a loaded machine), and the early lines are older than
+        # any such window by the gap below.
+        time.sleep(5.0)
+        late_at = time.monotonic()
         s.send("say late")
         s.until("DONE")
-        recent = zmesh_cmd("logs", "talk", "--since", "2")
+
+        def since_late() -> subprocess.CompletedProcess[str]:
+            window = time.monotonic() - late_at + 4.0
+            return zmesh_cmd("logs", "talk", "--since", f"{window:.2f}")
+
+        recent = since_late()
         for _ in range(10):  # the size the late lines made is noted within a tick
             if recent.stdout.count("late") == 2:
                 break
-            recent = zmesh_cmd("logs", "talk", "--since", "2")
+            recent = since_late()
         assert recent.stdout.count("late") == 2, recent
         assert "early" not in recent.stdout, recent.stdout
         # -f: new output as it comes.

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.anyio
 
 class Embedder(zmesh.Actor):
     def __init__(self) -> None:
-        self.sizes: list[int] = []
+        self.batch_sizes: list[int] = []
 
     @zmesh.endpoint(batch=8, batch_wait=0.05)
     async def embed(self, xs: list[int]) -> list[int]:
-        self.sizes.append(len(xs))
+        self.batch_sizes.append(len(xs))
         if any(x < 0 for x in xs):
             raise ValueError(f"negative in {xs}")
         return [10 * x for x in xs]
@@ -38,7 +38,7 @@ class Embedder(zmesh.Actor):
 
     @zmesh.endpoint
     async def sizes_seen(self) -> list[int]:
-        return list(self.sizes)
+        return list(self.batch_sizes)
 
 
 async def endpoint_stats(
@@ -79,7 +79,7 @@ async def test_32_single_calls_run_as_at_most_4_invocations() -> None:
         wrong = await asyncio.gather(*(one.short(i) for i in range(4)), return_exceptions=True)
         assert all("must return a list of 4" in str(r) for r in wrong), wrong
         with pytest.raises(zmesh.EndpointError, match="one item per call"):
-            await one.embed(1, 2)
+            await one.embed(1, 2)  # type: ignore[call-arg]
         stats = await endpoint_stats(one, "embed", batches=6)
         assert stats.batches >= 6 and stats.batched >= 36
         assert stats.mean_batch is not None and stats.mean_batch > 4
@@ -92,7 +92,11 @@ async def test_batching_through_a_service() -> None:
     try:
         results = await asyncio.gather(*(svc.embed(i) for i in range(64)))
         assert results == [10 * i for i in range(64)]
-        sizes = [await svc.replica(i).sizes_seen.call_one() for i in range(2)]
+        sizes = []
+        for i in range(2):
+            replica = svc.replica(i)
+            assert replica is not None
+            sizes.append(await replica.sizes_seen.call_one())
         assert sum(map(sum, sizes)) == 64
         assert sum(map(len, sizes)) <= 12, sizes  # batched, not 64 invocations
     finally:

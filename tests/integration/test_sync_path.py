@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_lane_calls_and_other_adverbs_keep_their_relative_order(
     log_actor: zmesh.ActorMesh[Log],
 ) -> None:
     log_actor.take.call_one().get(timeout=10)
-    futs = []
+    futs: list[zmesh.Future[Any]] = []
     for i in range(600):
         if i % 3 == 0:
             log_actor.append.broadcast(i)
@@ -74,7 +75,7 @@ def test_lane_calls_and_other_adverbs_keep_their_relative_order(
 
 def test_lane_errors_are_typed(log_actor: zmesh.ActorMesh[Log]) -> None:
     log_actor.take.call_one().get(timeout=10)
-    fut = log_actor.boom.call_one("nope")
+    fut: zmesh.Future[Any] = log_actor.boom.call_one("nope")
     assert fut._sync is not None
     with pytest.raises(zmesh.ActorError) as info:
         fut.get(timeout=10)

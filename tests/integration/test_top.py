@@ -246,3 +246,45 @@ def test_interactive_keys_in_a_real_terminal(
         tmux.quit(pane)
     finally:
         tmux.close()
+
+
+class Batched(zmesh.Actor):
+    @zmesh.endpoint(batch=8, batch_wait=0.05)
+    async def double(self, xs: list[int]) -> list[int]:
+        return [2 * x for x in xs]
+
+
+def test_top_shows_the_batches_and_mean_batch_size_of_a_batched_endpoint(
+    cluster: list[AgentProcess],
+) -> None:
+    agents = ",".join(a.control for a in cluster)
+    one = Batched.options().as_actor().get(timeout=60)
+    stop = threading.Event()
+
+    def load() -> None:  # 16 single calls at a time: batches of up to 8
+        while not stop.is_set():
+            futs = [one.double(i) for i in range(16)]
+            assert [f.get(timeout=30) for f in futs] == [2 * i for i in range(16)]
+
+    thread = threading.Thread(target=load, name="load", daemon=True)
+    thread.start()
+    try:
+
+        def reported() -> dict[str, object] | None:
+            done = zmesh_cmd("top", "--agents", agents, "--json")
+            assert done.returncode == 0, done.stderr
+            rows = [e for e in json.loads(done.stdout)["endpoints"] if e["endpoint"] == "double"]
+            return rows[0] if rows and rows[0]["mean_batch"] else None
+
+        row = wait_for(reported, 60, "top to report double's batches", interval=0.2)
+        assert isinstance(row["batches_total"], int) and row["batches_total"] > 0
+        assert isinstance(row["mean_batch"], float) and 1.0 < row["mean_batch"] <= 8.0
+        out = zmesh_cmd("top", "--agents", agents, "--once", "--width", "140").stdout
+        head = next(ln for ln in out.splitlines() if "endpoint" in ln and "batches" in ln)
+        assert head.split()[-2:] == ["batches", "batch"]
+        line = next(ln for ln in out.splitlines() if "double" in ln)
+        assert int(line.split()[-2]) > 0 and 1.0 <= float(line.split()[-1]) <= 8.0
+    finally:
+        stop.set()
+        thread.join(30)
+        one.stop().get(timeout=30)

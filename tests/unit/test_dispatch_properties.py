@@ -17,7 +17,11 @@ fed to it in any order. Whatever the order:
   request is sent at most once;
 * a pinned request is only ever sent to its replica;
 * a session's requests go to the generation it is bound to; a strict session
-  whose generation is gone fails with ``SessionLostError`` instead.
+  whose generation is gone fails with ``SessionLostError`` instead;
+* a stream request (a generator endpoint) is never sent again once an item of
+  it reached its reader: a replica breaking under it then ends it with
+  ``StreamInterruptedError``, and its deadline no longer ends it; a reader
+  that stops reading (cancel) ends it at once and frees its slot.
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zmesh._errors import ActorStoppedError, SessionLostError, SupervisionError
+from zmesh._errors import (
+    ActorStoppedError,
+    CallTimeoutError,
+    ServiceError,
+    SessionLostError,
+    StreamInterruptedError,
+    SupervisionError,
+)
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import (
     HEALTHY,
@@ -64,6 +75,9 @@ class Shell:
             "svc", REPLICAS, cfg, router, lambda: self.now, self.send, self.finish, self.on_failure
         )
         self.requests: list[Request] = []
+        # A stream request's sends when its first item reached the reader.
+        self.first_item: dict[str, int] = {}
+        self.interrupted: set[str] = set()  # broke under a live attempt after items
 
     def send(self, attempt: Attempt) -> None:
         slot = attempt.slot
@@ -75,6 +89,17 @@ class Shell:
 
     def finish(self, req: Request, error: BaseException | None, value: Any) -> None:
         self.ended.setdefault(req.id, []).append(error if error is not None else value)
+        if req.items:  # a stream under way is not timed out by its deadline
+            assert not isinstance(error, CallTimeoutError | ServiceError), error
+        if isinstance(error, StreamInterruptedError):
+            assert req.stream and req.items and error.items == req.items
+
+    def item(self, attempt: Attempt) -> None:
+        req = attempt.request
+        live = attempt.held and req.attempt is attempt
+        self.d.item(attempt)
+        if live:
+            self.first_item.setdefault(req.id, req.attempts)
 
     def on_failure(self, index: int, generation: int, reason: str) -> None:
         self.failures.append((index, generation))
@@ -91,16 +116,34 @@ requests_st = st.tuples(
     st.sampled_from([None, None, None, 0, 1, 2]),  # pinned
     st.booleans(),  # least loaded
     st.floats(0.5, 5.0),  # timeout
+    st.booleans(),  # a stream (generator endpoint)
 )
 events_st = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), requests_st),
-        st.tuples(st.sampled_from(["ok", "error", "broken"]), st.integers(0, 50)),
+        st.tuples(st.sampled_from(["ok", "error", "broken", "item"]), st.integers(0, 50)),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
         st.tuples(st.sampled_from(["fail", "up", "gone"]), st.integers(0, REPLICAS - 1)),
         st.tuples(st.just("tick"), st.floats(0.0, 2.0)),
         st.tuples(st.just("stop"), st.none()),
     ),
     max_size=80,
+)
+# Mostly streams, and the events that matter to them: items, breaks, cancels.
+_stream_submit = st.tuples(st.just("submit"), requests_st.map(lambda r: (*r[:5], True)))
+_stream_act = st.tuples(
+    st.sampled_from(["item", "item", "broken", "ok", "cancel"]), st.integers(0, 9)
+)
+stream_events_st = st.lists(
+    st.one_of(
+        _stream_submit,
+        _stream_act,
+        _stream_act,
+        st.tuples(st.sampled_from(["fail", "up"]), st.integers(0, REPLICAS - 1)),
+        st.tuples(st.just("tick"), st.floats(0.0, 0.5)),
+    ),
+    min_size=12,
+    max_size=60,
 )
 configs_st = st.builds(
     ServiceConfig,
@@ -119,14 +162,26 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
     sessions = [Session(_Svc(), "a"), Session(_Svc(), "b", strict=True)]  # type: ignore[arg-type]
     for kind, arg in events:
         if kind == "submit":
-            retry, sess, pinned, least_loaded, timeout = arg
+            retry, sess, pinned, least_loaded, timeout, stream = arg
             req = Request(
                 f"r{len(shell.requests)}", "ep", shell.now + timeout, retry=retry,
-                session=sessions[sess] if sess is not None else None, pinned=pinned,
-                least_loaded=least_loaded, start=shell.now,
+                session=sessions[sess] if sess is not None else None,
+                pinned=None if stream else pinned, least_loaded=least_loaded,
+                start=shell.now, stream=stream,
             )  # fmt: skip
             shell.requests.append(req)
             d.submit(req)
+        elif kind == "item" and shell.open:
+            attempt = shell.open[arg % len(shell.open)]
+            if attempt.request.stream:
+                shell.item(attempt)
+        elif kind == "cancel" and shell.requests:
+            req = shell.requests[arg % len(shell.requests)]
+            if req.stream:  # the reader stopped: the shell closes the live attempt
+                live = req.attempt
+                d.cancel(req)
+                if live is not None:
+                    shell.open.remove(live)
         elif kind in ("ok", "error", "broken") and shell.open:
             attempt = shell.open.pop(arg % len(shell.open))
             if kind == "ok":
@@ -137,6 +192,9 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
                 gen = (attempt.slot.index, attempt.generation)
                 if d.slots[gen[0]].generation == gen[1] and d.slots[gen[0]].state == HEALTHY:
                     shell.failed_gens.add(gen)
+                req = attempt.request
+                if req.items and req.attempt is attempt and not req.done and not d.stopped:
+                    shell.interrupted.add(req.id)
                 d.settled(attempt, Outcome.BROKEN, SupervisionError("broke"))
         elif kind == "fail" and d.slots[arg].state == HEALTHY:
             shell.fail(arg)
@@ -247,6 +305,23 @@ def test_sessions_stay_on_their_generation(
         gens = [(i, g) for r, i, g in shell.sends if r.session is s and r.pinned is None]
         moves = sum(1 for a, b in itertools.pairwise(gens) if a != b)
         assert moves <= s.rebinds
+
+
+@FAST
+@given(st.one_of(events_st, stream_events_st), configs_st, st.booleans())
+def test_a_stream_is_never_sent_again_after_its_first_item(
+    events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool
+) -> None:
+    shell = run(events, cfg, least)
+    for req in shell.requests:
+        sends = sum(1 for r, _, _ in shell.sends if r is req)
+        if req.id in shell.first_item:
+            assert req.stream
+            assert sends == shell.first_item[req.id], "re-sent after its first item"
+        (end,) = shell.ended[req.id]
+        if req.id in shell.interrupted:
+            assert isinstance(end, StreamInterruptedError), end
+            assert end.replica is not None and end.items == req.items
 
 
 def test_a_session_rebinds_when_its_generation_is_replaced() -> None:

@@ -34,18 +34,33 @@ def test_the_same_line_from_many_ranks_is_printed_once_then_counted() -> None:
     assert out.getvalue().splitlines()[-1] == "(m-1 0 host0) loading model"
 
 
-def test_past_the_rate_lines_are_cut_and_counted() -> None:
-    out = io.StringIO()
-    p = Printer(out)
+def test_past_the_rate_lines_are_cut_and_counted_on_stderr() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    p = Printer(out, err)
     p.lines(lines("m-1", 0, *(f"line {i}" for i in range(logforward.MAX_LINES + 50))), 10.0)
     assert len(out.getvalue().splitlines()) == logforward.MAX_LINES
+    assert len(p.seen) == logforward.MAX_LINES  # what is cut is not remembered
     p.flush(11.0)
     assert (
-        out.getvalue().splitlines()[-1]
+        err.getvalue().splitlines()[-1]
         == "[zmesh: 50 lines of actor output not shown; see zmesh logs]"
     )
-    p.lines(lines("m-1", 0, "skipped some", skipped=1234), 11.5)
-    assert "1234 bytes of output not forwarded" in out.getvalue().splitlines()[-1]
+    p.lines(lines("m-1", 0, "skipped some", skipped=1000), 11.5)
+    p.lines(lines("m-1", 0, "skipped more", skipped=234), 11.6)
+    p.flush(11.7)  # said once a second per proc, with the sum
+    assert "1234 bytes of output not forwarded" in err.getvalue().splitlines()[-1]
+    assert err.getvalue().count("bytes of output not forwarded") == 1
+    assert p.cut_total == 50 and p.skipped_total == 1234
+    assert len(out.getvalue().splitlines()) == logforward.MAX_LINES + 2  # notes are not stdout
+
+
+def test_stderr_lines_go_to_stderr_and_stdout_lines_to_stdout() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    p = Printer(out, err)
+    p.lines(w.LogLines("m-1", 0, "host0", ["to out"], stream=1), 1.0)
+    p.lines(w.LogLines("m-1", 1, "host0", ["to err", "to out"], stream=2), 1.0)
+    assert out.getvalue() == "(m-1 0 host0) to out\n"
+    assert err.getvalue() == "(m-1 1 host0) to err\n(m-1 1 host0) to out\n"  # not deduplicated
 
 
 class FakePub:
@@ -80,6 +95,27 @@ def test_the_agent_forwards_whole_lines_to_their_owner(tmp_path: Path) -> None:
         f.write(b"ial\n")
     tail.tick()
     assert pub.sent[-1].lines == ["partial"] and pub.sent[-1].mesh == "m-1"
+
+
+def test_the_agent_copies_stderr_into_the_log_marked_and_forwards_it_apart(
+    tmp_path: Path,
+) -> None:
+    tail, log, pub = _tail(tmp_path)
+    err = tmp_path / "m-1.0.g1.err"
+    with open(log, "ab") as f:
+        f.write(b"printed\n")
+    with open(err, "ab") as f:
+        f.write(b"Traceback (most recent call last):\nValueError: x\nhalf")
+    tail.tick()
+    assert log.read_bytes() == (
+        b"printed\n[stderr] Traceback (most recent call last):\n[stderr] ValueError: x\n"
+    )  # the combined view zmesh logs reads
+    by_stream = {m.stream: m.lines for m in pub.sent}
+    assert by_stream == {1: ["printed"], 2: ["Traceback (most recent call last):", "ValueError: x"]}
+    with open(err, "ab") as f:
+        f.write(b" a line\n")
+    tail.tick()
+    assert pub.sent[-1].stream == 2 and pub.sent[-1].lines == ["half a line"]
 
 
 def test_a_proc_over_the_rate_is_skipped_to_its_newest_lines(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import msgspec
 from rich.console import Console
 
 from zmesh._shared import stats as _stats
@@ -220,3 +221,49 @@ def test_status_is_unhealthy_with_a_failed_rank_or_a_lost_agent() -> None:
     healthy = Snapshot(NOW, 10.0, [snapshot().agents[0]])
     assert unhealthy(healthy) == []
     assert any("lost" in p for p in unhealthy(snapshot(lost=True)))
+
+
+def _batched(t: float, calls: int, batches: int) -> _stats.ProcStatistics:
+    embed = _stats.EndpointStatistics(
+        "embed", calls, 0, 0, 0, 0, hist(10, calls), batches=batches, batched=calls
+    )
+    actors = [_stats.ActorStatistics("embedder", "Embedder", 0, 0, [embed])]
+    return _stats.ProcStatistics("emb", 0, 1, 77, t, 1.0, 30 << 20, 60.0, 0, 0, actors)
+
+
+def test_batched_endpoints_show_their_batches_and_mean_batch_size() -> None:
+    # 10 s apart: 96 more calls in 12 more batches -> a mean batch of 8 over the window.
+    base = agent_stats("a", NOW - 10, [_batched(NOW - 10, 32, 8)])
+    new = agent_stats("a", NOW, [_batched(NOW, 128, 20)])
+    snap = Snapshot(NOW, 10.0, [AgentSample("tcp://a:1", "a", "ok", NOW, NOW, new, base)], [])
+    total, row = derive(snap).endpoints
+    assert (row.batches_total, row.mean_batch) == (20, 8.0)
+    assert total.batches_total == 20
+    plain = derive(snapshot()).endpoints[1]
+    assert (plain.batches_total, plain.mean_batch) == (0, None)
+    assert "batches" not in draw(snapshot())  # no batched endpoint: no batching columns
+    out = draw(snap, width=120)
+    head = line_with(out, "endpoint")
+    cols = ["calls/s", "inflight", "queue", "batches", "batch"]
+    assert [head.index(c) for c in cols] == sorted(head.index(c) for c in cols), head
+    assert line_with(out, "emb/embedder").split()[-2:] == ["20", "8.0"]
+    sorted_by_batch = derive(snap, Options(sort={"actors": 8})).endpoints
+    assert sorted_by_batch[1].endpoint == "embed"
+
+
+def test_two_services_of_one_name_are_two_rows_in_top_and_in_the_agent() -> None:
+    from zmesh._host.statsbook import StatsBook
+
+    book = StatsBook()
+    for sid, healthy in [("embedder-aaa", 2), ("embedder-bbb", 1)]:
+        book.record_service(_stats.ServiceSummary("embedder", healthy, 2, id=sid))
+    _, services = book.current([])
+    assert sorted(s.id for s in services) == ["embedder-aaa", "embedder-bbb"]
+    stats = msgspec.structs.replace(agent_stats("a", NOW, []), services=services)
+    snap = Snapshot(NOW, 10.0, [AgentSample("tcp://a:1", "a", "ok", NOW, NOW, stats, None)], [])
+    rows = derive(snap).services
+    assert sorted((r.name, r.id, r.healthy) for r in rows) == [
+        ("embedder", "embedder-aaa", 2),
+        ("embedder", "embedder-bbb", 1),
+    ]
+    assert derive(snap).header.services_degraded == 1

@@ -10,7 +10,9 @@
 * ``meshstate``, ``values``: ``mesh.state()``, ``ValueMesh``; ``faults``: ``MeshFailure``
   and the hooks; ``this_proc``, ``singletons``: Monarch's process-level helpers;
 * ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
+  ``grouping``: fan-outs to several actors per proc, one message per proc;
 * ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
 * ``local``: this process as an owner (its agents, heartbeats, exit);
+* ``lookup``: detached services and meshes filed by name, and ``zmesh.lookup``;
 * ``shutdown``: ``zmesh.shutdown()``.
 """

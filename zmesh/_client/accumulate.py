@@ -11,18 +11,22 @@ the future (the rest of the replies are ignored), and so does an exception
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from zmesh._client.adverbs import EndpointRef, on_runtime
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink
 from zmesh._client.runtime import Runtime
 
+if TYPE_CHECKING:
+    from zmesh._typing import Adverbs
+
+P = ParamSpec("P")
 R = TypeVar("R")
 A = TypeVar("A")
 
 
-class Accumulator(Generic[R, A]):
+class Accumulator(Generic[P, R, A]):
     """Reduce a mesh call to one value: ``combine(...combine(identity, r0)..., rN)``.
 
     Args:
@@ -37,16 +41,16 @@ class Accumulator(Generic[R, A]):
         total = await Accumulator(mesh.value, 0, operator.add).accumulate()
     """
 
-    def __init__(self, endpoint: EndpointRef[R], identity: A, combine: Callable[[A, R], A]):
+    def __init__(self, endpoint: Adverbs[P, R], identity: A, combine: Callable[[A, R], A]):
         if not isinstance(endpoint, EndpointRef):
             raise TypeError(
                 f"Accumulator needs an endpoint of a mesh (mesh.name), not {endpoint!r}"
             )
-        self._endpoint = endpoint
+        self._endpoint: EndpointRef[R] = endpoint
         self._identity = identity
         self._combine = combine
 
-    def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+    def accumulate(self, *args: P.args, **kwargs: P.kwargs) -> Future[A]:
         """Call every actor with these arguments; a future of the folded value."""
         ep = self._endpoint
         refs = ep._mesh._refs

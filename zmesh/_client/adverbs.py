@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import grouping as _grouping
 from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
@@ -313,6 +314,10 @@ class EndpointRef(Generic[R]):
 
         def start(rt: Runtime, fut: Sink) -> None:
             best = least_loaded(rt, refs)
+            if best.index >= 0:  # one of several actors of its proc
+                call = _grouping.call
+                call(rt, best, actor, name, payload, buffers, deadline, fut, timeout, block)
+                return
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
         return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
@@ -322,6 +327,10 @@ class EndpointRef(Generic[R]):
         payload, buffers = self._pack(args, kwargs)
         timeout = self._timeout
         deadline = time.time() + timeout if timeout is not None else 0.0
+        if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it
+            return _grouping.call_one(
+                ref, self._mesh.actor, self._name, payload, buffers, deadline, timeout, self._block
+            )
         rt, here = _runtime.current()
         if here:
             fut: asyncio.Future[R] = rt.loop.create_future()

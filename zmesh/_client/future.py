@@ -121,13 +121,15 @@ class Future(Generic[T]):
     def __repr__(self) -> str:
         return f"<zmesh.Future {'done' if self.done() else 'pending'}>"
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for names a Future lacks: `mesh.incr` on a forgotten await/.get().
-        from zmesh._client.mistakes import future_attribute_error
+    if not TYPE_CHECKING:  # to a checker, `fut.incr` is the error it is
 
-        if name.startswith("_"):
-            raise AttributeError(name)
-        raise future_attribute_error(name)
+        def __getattr__(self, name: str) -> Any:
+            # Only for names a Future lacks: `mesh.incr` on a forgotten await/.get().
+            from zmesh._client.mistakes import future_attribute_error
+
+            if name.startswith("_"):
+                raise AttributeError(name)
+            raise future_attribute_error(name)
 
 
 async def _wait(afut: asyncio.Future[T]) -> T:

@@ -13,8 +13,10 @@ sees it, and prints each line with a prefix naming where it came from.
   logs keep everything (``zmesh logs MESH``).
 * Off with ``ZMESH_FORWARD_LOGS=0`` or ``zmesh.connect(..., forward_logs=False)``.
 
-A proc's stdout and stderr share one log file, so both arrive on the
-client's stdout.
+What a proc writes to stdout is printed on the client's stdout, what it
+writes to stderr on the client's stderr (the agent tells them apart,
+``LogLines.stream``). zmesh's own notes (lines cut, bytes not forwarded) go
+to stderr, so a program's stdout carries only what its actors printed.
 """
 
 from __future__ import annotations
@@ -67,51 +69,82 @@ def watch(control: str, owner: str) -> None:
 
 
 class Printer:
-    """Prefixes, deduplicates and rate-limits lines onto ``out`` (one thread's)."""
+    """Prefixes, deduplicates and rate-limits lines onto ``out`` and ``err`` (one thread's).
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    Args:
+        out: where stdout lines go (default: ``sys.stdout`` at the time).
+        err: where stderr lines and zmesh's notes go (default: ``sys.stderr``).
+    """
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.out = out
-        self.seen: dict[tuple[str, str], list[Any]] = {}  # (mesh, text) -> [first, n, host]
+        self.err = err
+        # (mesh, stream, text) -> [first seen, repeats, host]
+        self.seen: dict[tuple[str, int, str], list[Any]] = {}
         self.second = 0.0
         self.shown = 0
         self.cut = 0
+        self.cut_total = 0  # lines not shown since the start (``statistics``)
+        self.skipped_total = 0  # bytes the agents did not forward
+        self.skipped: dict[tuple[str, int, str, str], int] = {}  # not said yet, by proc
+        self.said_skipped = 0.0
+        self.flushed = 0.0
 
     def lines(self, msg: w.LogLines, now: float) -> None:
         for text in msg.lines:
-            key = (msg.mesh, text)
+            key = (msg.mesh, msg.stream, text)
             seen = self.seen.get(key)
             if seen is not None and now - seen[0] < DEDUP_WINDOW:
                 seen[1] += 1
                 continue
+            if self._over(now):  # cut: not remembered either, so a flood costs no memory
+                self.cut += 1
+                self.cut_total += 1
+                continue
             self.seen[key] = [now, 0, msg.agent]
-            self._emit(f"({msg.mesh} {msg.rank} {msg.agent}) {text}", now)
-        if msg.skipped:
-            self._emit(
-                f"({msg.mesh} {msg.rank} {msg.agent}) [zmesh: {msg.skipped} bytes of output "
-                f"not forwarded (over the rate); the log has them: {msg.path}]",
-                now,
-                always=True,
-            )
+            self._emit(f"({msg.mesh} {msg.rank} {msg.agent}) {text}", now, msg.stream)
+        if msg.skipped:  # said once a second per proc (a flood would say it every tick)
+            self.skipped_total += msg.skipped
+            where = (msg.mesh, msg.rank, msg.agent, msg.path)
+            self.skipped[where] = self.skipped.get(where, 0) + msg.skipped
 
     def flush(self, now: float) -> None:
-        """Say what repeated, once its window closed; report cut lines."""
+        """Say what repeated, once its window closed; report cut lines (a few times a second)."""
+        if now - self.flushed < 0.1:
+            return
+        self.flushed = now
         for key, (first, n, host) in list(self.seen.items()):
             if now - first >= DEDUP_WINDOW:
                 del self.seen[key]
                 if n:
-                    self._emit(f"({key[0]} {host}) {key[1]} [repeated {n}x across ranks]", now)
+                    line = f"({key[0]} {host}) {key[2]} [repeated {n}x across ranks]"
+                    self._emit(line, now, key[1])
+        if self.skipped and now - self.said_skipped >= 1.0:
+            self.said_skipped = now
+            for (mesh, rank, host, path), n in self.skipped.items():
+                line = (
+                    f"({mesh} {rank} {host}) [zmesh: {n} bytes of output not forwarded "
+                    f"(over the rate); the log has them: {path}]"
+                )
+                self._emit(line, now, 2, always=True)
+            self.skipped.clear()
         if self.cut and now - self.second >= 1.0:
             cut, self.cut = self.cut, 0
-            self._emit(f"[zmesh: {cut} lines of actor output not shown; see zmesh logs]", now)
+            line = f"[zmesh: {cut} lines of actor output not shown; see zmesh logs]"
+            self._emit(line, now, 2, always=True)
 
-    def _emit(self, line: str, now: float, always: bool = False) -> None:
+    def _over(self, now: float) -> bool:
         if now - self.second >= 1.0:
             self.second, self.shown = now, 0
-        if self.shown >= MAX_LINES and not always:
+        return self.shown >= MAX_LINES
+
+    def _emit(self, line: str, now: float, stream: int, always: bool = False) -> None:
+        if self._over(now) and not always:
             self.cut += 1
+            self.cut_total += 1
             return
         self.shown += 1
-        out = self.out or sys.stdout
+        out = (self.err or sys.stderr) if stream == 2 else (self.out or sys.stdout)
         with contextlib.suppress(ValueError, OSError):  # stdout closed at exit
             out.write(line + "\n")
             out.flush()

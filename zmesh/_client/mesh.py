@@ -1,9 +1,9 @@
 """Meshes: hosts, procs and actors laid out on named dimensions.
 
 ``HostMesh`` (agents) → ``spawn_procs`` → ``ProcMesh`` (one OS process per
-point) → ``spawn`` → ``ActorMesh`` (one actor per proc). Ranks are row-major
-over the dims, hosts first: ``{hosts: 2, procs: 4}`` puts rank 5 at
-``hosts=1, procs=1``.
+point) → ``spawn`` → ``ActorMesh`` (one actor per proc, or ``actors_per_proc``
+of them on one more dim, ``actors``). Ranks are row-major over the dims, hosts
+first: ``{hosts: 2, procs: 4}`` puts rank 5 at ``hosts=1, procs=1``.
 """
 
 from __future__ import annotations
@@ -250,7 +250,9 @@ class ProcMesh(_MeshBase):
     def name(self) -> str:
         return self.proc_mesh
 
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(
+        self, name: str, cls: type[A], *args: Any, actors_per_proc: int = 1, **kwargs: Any
+    ) -> A:
         """Construct ``cls(*args, **kwargs)`` in every proc; the ``ActorMesh``, at once.
 
         The actors start in the background, after the procs. Calls made
@@ -258,9 +260,14 @@ class ProcMesh(_MeshBase):
         ``__init__``. Meshes in the arguments that are still spawning are
         waited for first.
 
+        With ``actors_per_proc=N`` (N > 1), each proc hosts N actors, each
+        with its own mailbox: the mesh has one more dim, ``actors`` (the
+        last), and a fan-out sends one message per proc.
+
         Raises:
             ValueError: at once, when ``name`` is not a valid name (1-128
-                letters, digits, ``_``, ``.`` or ``-``, without ``..``).
+                letters, digits, ``_``, ``.`` or ``-``, without ``..``), or
+                ``actors_per_proc`` is below 1.
             TypeError: at once, when ``cls`` is not a ``zmesh.Actor`` subclass.
 
         Raises (from ``await mesh``, ``mesh.initialized`` and every call):
@@ -270,7 +277,10 @@ class ProcMesh(_MeshBase):
         from zmesh._client import spawning
 
         _names.check_name(name, "actor name")
-        return spawning.start_actors(self, name, cls, args, kwargs)
+        # Typed as the class: the handle has its endpoints (zmesh._typing).
+        return spawning.start_actors(  # type: ignore[return-value]
+            self, name, cls, args, kwargs, actors_per_proc
+        )
 
     def get(self, timeout: float | None = None) -> ProcMesh:
         """Wait until the procs are up (``initialized.get``); this mesh.
@@ -356,7 +366,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         An integer index drops its dim; a slice keeps it.
         """
         shape = self._shape.sliced(sel)
-        by_rank = {r.rank: r for r in self._refs}
+        by_rank = dict(zip(self._shape.ranks, self._refs, strict=False))
         part: ActorMesh[A] = ActorMesh(
             self.actor, self.cls_name, self.endpoints, shape,
             [by_rank[r] for r in shape.ranks] if by_rank else [], full_dims=self.full_dims,
@@ -377,7 +387,12 @@ class ActorMesh(_MeshBase, Generic[A]):
 
     def points(self) -> list[Point]:
         """The point of each actor of this view in the full mesh, in rank order."""
-        return [Point(r, self.full_dims) for r in self._shape.ranks]
+        cached = self.__dict__.get("_points")
+        if cached is not None and cached[0] is self._shape:
+            return cached[1]  # every call() of a view needs them: made once (never mutated)
+        points = [Point(r, self.full_dims) for r in self._shape.ranks]
+        self.__dict__["_points"] = (self._shape, points)
+        return points
 
     def stop(self) -> Future[None]:
         """Stop these actors (and their procs, if this mesh made them).

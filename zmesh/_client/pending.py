@@ -148,7 +148,9 @@ class Gate:
     def fill(self, refs: list[ProcRef]) -> None:
         """The spawn is up: give every member its refs (before ``ready`` settles)."""
         with self._lock:
-            self._by_rank = {r.rank: r for r in refs}
+            # By place in the mesh: an actor's ref says its proc's rank,
+            # which several actors of one proc share.
+            self._by_rank = {r.point if r.point >= 0 else r.rank: r for r in refs}
             for m in list(self._members):
                 m._refs = [self._by_rank[r] for r in m._shape.ranks]
 

@@ -11,10 +11,13 @@ makes a receiver whose values come as ``(rank, value)``, the sender's rank.
 How it travels: the process that opens a channel (a client, or an actor's
 proc) binds one ROUTER for all its receivers, lazily, an ipc:// socket in the
 user's private runtime directory, and a port is that address plus a number.
-A sender keeps one DEALER per receiving process (so one sender's values stay
-in order) and never waits on it: a value for a receiver that is gone, or one
-the socket cannot take now, is dropped and logged once per port. Senders and
-receivers must share a host for now (an ipc:// address).
+In a multi-host run it also binds a TCP inbox (CURVE, and a ZAP handler
+that admits only the keys the agents admit: ``zmesh._client.portserver``),
+and the port carries that address, the inbox's public key and which host it
+is on: a sender on the same host uses the ipc:// address, one on another
+host the TCP one. A sender keeps one DEALER per receiving process (so one
+sender's values stay in order) and never waits on it: a value for a receiver
+that is gone, or one the socket cannot take now, is dropped and logged once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import zmq
 
 from zmesh._actor import current_point
+from zmesh._client import portserver as _portserver
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
@@ -38,6 +42,7 @@ from zmesh._client.runtime import Runtime
 from zmesh._errors import EncodeError
 from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w
+from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -54,15 +59,28 @@ _numbers = itertools.count(1)
 
 class Port(Generic[R]):
     """Where values for a ``PortReceiver`` go. A plain value: it pickles, and
-    works from any actor on this host (``Channel.open`` makes one)."""
+    works from any actor, on any host of the run (``Channel.open`` makes one).
 
-    __slots__ = ("addr", "number", "once", "sent")
+    Attributes:
+        addr: the receiving process's ipc:// inbox (senders on its host).
+        tcp: its TCP inbox (senders on other hosts), ``""`` on one host.
+        key: the TCP inbox's CURVE public key, ``b""`` without keys.
+        host: the receiving process's ``portserver.host_id()``.
+    """
 
-    def __init__(self, addr: str, number: int, once: bool = False) -> None:
+    __slots__ = ("addr", "host", "key", "number", "once", "sent", "tcp")
+
+    def __init__(
+        self, addr: str, number: int, once: bool = False, tcp: str = "", key: bytes = b"",
+        host: str = "",
+    ) -> None:  # fmt: skip
         self.addr = addr
         self.number = number
         self.once = once
         self.sent = False
+        self.tcp = tcp
+        self.key = key
+        self.host = host
 
     def send(self, value: R) -> None:
         """Send ``value`` to the receiver; never blocks.
@@ -85,14 +103,25 @@ class Port(Generic[R]):
     def _send(self, payload: w.Payload, buffers: list[Any], rank: int) -> None:
         msg = w.PortSend(self.number, rank, payload)
         rt, home = _runtime.current()
-        rt.dispatch(_senders(rt).send, self.addr, msg, buffers, here=home, targets=())
+        addr, key = self.route()
+        rt.dispatch(_senders(rt).send, addr, msg, buffers, key, here=home, targets=())
+
+    def route(self) -> tuple[str, bytes]:
+        """Where a value sent from this process goes: ``(address, server key)``.
+
+        The ipc:// inbox from the receiver's host, else its TCP inbox (``""``
+        if it has none: the receiver was opened on one host only).
+        """
+        if not self.host or self.host == _host():
+            return self.addr, b""
+        return self.tcp, self.key
 
     def exception(self, exc: BaseException) -> None:
         """Send an exception: the receiver's ``recv()`` raises it."""
         self.send(_PortError(exc))  # type: ignore[arg-type]
 
     def __reduce__(self) -> Any:
-        return (Port, (self.addr, self.number, self.once))
+        return (Port, (self.addr, self.number, self.once, self.tcp, self.key, self.host))
 
     def __repr__(self) -> str:
         return f"<zmesh.Port {self.number}{' once' if self.once else ''}>"
@@ -185,10 +214,21 @@ def _open(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]]:
     number = next(_numbers)
     receiver: PortReceiver[Any] = PortReceiver(rt, number, once, ranked)
     if home:
-        addr = _server(rt).add(receiver)
+        server = _server(rt).add(receiver)
     else:
-        addr = on_runtime(lambda rt, fut: fut.set_result(_server(rt).add(receiver))).get(10)
-    return Port(addr, number, once), receiver
+        server = on_runtime(lambda rt, fut: fut.set_result(_server(rt).add(receiver))).get(10)
+    tcp, key = (server.tcp.addr, server.tcp.key) if server.tcp is not None else ("", b"")
+    return Port(server.addr, number, once, tcp, key, _host()), receiver
+
+
+_host_id: str | None = None
+
+
+def _host() -> str:
+    global _host_id
+    if _host_id is None:
+        _host_id = _portserver.host_id()
+    return _host_id
 
 
 # ------------------------------------------------------------ the sockets
@@ -212,10 +252,17 @@ class _Server:
         os.chmod(self.path, 0o600)
         self.addr = f"ipc://{self.path}"
         self.sock = AsyncSocket(sock, rt.loop, self._on_message, router=True)
+        # Other hosts' senders, in a multi-host run: bound with the first channel
+        # opened once this process reaches agents on other hosts.
+        self.tcp: _portserver.TcpInbox | None = None
 
-    def add(self, receiver: PortReceiver[Any]) -> str:
+    def add(self, receiver: PortReceiver[Any]) -> _Server:
         self.receivers[receiver._number] = receiver
-        return self.addr
+        if self.tcp is None:
+            ip = _portserver.reach_address()
+            if ip is not None:
+                self.tcp = _portserver.TcpInbox(ip, self.rt.loop, self._on_message)
+        return self
 
     def forget(self, number: int) -> None:
         self.receivers.pop(number, None)
@@ -238,6 +285,8 @@ class _Server:
 
     def close(self) -> None:
         self.sock.close()
+        if self.tcp is not None:
+            self.tcp.close()
         try:
             os.unlink(self.path)
         except OSError:
@@ -253,11 +302,14 @@ class _Senders:
         self.socks: dict[str, Any] = {}
         self.warned: set[str] = set()
 
-    def send(self, addr: str, msg: w.PortSend, buffers: list[Any]) -> None:
+    def send(self, addr: str, msg: w.PortSend, buffers: list[Any], key: bytes = b"") -> None:
         sock = self.socks.get(addr)
         if sock is None:
+            if not addr or not self._can_reach(addr, key):
+                return
             sock = configure(self.rt.ctx.socket(zmq.DEALER))
             sock.setsockopt(zmq.SNDHWM, PORT_HWM)
+            _portserver.secure_sender(sock, key)
             sock.connect(addr)
             self.socks[addr] = sock
         try:
@@ -269,6 +321,25 @@ class _Senders:
                 log.warning("port values to %s are dropped: its receiver is not reading", addr)
         except Exception as exc:
             log.error("a port value could not be sent: %r", exc)
+
+    def _can_reach(self, addr: str, key: bytes) -> bool:
+        """Whether a DEALER to ``addr`` can be made; else say why (once) and drop."""
+        if addr and (not key or _security.active() is not None):
+            return True
+        why = addr or "ipc-only"
+        if why not in self.warned:
+            self.warned.add(why)
+            if not addr:
+                log.warning(
+                    "port values are dropped: their receiver is on another host and has no TCP "
+                    "inbox (it opened its channel in a run on one host)"
+                )
+            else:
+                log.warning(
+                    "port values to %s are dropped: it needs CURVE keys and this process has "
+                    "none (ZMESH_KEYS)", addr,
+                )  # fmt: skip
+        return False
 
     def close(self) -> None:
         for sock in self.socks.values():

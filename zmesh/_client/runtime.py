@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from zmesh._client import grouping as _grouping
 from zmesh._client.connections import (
     BIG,
     MAX_IN_FLIGHT,
@@ -65,6 +66,10 @@ class ProcRef(msgspec.Struct, frozen=True):
     agent: str  # the agent's control address
     host: str  # the agent's label
     log_path: str = ""
+    # One of several actors in the proc (``zmesh._client.grouping``): its
+    # local index there, and its rank in its actor mesh. -1: the proc's one actor.
+    index: int = -1
+    point: int = -1
 
 
 class Runtime(Connections):
@@ -216,8 +221,11 @@ class Runtime(Connections):
         The message is encoded once, whatever the fan-out. A target already
         known to be broken gets its error delivered at once, without a send.
         A message that cannot be encoded is delivered as an ``EncodeError``
-        to every target (raised, for a oneway).
+        to every target (raised, for a oneway). Targets that are several
+        actors of one proc get one message per proc (``zmesh._client.grouping``).
         """
+        if refs and refs[0].index >= 0:
+            return _grouping.send(self, refs, msg_for, buffers, deliver, timeout, block)
         req_id = next(self._ids)
         conns = [self.conn(r) for r in refs]
         req = Request(req_id, conns, deliver) if deliver is not None else None
@@ -271,10 +279,15 @@ class Runtime(Connections):
         if req.size:
             conn.bytes -= req.size
         if type(msg) is not w.Reply and type(msg) is not w.Failure:
-            # An item of a stream: its request is a stream source (zmesh._client.streams).
-            req.fut.on_message(conn, req, msg, frames)  # type: ignore[union-attr]
-            return
-        ok, value = outcome(self.codec, msg, frames, conn.ref)
+            if type(msg) is w.Gathered or type(msg) is w.GatheredFrames:
+                # Several actors' answers: zmesh._client.grouping reads them.
+                ok, value = True, _grouping.Parts(msg, frames)
+            else:
+                # An item of a stream: its request is a stream source (zmesh._client.streams).
+                req.fut.on_message(conn, req, msg, frames)  # type: ignore[union-attr]
+                return
+        else:
+            ok, value = outcome(self.codec, msg, frames, conn.ref)
         if isinstance(req, OneRequest):
             if req.timer is not None:
                 req.timer.cancel()

@@ -20,7 +20,7 @@ _lock = threading.Lock()
 _controllers: dict[str, ActorMesh[Any]] = {}
 
 
-def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) -> A:
     """The one actor named ``name`` of this process, spawned (on a proc of its own) on first ask.
 
     Later asks, from any thread or actor of this process, get the same
@@ -40,10 +40,10 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
                     f"controller {name!r} is a {mesh.cls_name}, not a {cls.__qualname__}"
                 )
             if not _over(mesh):
-                return mesh
-        mesh = cls.options(name=name).as_actor(*args, **kwargs)
-        _controllers[name] = mesh
-        return mesh
+                return mesh  # type: ignore[return-value]  # typed as the class (zmesh._typing)
+        fresh: Any = cls.options(name=name).as_actor(*args, **kwargs)
+        _controllers[name] = fresh
+        return fresh
 
 
 def _over(mesh: ActorMesh[Any]) -> bool:

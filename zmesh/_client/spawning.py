@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
+from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import submit
@@ -76,15 +77,25 @@ def start_procs(
 
 
 def start_actors(
-    procs: ProcMesh, name: str, cls: type[A], args: tuple[Any, ...], kwargs: dict[str, Any]
+    procs: ProcMesh,
+    name: str,
+    cls: type[A],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
-    """``ProcMesh.spawn``: the ``ActorMesh`` now, its actors once the procs are up."""
-    mesh = _pending_actor_mesh(procs.proc_mesh, procs._shape, name, cls)
+    """``ProcMesh.spawn``: the ``ActorMesh`` now, its actors once the procs are up.
+
+    With ``per_proc`` > 1, that many actors in each proc, on one more dim, ``actors``.
+    """
+    per_proc = _grouping.check_per_proc(per_proc)
+    shape = _grouping.actors_shape(procs._shape, per_proc)
+    mesh = _pending_actor_mesh(procs.proc_mesh, shape, name, cls)
 
     async def work(rt: Runtime) -> None:
         await _until_ready(procs)
         args_now = await _ready_arguments(args, kwargs)
-        up = await _spawn_actors(rt, procs, name, cls, *args_now)
+        up = await _spawn_actors(rt, procs, name, cls, *args_now, per_proc=per_proc)
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 
@@ -99,15 +110,25 @@ def spawn_actor_mesh(
     base = opts.name
     check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
+    per_proc = getattr(opts, "actors_per_proc", 1)
     shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
-    mesh = _pending_actor_mesh(name, shape, base, opts.cls)
+    mesh = _pending_actor_mesh(name, _grouping.actors_shape(shape, per_proc), base, opts.cls)
     mesh._owns_procs = True
+    if opts.detached:  # DetachError now if no agent can outlive this script
+        from zmesh._client import lookup as _lookup
+
+        _lookup.external_agents(f"mesh {base!r}")
 
     async def work(rt: Runtime) -> None:
         args_now = await _ready_arguments(args, kwargs)
         up = await spawn_owned_mesh(
-            rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name
-        )
+            rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name,
+            per_proc=per_proc,
+        )  # fmt: skip
+        if opts.detached:
+            from zmesh._client import lookup as _lookup
+
+            await _lookup.detach_mesh(rt, base, up)
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 
@@ -222,6 +243,7 @@ async def spawn_owned_mesh(
     kwargs: dict[str, Any],
     addrs: list[str] | None = None,
     proc_mesh: str | None = None,
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
     """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
 
@@ -229,6 +251,7 @@ async def spawn_owned_mesh(
         addrs: the agents to place the host slices on (default: the first
             ``hosts`` configured agents, or the embedded default).
         proc_mesh: the procs' mesh name (default: ``name`` and a random suffix).
+        per_proc: actors in each proc (more than 1: the mesh's dim ``actors``).
 
     Raises:
         SpawnError: a proc or an actor failed to start; nothing is left running.
@@ -237,7 +260,7 @@ async def spawn_owned_mesh(
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
     pm = await _spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
     try:
-        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs)
+        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
     except BaseException:
         await stop_procs(rt, pm._refs)
         raise
@@ -423,6 +446,7 @@ async def _spawn_actors(
     cls: type[A],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    per_proc: int = 1,
 ) -> ActorMesh[A]:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
@@ -434,17 +458,20 @@ async def _spawn_actors(
     fut: asyncio.Future[None] = rt.loop.create_future()
     errors: list[BaseException] = []
     remaining = len(procs._refs)
+    members = _grouping.member_refs(procs._refs, per_proc)  # [] for one actor per proc
 
-    def deliver(i: int, ok: bool, value: Any) -> None:
+    def deliver(p: int, i: int, ok: bool, value: Any) -> None:
         nonlocal remaining
         remaining -= 1
-        if not ok:
+        if ok and type(value) is _grouping.Parts:  # each actor's __init__, apart (proc p's)
+            errors.extend(v for part_ok, v in value.outcomes(rt.codec, members[p]) if not part_ok)
+        elif not ok:
             errors.append(value)
         if remaining == 0 and not fut.done():
             fut.set_result(None)
 
     dims = procs.sizes
-    for ref in procs._refs:
+    for p, ref in enumerate(procs._refs):
         rt.send(
             [ref],
             functools.partial(
@@ -455,14 +482,15 @@ async def _spawn_actors(
                 mesh=procs.name,
                 dims=dims,
                 rank=ref.rank,
+                count=per_proc if per_proc > 1 else 0,
             ),
             buffers,
-            deliver,
+            functools.partial(deliver, p),
             INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
         )
     await fut
     if errors:
-        err = errors[0]
+        err = min(errors, key=lambda e: getattr(e, "rank", None) or 0)  # the first rank's
         if isinstance(err, SpawnError):
             tb = getattr(err, "remote_traceback", "")
             raise SpawnError(
@@ -476,9 +504,10 @@ async def _spawn_actors(
             ) from err  # fmt: skip
         raise err
     infos = endpoints_of(cls)
+    shape = _grouping.actors_shape(_Shape(dims, procs._shape.ranks), per_proc)
+    refs = [r for rs in members for r in rs] if members else procs._refs
     return ActorMesh(
-        name, cls.__qualname__, frozenset(infos), _Shape(dims, procs._shape.ranks), procs._refs,
-        modes=_modes(infos),
+        name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),
     )  # fmt: skip
 
 

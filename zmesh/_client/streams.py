@@ -8,7 +8,7 @@ and yields ``(Point, item)`` pairs as they arrive.
 Each rank's stream is one request (a ``StreamCall``) that stays in flight on
 its proc connection until it ends, so everything that fails a call fails a
 stream too, as fast: a rank that dies fails it with ``SupervisionError``, a
-dropped connection with ``ConnectionLostError``. A source (``_Source``) is the
+dropped connection with ``ConnectionLostError``. A source (``Source``) is the
 request's sink: the runtime settles it like a future, and hands it the
 stream's messages (``on_message``).
 
@@ -32,22 +32,20 @@ from typing import Any, Generic, TypeVar
 from zmesh._actor import Point
 from zmesh._client import runtime as _runtime
 from zmesh._client.connections import BIG, ProcConn
+from zmesh._client.grouping import member
 from zmesh._client.inflight import OneRequest
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, SupervisionError
+from zmesh._errors import CallTimeoutError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
 
 T = TypeVar("T")
 
 ITEM, END, ERROR = 0, 1, 2
-# Given the ref whose producer died before its first item: another
-# ``(ref, actor)`` to run the call on, or ``None``.
-Failover = Callable[[ProcRef | None], tuple[ProcRef, str] | None]
 _NOTHING: Any = object()
 
 
-class _Inbox:
+class Inbox:
     """What the sources of one stream have delivered, in arrival order.
 
     Filled on the runtime's loop; read by the consumer: on the same loop
@@ -76,15 +74,15 @@ class _Inbox:
             waiter.set_result(None)
 
 
-class _Source:
+class Source:
     """One rank's generator, as the runtime sees it: the sink of its request.
 
     Only ever touched on the runtime's loop.
     """
 
-    __slots__ = ("conn", "ended", "failover", "id", "inbox", "index", "items", "launch", "rt")
+    __slots__ = ("conn", "ended", "id", "inbox", "index", "items", "launch", "rt")
 
-    def __init__(self, rt: Runtime, inbox: _Inbox, index: int) -> None:
+    def __init__(self, rt: Runtime, inbox: Inbox, index: int) -> None:
         self.rt = rt
         self.inbox = inbox
         self.index = index
@@ -92,10 +90,9 @@ class _Source:
         self.id = 0
         self.ended = False
         self.items = 0  # delivered so far
-        # Where to go when the producer dies before its first item (see
-        # ``open_stream``), and how to start there.
-        self.failover: Failover | None = None
-        self.launch: Callable[[_Source, ProcRef, str], None] | None = None
+        # How to start it (see ``open_stream``); a service's stream
+        # (zmesh._service.streaming) starts its own, where it is routed.
+        self.launch: Callable[[Source, ProcRef, str], None] | None = None
 
     # The future interface the runtime settles a request's sink with.
 
@@ -110,26 +107,8 @@ class _Source:
             self._end(END, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        if self.ended:
-            return
-        if self.failover is not None and isinstance(exc, SupervisionError | ConnectionLostError):
-            if not self.items:  # nothing delivered: the request moves on, unseen
-                c = self.conn
-                nxt = self.failover(c.ref if c is not None else None)
-                if nxt is not None and self.launch is not None:
-                    self.conn = None
-                    self.launch(self, *nxt)
-                    return
-            else:  # re-running it would repeat items the reader has
-                err = SupervisionError(
-                    f"the producer died after {self.items} item(s); the stream is not moved "
-                    f"to another replica, as its items would repeat: {exc.message}",
-                    reason=exc.reason, mesh=exc.mesh, rank=exc.rank, host=exc.host,
-                    log_path=exc.log_path,
-                )  # fmt: skip
-                err.__cause__ = exc
-                exc = err
-        self._end(ERROR, exc)
+        if not self.ended:
+            self._end(ERROR, exc)
 
     def on_message(self, conn: ProcConn, req: OneRequest, msg: Any, frames: list[Any]) -> None:
         """A stream message of this source's request (which the runtime popped)."""
@@ -199,8 +178,8 @@ class ItemStream(Generic[T]):
     ) -> None:
         self._rt = rt
         self._home = home
-        self._inbox = _Inbox(home)
-        self._sources = [_Source(rt, self._inbox, i) for i in range(n)]
+        self._inbox = Inbox(home)
+        self._sources = [Source(rt, self._inbox, i) for i in range(n)]
         self._points: list[Point] | None = points  # None: one rank, bare items
         self._open = n  # sources whose end has not been read yet
         self._done = n == 0
@@ -350,17 +329,13 @@ def open_stream(
     timeout: float | None,
     block: bool,
     points: list[Point] | None,
-    failover: Failover | None = None,
 ) -> ItemStream[Any]:
     """Start ``method``'s generator on every proc of ``refs``; the stream of its items.
 
-    ``points`` (one per ref) makes the items ``(point, item)`` pairs.
-
-    ``failover`` (one ref only; for services): when the producer dies
-    (``SupervisionError``, ``ConnectionLostError``) before its first item, it
-    is asked for another ``(ref, actor)`` to start the same call on, or
-    ``None`` to fail. After the first item a dead producer fails the stream
-    with a ``SupervisionError`` that says why it was not moved.
+    ``points`` (one per ref) makes the items ``(point, item)`` pairs. (A
+    service's generator endpoint streams through ``one_source_stream``
+    instead: its dispatcher picks the replica, and moves the request if that
+    replica dies before the first item.)
     """
     rt, home = _runtime.current()
     stream: ItemStream[Any] = ItemStream(rt, home, len(refs), window, points, timeout)
@@ -373,26 +348,48 @@ def open_stream(
     deadline = time.time() + timeout if timeout is not None else 0.0
     sources = stream._sources
 
-    def launch(src: _Source, ref: ProcRef, actor: str) -> None:
-        _launch(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
+    def launch(src: Source, ref: ProcRef, actor: str) -> None:
+        send_stream_call(rt, src, ref, actor, method, payload, buffers, deadline, window, block)
 
     for src in sources:
-        src.failover = failover
         src.launch = launch
     rt.dispatch(_start, sources, refs, actor, here=home, targets=[r.addr for r in refs])
     return stream
 
 
-def _start(sources: list[_Source], refs: list[ProcRef], actor: str) -> None:
+def _start(sources: list[Source], refs: list[ProcRef], actor: str) -> None:
     """Send one ``StreamCall`` per rank (on the runtime's loop)."""
     for src, ref in zip(sources, refs, strict=True):
         if not src.ended and src.launch is not None:  # (closed before it started)
-            src.launch(src, ref, actor)
+            src.launch(src, ref, member(actor, ref))  # (one of several actors of a proc: by name)
 
 
-def _launch(
+def one_source_stream(
     rt: Runtime,
-    src: _Source,
+    home: bool,
+    window: int,
+    timeout: float | None,
+    make: Callable[[Inbox], Source],
+    context: dict[str, Any],
+) -> tuple[ItemStream[Any], Source]:
+    """A stream of one source that ``make(inbox)`` builds (a service's routed stream).
+
+    Nothing is sent: the caller starts the source (``send_stream_call``) when
+    it knows where. ``context`` goes on its errors (e.g. ``{"mesh": name}``).
+    """
+    stream: ItemStream[Any] = ItemStream(rt, home, 0, window, None, timeout)
+    src = make(stream._inbox)
+    stream._sources = [src]
+    stream._unacked = [0]
+    stream._open = 1
+    stream._done = False
+    stream._context = context
+    return stream, src
+
+
+def send_stream_call(
+    rt: Runtime,
+    src: Source,
     ref: ProcRef,
     actor: str,
     method: str,
@@ -424,4 +421,4 @@ def _launch(
 
 def _expire(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
-        waiter.set_result(True)  # late: ``_Inbox.put`` sets None
+        waiter.set_result(True)  # late: ``Inbox.put`` sets None

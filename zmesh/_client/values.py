@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from zmesh._shared.points import Extent, Point
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 _NO_INITIAL: Any = object()
@@ -86,6 +87,10 @@ class ValueMesh(Generic[T]):
         """Each value's point in the full mesh that was spawned, in rank order."""
         return list(self._points)
 
+    @overload
+    def reduce(self, fn: Callable[[T, T], T]) -> T: ...
+    @overload
+    def reduce(self, fn: Callable[[A, T], A], initial: A) -> A: ...
     def reduce(self, fn: Callable[[Any, T], Any], initial: Any = _NO_INITIAL) -> Any:
         """Fold the values in rank order: ``fn(...fn(initial, v0)..., vN)``.
 

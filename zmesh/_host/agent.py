@@ -50,6 +50,7 @@ import zmq
 
 from zmesh._errors import SecurityError
 from zmesh._host import agentops as _agentops
+from zmesh._host import detached as _detached
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import janitor as _janitor
 from zmesh._host import logtail as _logtail
@@ -122,6 +123,7 @@ class HostAgent:
         self._janitor: _janitor.Janitor | None = None
         self.procs = ProcTable(self.label, self.log_dir, self.epoch, self._published, self._helpers)
         self.owners = Owners()
+        self.detached = _detached.DetachedBook()  # names kept past their owner (zmesh.lookup)
         self.dropped = 0
         self.control_addr = ""
         self.stream_addr = ""
@@ -259,6 +261,8 @@ class HostAgent:
                 self.statsbook.record_proc(st)
         elif isinstance(msg, w.ServiceReport):
             self.statsbook.record_service(msg.summary)
+        elif isinstance(msg, _detached.REQUESTS):
+            _detached.answer(self, ident, msg)  # detach, lookup, stop a detached name
         elif isinstance(msg, _agentops.REQUESTS):
             _agentops.answer(self, ident, msg)  # state, describe, stats, logs, health, stack
 
@@ -340,7 +344,7 @@ class HostAgent:
     def _stop_owner(self, owner: str, why: str, failure: bool = False) -> None:
         self.owners.forget(owner)
         for mesh in list(self.procs.meshes.values()):
-            if mesh.spec.owner == owner and not mesh.stopped:
+            if mesh.spec.owner == owner and not mesh.stopped and not mesh.detached:
                 log.info("stopping mesh %s: %s", mesh.name, why)
                 self.procs.stop(mesh, why if failure else "")
 

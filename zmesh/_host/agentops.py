@@ -104,6 +104,7 @@ def mesh_report(mesh: Mesh) -> w.MeshReport:
         ranks=[rank_report(r, s) for r, s in sorted(mesh.view.ranks.items())],
         dims=mesh.spec.dims,
         generation=mesh.generation,
+        detached=mesh.detached,
     )
 
 

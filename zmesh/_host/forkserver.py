@@ -47,6 +47,7 @@ import msgspec
 
 from zmesh._host import forking as _forking
 from zmesh._host import forklaunch as _forklaunch
+from zmesh._shared.paths import stderr_path
 from zmesh._wire import boundary as b
 
 log = logging.getLogger("zmesh.agent")
@@ -420,6 +421,9 @@ def _become_proc(req: b.ForkRequest, gate: int, adopted: bool) -> NoReturn:
         os.close(gate)
         fd = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
+        os.close(fd)
+        # stderr apart, so the owner sees it on its stderr (zmesh._host.logtail)
+        fd = os.open(stderr_path(req.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -1,8 +1,12 @@
 """Procs' logs, read back: ``GetLogs`` answers and lines forwarded to their owners.
 
-Each proc writes its stdout and stderr to its log file (the agent opens it
-before the proc starts). Nothing on the call path changes for this: the
-agent reads the files back.
+Each proc writes its stdout to its log file and its stderr to a file beside
+it (``paths.stderr_path``; both opened before the proc starts, so what a
+proc writes survives its kill -9). Nothing on the call path changes for
+this: the agent reads the files back. Every tick it copies the new whole
+lines of the stderr file into the log, each marked ``ERR_MARK``: the log is
+the combined view ``zmesh logs`` reads, and a forwarded line goes to the
+owner's stdout or stderr by its mark.
 
 * ``GetLogs`` (``zmesh logs``, top's logs view) reads a piece of one file,
   from an offset, or from where the file stood ``since`` seconds ago: each
@@ -12,10 +16,10 @@ agent reads the files back.
   PUB socket next to the event stream, its address in ``AgentInfo.logs``)
   with its owner id as topic. The agent tails only the logs of owners that
   are subscribed (an XPUB says who is), every tick (~100 ms), and publishes
-  the new whole lines as ``LogLines`` under the owner's id, so no client
-  gets another's output. A proc that writes faster than ``RATE`` bytes a
-  second is not forwarded in full: the rest is skipped (the count is sent,
-  the bytes stay in the log).
+  the new whole lines as ``LogLines`` under the owner's id (one message per
+  stream), so no client gets another's output. A proc that writes faster
+  than ``RATE`` bytes a second is not forwarded in full: the rest is skipped
+  (the count is sent, the bytes stay in the log).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import zmq
 
+from zmesh._shared.paths import stderr_path
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh._wire.security import Keys, secure_server
@@ -40,6 +45,8 @@ RATE = 256 << 10  # bytes a second forwarded per proc; the rest stays in the log
 TICK = 0.1
 CHECKPOINTS = 600  # (time, size) pairs kept per log, for --since
 MAX_LINE = 16 << 10  # a longer line is forwarded in pieces
+ERR_MARK = b"[stderr] "  # how a line the proc wrote to stderr starts, in its log
+COPY_MAX = 1 << 20  # bytes of stderr copied into a log per tick, at most (10 MB/s)
 
 
 @dataclass
@@ -50,6 +57,8 @@ class _Tail:
     budget: float = float(RATE)
     size: int = 0
     marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=CHECKPOINTS))
+    err_offset: int = 0  # the stderr file copied into the log up to here
+    err_partial: bytes = b""
 
 
 class LogTail:
@@ -120,6 +129,7 @@ class LogTail:
                 tail = self._tails.get(key)
                 if tail is None:
                     tail = self._tails[key] = _Tail(proc.log_path)
+                _copy_stderr(tail)
                 try:
                     size = os.stat(tail.path).st_size
                 except OSError:
@@ -156,9 +166,18 @@ class LogTail:
             tail.partial = b""
         if not lines and not skipped:
             return
-        text = [ln.decode("utf-8", "replace").rstrip("\r") for ln in lines]
-        msg = w.LogLines(mesh, rank, self.label, text, skipped=skipped, path=tail.path)
-        self._pub.send([owner, *self._codec.encode(msg)])
+        streams: tuple[list[str], list[str]] = ([], [])
+        n = len(ERR_MARK)
+        for ln in lines:
+            err = ln.startswith(ERR_MARK)
+            streams[err].append(ln[n if err else 0 :].decode("utf-8", "replace").rstrip("\r"))
+        for stream, text in enumerate(streams, 1):
+            if text or (skipped and stream == 1):
+                msg = w.LogLines(
+                    mesh, rank, self.label, text, skipped=skipped if stream == 1 else 0,
+                    path=tail.path, stream=stream,
+                )  # fmt: skip
+                self._pub.send([owner, *self._codec.encode(msg)])
 
     # ------------------------------------------------------------ GetLogs
 
@@ -194,6 +213,31 @@ class LogTail:
             msg.id, text=data.decode("utf-8", "replace"), offset=start + len(data), size=size,
             path=path, live=not proc.reaped,
         )  # fmt: skip
+
+
+def _copy_stderr(tail: _Tail) -> None:
+    """Append the stderr file's new whole lines to the log, each marked ``ERR_MARK``.
+
+    At most ``COPY_MAX`` bytes a tick: a proc that floods its stderr gets
+    into its log late, never out of the stderr file (which keeps it all).
+    """
+    path = stderr_path(tail.path)
+    try:
+        if os.stat(path).st_size <= tail.err_offset:
+            return  # the usual tick: nothing new (a stat, not a read)
+    except OSError:
+        return  # a proc started without a stderr file of its own
+    data = _read(path, tail.err_offset, COPY_MAX)
+    if not data:
+        return
+    tail.err_offset += len(data)
+    *lines, tail.err_partial = (tail.err_partial + data).split(b"\n")
+    if len(tail.err_partial) > MAX_LINE:
+        lines.append(tail.err_partial)
+        tail.err_partial = b""
+    if lines:
+        with contextlib.suppress(OSError), open(tail.path, "ab") as f:
+            f.write(b"".join(ERR_MARK + ln + b"\n" for ln in lines))
 
 
 def _offset_since(tail: _Tail, when: float) -> int:

@@ -48,9 +48,12 @@ class Mailbox:
     stays busy until it has.
     """
 
-    def __init__(self, server: ProcServer, name: str, instance: Any, point: Point) -> None:
+    def __init__(
+        self, server: ProcServer, name: str, instance: Any, point: Point, label: str = ""
+    ) -> None:
         self.server = server
-        self.name = name
+        self.name = name  # its key in the proc (``group#k`` for one of a group)
+        self.label = label or name  # current_actor_name(): the name it was spawned as
         self.instance = instance
         self.point = point
         self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
@@ -146,7 +149,7 @@ class Mailbox:
 
     async def _run(self) -> None:
         set_current(self.point, self.instance)
-        _context.set_actor_name(self.name)  # current_actor_name(), context()
+        _context.set_actor_name(self.label)  # current_actor_name(), context()
         self.context = contextvars.copy_context()
         for batcher in self.batchers.values():
             batcher.context = self.context

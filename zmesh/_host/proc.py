@@ -30,6 +30,7 @@ import zmq
 
 from zmesh import _context
 from zmesh._actor import set_current
+from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
@@ -67,6 +68,10 @@ class ProcServer:
         self.generation = spec.generation
         self.host = spec.host
         self.actors: dict[str, Mailbox] = {}
+        # Groups of several actors of one spawn (zmesh._host.actors): their
+        # mailboxes by local index (None: its __init__ failed); each is in
+        # ``actors`` too, as ``name#k``.
+        self.groups: dict[str, list[Mailbox | None]] = {}
         self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
@@ -182,7 +187,7 @@ class ProcServer:
     def _dispatch_failed(self, ident: bytes, msg: Any, exc: Exception) -> None:
         """A handler raised: log it and answer, so the socket's reader goes on."""
         log.error("handling %s failed", type(msg).__name__, exc_info=exc)
-        if isinstance(msg, w.Call | w.SpawnActor | w.StopActor) and not getattr(
+        if isinstance(msg, w.Call | w.SpawnActor | w.StopActor | w.GroupCall) and not getattr(
             msg, "oneway", False
         ):
             what = f"{type(msg).__name__} failed in the proc: {exc!r}"
@@ -196,14 +201,15 @@ class ProcServer:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
             else:
                 box.put(ident, msg, frames)
+        elif isinstance(msg, w.GroupCall):  # several actors of this proc at once
+            _actors.dispatch(self, ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
-            task = asyncio.ensure_future(_spawnactor.spawn(self, ident, msg, frames))
+            build = _actors.spawn if msg.count else _spawnactor.spawn
+            task = asyncio.ensure_future(build(self, ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):
-            box = self.actors.pop(msg.actor, None)
-            if box is not None:
-                box.close()
+            _actors.stop(self, msg.actor)  # one actor, or every actor of a group
             self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
         elif isinstance(msg, w.Credit | w.Cancel):
             self.producers.control(ident, msg)

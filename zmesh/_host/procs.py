@@ -80,6 +80,7 @@ class Mesh:
     generation: int = 1  # of its spec: one more for each update (and each reuse of its name)
     # Ranks it shrank away from: their last generation, which a regrowth goes on from.
     retired: dict[int, int] = field(default_factory=dict)
+    detached: str = ""  # kept past its owner under this name (``detached.py``), if any
 
 
 # What the table tells its agent of a rank transition: (mesh, rank, new state).

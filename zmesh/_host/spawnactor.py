@@ -5,6 +5,7 @@ context where ``current_rank()``, ``current_actor_name()`` and the owner of
 meshes spawned inside ``__init__`` are the new actor's, so the proc's loop
 (and its heartbeats) go on meanwhile. A failure of either is the spawn's
 answer; the proc serves on. A new actor of a name replaces the old one.
+A ``SpawnActor`` of several actors (``count``) is ``zmesh._host.actors``'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zmesh import _context
 from zmesh._actor import Point, set_current
 from zmesh._errors import SpawnError
+from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.mailbox import Mailbox
 from zmesh._wire import messages as w
@@ -61,9 +63,7 @@ async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: lis
         # (the actor never started); the proc serves on.
         server._send_failure(ident, msg.id, "spawn", exc, "__init__")
         return
-    old = server.actors.pop(msg.actor, None)
-    if old is not None:
-        old.close()
+    _actors.stop(server, msg.actor)  # a new actor (or group) of a name replaces the old one
     server.actors[msg.actor] = Mailbox(server, msg.actor, instance, point)
     if hasattr(instance, "__cleanup__"):
         _lifecycle.on_sigterm(server)  # its __cleanup__ runs when the agent stops us

@@ -99,12 +99,16 @@ class Spawner:
 
     def _popen(self, launch: Launch, env: dict[str, str]) -> None:
         try:
-            with os.fdopen(_paths.open_private(launch.spec.log_path), "ab") as out:
+            err_path = _paths.stderr_path(launch.spec.log_path)
+            with (
+                os.fdopen(_paths.open_private(launch.spec.log_path), "ab") as out,
+                os.fdopen(_paths.open_private(err_path), "ab") as err,
+            ):
                 popen = subprocess.Popen(
                     [sys.executable, "-m", "zmesh._host.proc"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
-                    stderr=subprocess.STDOUT,
+                    stderr=err,
                     env=env,
                     start_new_session=True,  # Ctrl+C at the client's terminal is the client's
                     cwd=launch.cwd,

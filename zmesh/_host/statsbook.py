@@ -22,7 +22,9 @@ class StatsBook:
     def __init__(self) -> None:
         # The latest statistics of each running proc, by (mesh, rank).
         self.procs: dict[tuple[str, int], _stats.ProcStatistics] = {}
-        # Services' replica tables, as their orchestrators report them, and when.
+        # Services' replica tables, as their orchestrators report them, and
+        # when; by the service's id, as two services may share a name (two
+        # scripts each running an "embedder").
         self.services: dict[str, tuple[_stats.ServiceSummary, float]] = {}
         self._sampler = _stats.HostSampler()
         self._host: _stats.HostStatistics | None = None
@@ -33,7 +35,7 @@ class StatsBook:
 
     def record_service(self, summary: _stats.ServiceSummary) -> None:
         """Keep a service's latest replica table."""
-        self.services[summary.name] = (summary, time.monotonic())
+        self.services[summary.id or summary.name] = (summary, time.monotonic())
 
     def sample_host(self) -> None:
         """Take a fresh sample of the host (CPU, memory, load)."""
@@ -58,6 +60,6 @@ class StatsBook:
         for key in [k for k in self.procs if k not in alive]:
             del self.procs[key]  # the proc is gone: its numbers are history
         now = time.monotonic()
-        for name in [n for n, (_, seen) in self.services.items() if now - seen > SERVICE_TTL]:
-            del self.services[name]  # its orchestrator stopped reporting
+        for sid in [k for k, (_, seen) in self.services.items() if now - seen > SERVICE_TTL]:
+            del self.services[sid]  # its orchestrator stopped reporting
         return list(self.procs.values()), [s for s, _ in self.services.values()]

@@ -218,6 +218,9 @@ class ServiceClient:
         fut, timer = req.sink
         if timer is not None:
             timer.cancel()
+        if req.stream:  # its sink is the stream's source (zmesh._service.streaming)
+            fut.finish(error)
+            return
         if fut.done():
             return
         if error is None:
@@ -229,6 +232,9 @@ class ServiceClient:
         req, slot = attempt.request, attempt.slot
         mesh = self.meshes[slot.index]
         assert mesh is not None
+        if req.stream:  # a generator endpoint: one StreamCall, to return_rank
+            req.sink[0].start(attempt, mesh, self.dispatcher.config.return_rank)
+            return
         refs = mesh._refs
         results: list[Any] = [None] * len(refs)
         remaining = len(refs)

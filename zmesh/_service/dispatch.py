@@ -18,12 +18,17 @@ so it can be tested with any order of replies, failures and timeouts
 * every request ends exactly once: an answer, an error, or its timeout;
 * a session is bound to a replica *generation*: when that generation is gone
   the session is rebound (``rebinds``, ``rebound``) or, if strict, its call
-  fails with ``SessionLostError``.
+  fails with ``SessionLostError``;
+* a stream request (a generator endpoint) holds its slot while the stream is
+  open, so it counts as load; a replica that breaks before the stream's first
+  item moves it like any request, but once an item reached the reader it is
+  never re-sent (its items would repeat): it ends with
+  ``StreamInterruptedError``. Its deadline bounds the wait for the first
+  item only; after that the reader's own per-item timeout applies.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -34,124 +39,22 @@ from zmesh._errors import (
     ServiceError,
     ServiceOverloadedError,
     SessionLostError,
+    StreamInterruptedError,
     SupervisionError,
     ZmeshError,
 )
+from zmesh._service.requests import Attempt, Outcome, Request, Slot
 from zmesh._service.routing import (
     HEALTHY,
-    LATENCY_WINDOW,
     RECOVERING,
     STOPPED,
     UNHEALTHY,
     LeastLoadedRouter,
-    ReplicaStatistics,
     Router,
     ServiceConfig,
-    Session,
 )
 
-
-class Outcome(enum.Enum):
-    """How one attempt ended, as the shell reports it."""
-
-    OK = "ok"  # every rank answered: the value is rank return_rank's
-    ERROR = "error"  # the endpoint raised (or another error that is the request's own)
-    BROKEN = "broken"  # the replica broke under it (SupervisionError, ActorStoppedError)
-
-
-class Slot:
-    """One replica as the dispatcher sees it: its state and its counters."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.state = RECOVERING  # until its first generation is up
-        self.generation = 0
-        self.in_flight = 0  # attempts holding a slot
-        self.queue: deque[Request] = deque()
-        self.completed = 0
-        self.failed = 0
-        self.retried = 0
-        self.restarts = 0  # kept by the supervisor
-        self.sent = 0  # to the current generation
-        self.sent_after_failure = 0
-        self.last_failure = ""
-        self.latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
-
-    def has_room(self, cfg: ServiceConfig) -> bool:
-        return self.in_flight < cfg.max_concurrent_requests or len(self.queue) < cfg.max_queue
-
-    def statistics(self, now: float | None = None) -> ReplicaStatistics:
-        """Its record; with ``now`` (the dispatcher's clock), p50/p99 too."""
-        p50 = p99 = None
-        if now is not None:
-            horizon = now - LATENCY_WINDOW
-            # A snapshot first: statistics() may run on another thread (sync
-            # code) while the loop appends, and iterating a deque that changes
-            # raises RuntimeError.
-            window = sorted(dt for t, dt in tuple(self.latencies) if t >= horizon)
-            if window:
-                p50 = window[len(window) // 2]
-                p99 = window[min(len(window) - 1, int(len(window) * 0.99))]
-        return ReplicaStatistics(
-            self.index, self.state, self.generation, self.in_flight, len(self.queue),
-            self.completed, self.failed, self.retried, self.restarts, self.sent,
-            self.sent_after_failure, p50, p99, self.last_failure,
-        )  # fmt: skip
-
-
-class Request:
-    """One call of a service endpoint, over all its attempts."""
-
-    __slots__ = (
-        "args", "attempt", "attempts", "deadline", "done", "endpoint", "id", "least_loaded",
-        "on", "pinned", "retry", "sent_once", "session", "sink", "start",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        req_id: str,
-        endpoint: str,
-        deadline: float,
-        *,
-        retry: bool = True,
-        session: Session | None = None,
-        pinned: int | None = None,
-        least_loaded: bool = False,
-        args: Any = None,
-        sink: Any = None,
-        start: float = 0.0,
-    ) -> None:
-        self.id = req_id  # the same on every attempt: actors deduplicate by it
-        self.endpoint = endpoint
-        self.deadline = deadline  # on the dispatcher's clock
-        self.retry = retry
-        self.session = session
-        self.pinned = pinned  # a fan-out request: this replica or nothing
-        self.least_loaded = least_loaded  # ``choose``: the least loaded, whatever the router
-        self.args = args  # what the shell sends (opaque here)
-        self.sink = sink  # where the shell puts the result (opaque here)
-        self.start = start
-        self.attempt: Attempt | None = None  # the live attempt, if one is in flight
-        self.on: Slot | None = None  # the replica of the latest attempt
-        self.attempts = 0
-        self.sent_once = False
-        self.done = False
-
-
-class Attempt:
-    """One send of a request to one generation of one replica.
-
-    It holds one of the replica's slots until ``Dispatcher.settled`` is
-    called for it, exactly once, when the replica answers or breaks.
-    """
-
-    __slots__ = ("generation", "held", "request", "slot")
-
-    def __init__(self, request: Request, slot: Slot) -> None:
-        self.request = request
-        self.slot = slot
-        self.generation = slot.generation
-        self.held = True
+__all__ = ["Attempt", "Dispatcher", "Outcome", "Request", "Slot"]
 
 
 class Dispatcher:
@@ -285,6 +188,12 @@ class Dispatcher:
         if outcome is Outcome.BROKEN:
             # The replica broke (or is being replaced): not the request's fault.
             self.replica_failed(slot.index, attempt.generation, str(value))
+            if live and req.items and not self.stopped:
+                # Re-sending it would repeat the items its reader has.
+                slot.failed += 1
+                self._finish(req, slot, _interrupted(self.name, attempt, value))
+                self._pump(slot)
+                return
         if live:
             if outcome is Outcome.OK:
                 slot.completed += 1
@@ -304,13 +213,33 @@ class Dispatcher:
                 self._finish(req, slot, value)
         self._pump(slot)
 
+    def item(self, attempt: Attempt) -> None:
+        """An item of ``attempt``'s stream reached its reader."""
+        if attempt.held and attempt.request.attempt is attempt:
+            attempt.request.items += 1
+
+    def cancel(self, req: Request) -> None:
+        """The reader of a stream stopped reading: ``req`` ends (without an error).
+
+        Its live attempt gives its slot back now (the shell closes the
+        generator); a request not sent yet leaves its queue.
+        """
+        if req.attempt is not None:
+            self.settled(req.attempt, Outcome.OK, None)
+            return
+        if not req.done:
+            self._unqueue(req)
+            self._finish(req, None, None, None)
+
     def expire(self, req: Request) -> None:
         """``req``'s deadline passed: its caller gets a timeout now.
 
         An attempt in flight keeps its replica's slot until the replica
-        answers it (see ``settled``).
+        answers it (see ``settled``). A stream that has delivered items is
+        not timed out here: its reader waits for each item with its own
+        timeout.
         """
-        if req.done:
+        if req.done or req.items:
             return
         if req.attempt is not None:
             req.attempt = None
@@ -318,10 +247,13 @@ class Dispatcher:
                 req.on.failed += 1
             self._finish(req, req.on, _timeout_error(self.name, req))
             return
+        self._unqueue(req)
+        self._finish(req, None, _timeout_error(self.name, req))
+
+    def _unqueue(self, req: Request) -> None:
         for q in [self.waiting, *(s.queue for s in self.slots)]:
             if req in q:
                 q.remove(req)
-        self._finish(req, None, _timeout_error(self.name, req))
 
     # ------------------------------------------------------------ routing
 
@@ -351,7 +283,7 @@ class Dispatcher:
             else:
                 self.waiting.append(req)  # until a replica recovers or the deadline
             return
-        target = self._bound(req)
+        target = _bound(self, req)
         if req.done:
             return  # a strict session lost its replica
         if target is None:
@@ -377,30 +309,6 @@ class Dispatcher:
             slot.queue.append(req)
         else:
             self._finish(req, None, _overloaded(self.name, self.config))
-
-    def _bound(self, req: Request) -> Slot | None:
-        """The replica ``req``'s session is bound to, if it still serves that generation.
-
-        A session whose generation is gone is unbound here (and counted); a
-        strict one fails ``req`` with ``SessionLostError`` instead of moving
-        silently.
-        """
-        session = req.session
-        if session is None or session.replica is None:
-            return None
-        slot = self.slots[session.replica]
-        if slot.state == HEALTHY and slot.generation == session.generation:
-            return slot
-        lost = f"replica {session.replica} generation {session.generation}"
-        session.replica = None
-        session.rebinds += 1
-        session.rebound = True
-        if session.strict:
-            self._finish(req, None, SessionLostError(
-                f"session {session.id} of {self.name} lost its replica ({lost} is gone): "
-                "the state it kept there is gone", mesh=self.name,
-            ))  # fmt: skip
-        return None
 
     def _send(self, slot: Slot, req: Request) -> None:
         if self.clock() >= req.deadline:
@@ -443,12 +351,52 @@ class Dispatcher:
         self._finish_out(req, error, value)
 
 
+def _bound(d: Dispatcher, req: Request) -> Slot | None:
+    """The replica ``req``'s session is bound to, if it still serves that generation.
+
+    A session whose generation is gone is unbound here (and counted); a
+    strict one fails ``req`` with ``SessionLostError`` instead of moving
+    silently.
+    """
+    session = req.session
+    if session is None or session.replica is None:
+        return None
+    slot = d.slots[session.replica]
+    if slot.state == HEALTHY and slot.generation == session.generation:
+        return slot
+    lost = f"replica {session.replica} generation {session.generation}"
+    session.replica = None
+    session.rebinds += 1
+    session.rebound = True
+    if session.strict:
+        d._finish(req, None, SessionLostError(
+            f"session {session.id} of {d.name} lost its replica ({lost} is gone): "
+            "the state it kept there is gone", mesh=d.name,
+        ))  # fmt: skip
+    return None
+
+
 def _overloaded(name: str, cfg: ServiceConfig) -> ServiceOverloadedError:
     return ServiceOverloadedError(
         f"service {name} is full: every healthy replica has "
         f"{cfg.max_concurrent_requests} requests in flight and {cfg.max_queue} queued",
         mesh=name,
     )
+
+
+def _interrupted(name: str, attempt: Attempt, cause: Any) -> StreamInterruptedError:
+    req, index = attempt.request, attempt.slot.index
+    err = StreamInterruptedError(
+        f"the stream of {req.endpoint!r} broke on replica {index} (generation "
+        f"{attempt.generation}) of {name} after {req.items} item(s); it is not moved to "
+        f"another replica, as its items would repeat: {cause}",
+        replica=index, generation=attempt.generation, items=req.items, mesh=name,
+        reason=getattr(cause, "reason", ""), rank=getattr(cause, "rank", None),
+        host=getattr(cause, "host", None), log_path=getattr(cause, "log_path", None),
+    )  # fmt: skip
+    if isinstance(cause, BaseException):
+        err.__cause__ = cause
+    return err
 
 
 def _timeout_error(name: str, req: Request) -> ZmeshError:

@@ -49,7 +49,7 @@ class ServiceEndpoint(Generic[R]):
     ``call_one``.
     """
 
-    __slots__ = ("_name", "_session", "_svc", "_timeout")
+    __slots__ = ("_name", "_session", "_svc", "_timeout", "_window")
 
     def __init__(
         self,
@@ -57,18 +57,53 @@ class ServiceEndpoint(Generic[R]):
         name: str,
         timeout: float | None = None,
         session: Session | None = None,
+        window: int | None = None,
     ) -> None:
         self._svc = svc
         self._name = name
         self._timeout = timeout
         self._session = session
+        self._window = window
 
     def options(
-        self, *, timeout: float | None = None, session: str | Session | None = None
+        self,
+        *,
+        timeout: float | None = None,
+        session: str | Session | None = None,
+        window: int | None = None,
     ) -> ServiceEndpoint[R]:
-        """The same endpoint with a per-call timeout and/or an explicit session."""
+        """The same endpoint with a per-call timeout and/or an explicit session.
+
+        For a generator endpoint, ``timeout`` bounds the wait for the first
+        item and then for each next one, and ``window`` is how many items its
+        producer may run ahead of the reader (default: the endpoint's own).
+        """
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int, not {window!r}")
         s = self._svc.session(session) if isinstance(session, str) else session
-        return ServiceEndpoint(self._svc, self._name, timeout, s or self._session)
+        return ServiceEndpoint(self._svc, self._name, timeout, s or self._session, window)
+
+    def _streams(self) -> bool:
+        return self._svc.endpoints[self._name].stream
+
+    def _items(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], session: Session | None, least: bool
+    ) -> Any:
+        """A generator endpoint's stream from one replica (zmesh._service.streaming)."""
+        from zmesh._service.streaming import open_service_stream
+
+        return open_service_stream(
+            self._svc, self._name, args, kwargs, timeout=self._timeout, session=session,
+            least_loaded=least, window=self._window,
+        )  # fmt: skip
+
+    def _no_stream(self, adverb: str) -> None:
+        if self._streams():
+            raise TypeError(
+                f"{self._name!r} is a generator endpoint: {adverb}() is not for streams; "
+                f"use svc.{self._name}.call_one(...) or .choose(...), which stream from one "
+                "replica"
+            )
 
     def _session_now(self) -> Session | None:
         s = self._session or current_session()
@@ -90,8 +125,15 @@ class ServiceEndpoint(Generic[R]):
             SupervisionError: a ``retry=False`` request was in flight on a
                 replica that died.
             CallTimeoutError: the timeout passed while the request ran.
+
+        On a generator endpoint: an ``ItemStream`` of one replica's items
+        (``async for`` or ``for``). A replica that dies before the first item
+        is replaced by another, unseen; after it, the stream ends with
+        ``StreamInterruptedError`` (no item repeats).
         """
         svc, session = self._svc, self._session_now()
+        if self._streams():
+            return self._items(args, kwargs, session, False)
         rt, _ = _runtime.current()
         return run_on(rt, lambda: svc._submit(rt, self._name, args, kwargs, self._timeout, session))
 
@@ -100,8 +142,12 @@ class ServiceEndpoint(Generic[R]):
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the least loaded healthy replica (whatever the router), with retries.
 
-        Sessions do not apply: ``choose`` is for spreading load.
+        Sessions do not apply: ``choose`` is for spreading load. On a
+        generator endpoint: the least loaded replica's stream (open streams
+        count as load), as ``call_one``.
         """
+        if self._streams():
+            return self._items(args, kwargs, None, True)
         svc = self._svc
         rt, _ = _runtime.current()
         return run_on(
@@ -126,6 +172,7 @@ class ServiceEndpoint(Generic[R]):
 
         A replica that fails during the call is left out of the list.
         """
+        self._no_stream("call")
         rt, _ = _runtime.current()
         return run_on(
             rt, lambda: asyncio.ensure_future(_gather_survivors(self._fan_out(rt, args, kwargs)))
@@ -139,11 +186,13 @@ class ServiceEndpoint(Generic[R]):
         ``async for v in svc.ep.stream(...)``, or plain ``for`` in sync code.
         A replica that fails during the call is left out, as with ``call``.
         """
+        self._no_stream("stream")
         rt, _ = _runtime.current()
         return ServiceStream(rt, run_on(rt, lambda: _settled(rt, self._fan_out(rt, args, kwargs))))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry."""
+        self._no_stream("broadcast")
         svc = self._svc
         try:
             payload, buffers = Codec.pack(args, kwargs)

@@ -97,6 +97,9 @@ class Service:
         self._named: dict[str, Session] = {}
         self._ids = itertools.count(1)
         self._req_tag = f"{name}-{secrets.token_hex(4)}"
+        # A detached service's name and orchestrator (``orchestrator.py``): any
+        # handle that has them may stop it.
+        self._detached: tuple[str, ActorMesh[Any]] | None = None
 
     # ------------------------------------------------------------ public face
 
@@ -161,11 +164,19 @@ class Service:
     def stop(self) -> Future[None]:
         """Stop every replica; calls after it raise ``ActorStoppedError``.
 
+        A detached service (``detached=True``) may be stopped from any
+        handle ``zmesh.lookup`` gave, or the creator's: its orchestrator and
+        replicas end.
+
         Raises (from the future):
             ServiceError: this handle is not the one that made the service.
         """
         sup = self._supervisor or _supervisors.get(self.id)  # a handle come back home
         rt = _runtime.home()
+        if sup is None and self._detached is not None:
+            from zmesh._service.orchestrator import stop_detached
+
+            return stop_detached(self)
         if sup is None:
             err = ServiceError(
                 f"service {self.name} is stopped by the process that made it", mesh=self.name
@@ -295,6 +306,10 @@ def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, A
     """
     if not (isinstance(opts.cls, type) and issubclass(opts.cls, Actor)):
         raise TypeError(f"{opts.cls!r} is not a zmesh.Actor subclass")
+    if opts.detached:  # its supervisor runs on an external agent, not here
+        from zmesh._service.orchestrator import spawn_detached
+
+        return spawn_detached(opts, args, kwargs)
     config = ServiceConfig(**opts.service_config)
     rt = _runtime.home()
 

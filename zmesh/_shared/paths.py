@@ -231,6 +231,14 @@ def prune_runs(root: str, keep: int = KEEP_RUNS, max_age: float = MAX_RUN_AGE) -
     return removed
 
 
+def stderr_path(log_path: str) -> str:
+    """Where a proc whose log is ``log_path`` writes its stderr (``.err`` beside it).
+
+    The agent copies its lines into the log, marked (``zmesh._host.logtail``).
+    """
+    return os.path.splitext(log_path)[0] + ".err"
+
+
 def open_private(path: str, *, append: bool = True) -> int:
     """Open ``path`` for writing as a file only we can read (0600); return the fd."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)

@@ -71,6 +71,10 @@ class SpawnActor(Message, frozen=True):
     mesh: Name
     dims: Dims
     rank: RankNo
+    # Several actors in this proc (``zmesh._host.actors``): ``count`` of them,
+    # ``actor#0`` .. ``actor#<count-1>``, answered with one ``Gathered``.
+    # 0: one actor named ``actor`` (answered with a ``Reply``).
+    count: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] = 0
 
 
 class StopActor(Message, frozen=True):
@@ -99,6 +103,45 @@ class Failure(Message, frozen=True):
     traceback: str = ""
     exc: bytes | None = None  # the pickled exception, when it pickles
     endpoint: str = ""
+
+
+# ---------------------------------- several actors per proc (client <-> proc)
+#
+# A fan-out to a mesh with several actors per proc sends one ``GroupCall``
+# per proc for all its targeted actors; the proc answers with one
+# ``Gathered`` (or ``GatheredFrames``, when a value has buffer frames)
+# holding each actor's ``Reply`` or ``Failure`` in the order of ``actors``.
+# See ``zmesh._client.grouping`` and ``zmesh._host.actors``.
+
+
+class GroupCall(Message, frozen=True):
+    """``Call`` ``method`` on the actors ``actors`` (local indexes) of group ``actor``."""
+
+    id: int
+    actor: str
+    method: str
+    payload: Payload
+    deadline: float = 0.0
+    oneway: bool = False
+    request: str = ""
+    actors: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)] = []
+
+
+class Gathered(Message, frozen=True):
+    """The answers of a ``GroupCall`` (or a ``SpawnActor`` of ``count``
+    actors), one per actor; no part has buffer frames."""
+
+    id: int
+    parts: list[Reply | Failure]
+
+
+class GatheredFrames(Message, frozen=True):
+    """``Gathered`` with buffer frames: part ``k`` is decoded with its own
+    ``nbufs[k]`` frames, which follow the envelope in part order."""
+
+    id: int
+    parts: list[msgspec.Raw]
+    nbufs: list[Count]
 
 
 # ------------------------------------------- streams (client <-> proc)
@@ -265,6 +308,7 @@ class MeshReport(msgspec.Struct, frozen=True, omit_defaults=True):
     ranks: list[RankState]
     dims: dict[str, int] = {}
     generation: int = 0  # of its spec: one more for each update in place
+    detached: str = ""  # the name it is kept under past its owner (zmesh.lookup), if any
 
 
 class Ack(Message, frozen=True):
@@ -345,7 +389,8 @@ class LogLines(Message, frozen=True):
     """Lines a proc wrote to its log, published for the mesh's owner (topic: its id).
 
     ``skipped`` counts bytes not sent (the proc wrote faster than the
-    forwarding rate); they are in the log at ``path``.
+    forwarding rate); they are in the log at ``path``. ``stream`` says which
+    of the proc's streams the lines were written to.
     """
 
     mesh: str
@@ -354,6 +399,7 @@ class LogLines(Message, frozen=True):
     lines: list[str]
     skipped: int = 0
     path: str = ""
+    stream: int = 1  # 1: the proc's stdout, 2: its stderr
 
 
 # -------------------------------------------------------- proc -> agent
@@ -446,13 +492,61 @@ class StatsReply(Message, frozen=True):
 
 # Messages that carry a request id in their first field and expect an
 # answer: one that fails to decode is answered with an error naming why.
+
+
+# ------------------------------------------- detached meshes and services
+
+
+class Detach(Message, frozen=True):
+    """Keep ``meshes`` (proc meshes on this agent) past their owner's exit,
+    filed under ``name`` for ``principal`` (``zmesh._client.lookup``)."""
+
+    id: int
+    name: Name
+    meshes: Annotated[list[Name], msgspec.Meta(min_length=1, max_length=64)]
+    principal: Text  # whose name it is; only the same principal finds or stops it
+    kind: Text  # "service" or "mesh"
+    handle: Annotated[bytes, msgspec.Meta(max_length=1 << 20)]  # what lookup gives back
+    secret: Text = ""  # the meshes' owner's proof
+
+
+class Lookup(Message, frozen=True):
+    """Ask for the handle filed under ``name`` for ``principal``."""
+
+    id: int
+    name: Text
+    principal: Text
+
+
+class LookupReply(Message, frozen=True):
+    id: int
+    ok: bool = True
+    kind: str = ""
+    handle: bytes = b""
+    names: list[str] = []  # the names this principal has here (when ``name`` is not one)
+    error: str = ""
+
+
+class StopDetached(Message, frozen=True):
+    """Stop what is filed under ``name``: its principal, or this agent's user
+    (``secret``: the operator's, from the registry), may."""
+
+    id: int
+    name: Text
+    principal: Text = ""
+    secret: Text = ""
+
+
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
+    | {"Detach", "Lookup", "StopDetached"}
 )
-PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall"})
+PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel
-CLIENT_INBOX: Any = Reply | Failure | StreamItem | StreamEnd | StreamAlive
+PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | GroupCall
+CLIENT_INBOX: Any = (
+    Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames
+)
 PORT_INBOX: Any = PortSend
 AGENT_INBOX: Any = (
     CreateOrUpdate
@@ -470,9 +564,12 @@ AGENT_INBOX: Any = (
     | GetStack
     | GetHealth
     | GetLogs
+    | Detach
+    | Lookup
+    | StopDetached
 )
 AGENT_REPLIES: Any = (
-    Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply
+    Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply | LookupReply
 )
 # What a client's log forwarder decodes from an agent's log stream.
 LOG_STREAM: Any = LogLines

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ps": ("zmesh.cli.top", "one line per proc (history folded unless --all)"),
     "stack": ("zmesh.cli.top", "the Python stack of every thread of a live proc"),
     "logs": ("zmesh.cli.logs", "what a mesh's procs printed (every rank by default; -f follows)"),
-    "stop": ("zmesh.cli.logs", "stop a mesh by name, on every agent that has it"),
+    "stop": ("zmesh.cli.logs", "stop a detached service, or a mesh, by name"),
     "get": ("zmesh.cli.get", "a mesh by name: its generation and every rank, from each agent"),
     "up": ("zmesh.cli.up", "start one agent per host of a host file (ssh, srun, ...)"),
     "down": ("zmesh.cli.up", "stop the agents 'zmesh up' started"),

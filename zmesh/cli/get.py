@@ -80,6 +80,8 @@ async def _get(addresses: list[str], args: argparse.Namespace) -> int:
 
 def _add(into: dict[str, Any], m: w.MeshReport, host: str) -> None:
     into["generation"] = max(into["generation"], m.generation)
+    if m.detached:  # kept past its creator under this name (zmesh.lookup)
+        into["detached"] = m.detached
     into["ranks"].extend(
         {"rank": r.rank, "status": r.status.value, "pid": r.pid, "host": host, "log": r.log_path}
         for r in m.ranks
@@ -87,6 +89,7 @@ def _add(into: dict[str, Any], m: w.MeshReport, host: str) -> None:
 
 
 def _print(m: dict[str, Any]) -> None:
-    print(f"{m['name']}  generation {m['generation']}  {len(m['ranks'])} rank(s)")
+    kept = f"  detached as {m['detached']!r}" if m.get("detached") else ""
+    print(f"{m['name']}  generation {m['generation']}  {len(m['ranks'])} rank(s){kept}")
     for r in m["ranks"]:
         print(f"  {r['rank']:>4}  {r['status']:<12} pid {r['pid']:<8} {r['host']}  {r['log']}")

@@ -134,7 +134,7 @@ def _show(
 
 
 def configure_stop(parser: argparse.ArgumentParser) -> None:
-    """``zmesh stop NAME``: stop a mesh (on every agent that has it)."""
+    """``zmesh stop NAME``: a detached service or mesh, or a mesh (on every agent that has it)."""
     parser.add_argument("mesh", help="the name given (name=, spawn name) or the full name (ps)")
     agent_args(parser)
     json_arg(parser, '[{"mesh", "host", "ok", "error"}]')
@@ -151,6 +151,12 @@ async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
     operators = {e.address: e.operator for e in registry.live()}
     col = Collector(addresses, 10)
     try:
+        from zmesh.cli._detached import stop_detached
+
+        rows = await stop_detached(col, addresses, args.mesh, operators, args.timeout)
+        if rows:  # a detached service or mesh of that name: its agents stopped it
+            _print_stopped(args, rows)
+            return 0
         _snap, targets, error = await _targets(col, args.mesh, None, args.timeout)
         if error:
             print(f"zmesh stop: {error}", file=sys.stderr)
@@ -165,11 +171,14 @@ async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
         {"mesh": mesh, "host": host, "ok": ok, "error": err}
         for (_, host, mesh), (ok, err) in zip(where, results, strict=True)
     ]
+    _print_stopped(args, rows)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _print_stopped(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     if args.json:
         print_json(rows)
-    else:
-        for r in rows:
-            print(
-                f"{r['mesh']} on {r['host']}: " + ("stopped" if r["ok"] else f"error: {r['error']}")
-            )
-    return 0 if all(r["ok"] for r in rows) else 1
+        return
+    for r in rows:
+        what = f"{r['mesh']} (detached)" if r.get("detached") else r["mesh"]
+        print(f"{what} on {r['host']}: " + ("stopped" if r["ok"] else f"error: {r['error']}"))

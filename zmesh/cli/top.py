@@ -162,8 +162,17 @@ def run_ps(args: argparse.Namespace) -> int:
     silent = unreachable(snap)
     view = derive(snap, Options(show_history=args.all))
     procs = view.procs
+    detached = {  # kept past their creator (detached=True): zmesh stop NAME ends them
+        m.name: m.detached
+        for a in snap.agents
+        if a.stats
+        for m in a.stats.meshes
+        if m.detached and any(not r.status.terminal for r in m.ranks)
+    }
     if args.json:
-        rows = [dict(vars(p), restarts=p.restarts) for p in procs]
+        rows = [
+            dict(vars(p), restarts=p.restarts, detached=detached.get(p.mesh, "")) for p in procs
+        ]
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 2 if silent else 0
     fmt = "{:<10} {:<28} {:>4} {:>8} {:<12} {:>5} {:>7} {:>3} {:>7}  {}"
@@ -183,6 +192,8 @@ def run_ps(args: argparse.Namespace) -> int:
                 p.reason,
             )
         )
+    for mesh, name in sorted(detached.items()):
+        print(f"(detached: {mesh} is kept as {name!r} past its creator; 'zmesh stop {name}')")
     if view.header.history and not args.all:
         print(
             f"(+{view.header.history} history rows: dead generations and stopped meshes; "

@@ -133,9 +133,7 @@ def run_up(args: argparse.Namespace) -> int:
     for h in hosts:
         remote = REMOTE_DIR.format(host=h.name)
         copy = f"umask 077 && mkdir -p {remote} && tar -x -C {remote} -f -"
-        done = subprocess.run(
-            _launch(args.launcher, h, copy), input=tar, capture_output=True, timeout=args.timeout
-        )
+        done = _run(_launch(args.launcher, h, copy), args.timeout, "copy the keys", h, tar)
         if done.returncode != 0:
             raise AgentError(
                 f"copying the keys to {h.name} failed: {done.stderr.decode(errors='replace')}"
@@ -145,21 +143,24 @@ def run_up(args: argparse.Namespace) -> int:
             f"--label {shlex.quote(h.name)} --keys {remote}/keys --log-dir {remote}/logs"
         )
         if args.attach:
-            children.append(subprocess.Popen(_launch(args.launcher, h, f"exec {agent}")))
+            # Its own process group, so that stopping it stops what the launcher started.
+            cmd = _launch(args.launcher, h, f"exec {agent}")
+            children.append(subprocess.Popen(cmd, start_new_session=True))
         else:
             start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
-            done = subprocess.run(
-                _launch(args.launcher, h, start), capture_output=True, timeout=args.timeout
-            )
+            done = _run(_launch(args.launcher, h, start), args.timeout, "start the agent", h)
             if done.returncode != 0:
                 err = done.stderr.decode(errors="replace")
                 raise AgentError(f"starting the agent on {h.name} failed: {err}")
     controls = [h.control(args.port) for h in hosts]
     _security.use(keys)
-    silent = wait_answering(controls, args.timeout)
+    try:
+        silent = wait_answering(controls, args.timeout)
+    except BaseException:
+        _stop(children)
+        raise
     if silent:
-        for c in children:
-            c.terminate()
+        _stop(children)
         raise AgentError(
             f"no answer within {args.timeout}s from {', '.join(silent)} "
             f"(see $HOME/.zmesh/up/HOST/agent.log there)"
@@ -178,11 +179,60 @@ def run_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        for c in children:
-            c.terminate()
-        for c in children:
-            c.wait(10)
+        _stop(children)
     return 0
+
+
+def _run(
+    cmd: list[str], timeout: float, what: str, host: Host, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a launcher command to its end, or stop it and all it started at ``timeout``.
+
+    The command runs in a process group of its own: a launcher that hangs
+    (or leaves a child holding its pipes) is killed with everything in it,
+    and nothing is left behind.
+
+    Raises:
+        AgentError: it did not end within ``timeout`` seconds.
+    """
+    popen = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = popen.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(popen, signal.SIGKILL)
+        popen.communicate()
+        raise AgentError(
+            f"the launcher did not {what} on {host.name} within {timeout:g}s, so it was "
+            f"stopped with all it started; check --launcher (it ran {shlex.join(cmd)}) "
+            "or raise --timeout"
+        ) from exc
+    except BaseException:  # Ctrl+C: the launcher goes too
+        _kill_group(popen, signal.SIGKILL)
+        popen.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, popen.returncode, out, err)
+
+
+def _kill_group(popen: subprocess.Popen[Any], sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(children: list[subprocess.Popen[bytes]]) -> None:
+    """Stop attached launchers and what they started (SIGTERM, then SIGKILL)."""
+    for c in children:
+        _kill_group(c, signal.SIGTERM)
+    for c in children:
+        try:
+            c.wait(10)
+        except subprocess.TimeoutExpired:
+            _kill_group(c, signal.SIGKILL)
+            c.wait()
 
 
 def wait_answering(controls: list[str], timeout: float) -> list[str]:

@@ -6,7 +6,7 @@ Parts that do not know of each other's insides:
 * ``_health``: a pure judgement of a snapshot: what is alive, what is a
   problem, what is history (``zmesh status``'s exit code, the folded rows);
 * ``_view``: pure functions from a snapshot to rows (rates, percentiles,
-  filters, sorting);
+  filters, sorting), with the actors pane's rows in ``_endpoints``;
 * ``_render``: pure functions from rows to a ``rich`` frame (no clock reads).
 
 ``_app`` runs them interactively; ``zmesh.cli.top`` holds the commands

@@ -289,8 +289,8 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Render
     return t
 
 
-def _actor_row(t: Table, e: EndpointRow, style: str) -> None:
-    t.add_row(
+def _actor_row(t: Table, e: EndpointRow, style: str, batched: bool) -> None:
+    cells: list[Any] = [
         f"{e.mesh}/{e.actor}" if e.mesh else e.actor,
         e.endpoint,
         fmt_rate(e.calls),
@@ -299,11 +299,18 @@ def _actor_row(t: Table, e: EndpointRow, style: str) -> None:
         Text(fmt_rate(e.errors), style="red" if e.errors else ""),
         str(e.in_flight),
         str(e.queue),
-        style=style,
-    )
+    ]
+    if batched:
+        cells.append(str(e.batches_total) if e.batches_total else "-")
+        cells.append(f"{e.mean_batch:.1f}" if e.mean_batch is not None else "-")
+    t.add_row(*cells, style=style)
 
 
 def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table:
+    # The batching columns show once an endpoint is batched: the narrow
+    # frame keeps its room otherwise.
+    batched = any(e.batches_total for e in view.endpoints)
+    batching = [("batches", _R), ("batch", _R)] if batched else []
     t = _table(
         "actors",
         [
@@ -315,13 +322,14 @@ def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table
             ("err/s", _R),
             ("inflight", _R),
             ("queue", _R),
+            *batching,  # invocations of a batched endpoint; mean calls per invocation
         ],
         screen.sort.get("actors", 0),
     )
     total, *rest = view.endpoints
-    _actor_row(t, total, "bold")
+    _actor_row(t, total, "bold", batched)
     for i in rows if rows is not None else range(len(rest)):
-        _actor_row(t, rest[i], _sel(screen, "actors", i))
+        _actor_row(t, rest[i], _sel(screen, "actors", i), batched)
     return t
 
 

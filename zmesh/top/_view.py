@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zmesh._shared.stats import ProcStatistics, percentile, subtract
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
+from zmesh.top._endpoints import EndpointRow, endpoint_rows, total_row
 from zmesh.top._health import FAILURES, LIVE, judge
 
 STALE_INTERVALS = 3  # data older than this many intervals is STALE
@@ -64,27 +64,6 @@ class ProcRow:
 
 
 @dataclass(frozen=True)
-class EndpointRow:
-    mesh: str
-    actor: str
-    endpoint: str
-    ranks: int = 0
-    calls: float = 0.0  # per second over the window
-    errors: float = 0.0  # per second over the window
-    p50: float | None = None  # seconds
-    p99: float | None = None
-    in_flight: int = 0
-    queue: int = 0
-    calls_total: int = 0
-    errors_total: int = 0
-    hist: tuple[int, ...] = field(default=(), repr=False, compare=False)  # over the window
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return (self.mesh, self.actor, self.endpoint)
-
-
-@dataclass(frozen=True)
 class ServiceRow:
     name: str
     healthy: int
@@ -92,10 +71,11 @@ class ServiceRow:
     restarts: int
     last_failure: str
     state: str
+    id: str = ""  # names may repeat (two scripts' "embedder"); ids do not
 
     @property
     def key(self) -> tuple[Any, ...]:
-        return (self.name,)
+        return (self.name, self.id)
 
 
 @dataclass(frozen=True)
@@ -172,6 +152,8 @@ SORTS: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {
         ("err/s", lambda r: r.errors, True),
         ("inflight", lambda r: r.in_flight, True),
         ("queue", lambda r: r.queue, True),
+        ("batches", lambda r: r.batches_total, True),
+        ("batch", lambda r: _num(r.mean_batch), True),
     ],
     "services": [
         ("name", lambda r: r.name, False),
@@ -207,15 +189,17 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
     procs = [
         row for a in snap.agents for row in _proc_rows(a, health.history, snap.time - opts.keep)
     ]
-    endpoints = _endpoint_rows(snap.agents)
-    # A service reports to every agent it has replicas on: one row per name.
-    by_name = {
-        s.name: ServiceRow(s.name, s.healthy, s.desired, s.restarts, s.last_failure, s.state)
+    endpoints = endpoint_rows(snap.agents)
+    # A service reports to every agent it has replicas on: one row per service.
+    by_id = {
+        s.id or s.name: ServiceRow(
+            s.name, s.healthy, s.desired, s.restarts, s.last_failure, s.state, s.id
+        )
         for a in snap.agents
         if a.stats is not None
         for s in a.stats.services
     }
-    services = list(by_name.values())
+    services = list(by_id.values())
     header = _header(snap, hosts, procs, endpoints, services, opts.keep)
     if not opts.show_history:
         procs = [p for p in procs if not p.history]
@@ -231,7 +215,7 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
         endpoints = [e for e in endpoints if e.errors > 0]
         services = [s for s in services if s.healthy < s.desired]
         events = [e for e in events if e.kind in FAILURES or e.kind == "lost"]
-    total = _total(endpoints)
+    total = total_row(endpoints)
     return View(
         header=header,
         hosts=sort_rows(hosts, "hosts", opts.sort.get("hosts", 0)),
@@ -309,107 +293,6 @@ def _proc_rows(a: AgentSample, history: set[tuple[str, str]], since: float) -> l
                 )
             )
     return rows
-
-
-def _endpoint_rows(agents: Sequence[AgentSample]) -> list[EndpointRow]:
-    acc: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for a in agents:
-        if a.stats is None:
-            continue
-        base = {(p.mesh, p.rank, p.generation): p for p in (a.base.procs if a.base else [])}
-        for p in a.stats.procs:
-            old = base.get((p.mesh, p.rank, p.generation))
-            if old is not None and old.time >= p.time:
-                old = None  # the same report twice: fall back to the proc's lifetime
-            span = _span(p, old)
-            old_eps = _endpoints_of(old)
-            for actor in p.actors:
-                for ep in actor.endpoints:
-                    k = (p.mesh, actor.name, ep.name)
-                    d = acc.setdefault(
-                        k,
-                        {
-                            "ranks": 0,
-                            "calls": 0.0,
-                            "errors": 0.0,
-                            "hist": [],
-                            "inflight": 0,
-                            "queue": 0,
-                            "calls_total": 0,
-                            "errors_total": 0,
-                        },
-                    )
-                    prev = old_eps.get((actor.name, ep.name))
-                    dcalls = ep.calls - (prev.calls if prev else 0)
-                    derr = ep.errors - (prev.errors if prev else 0)
-                    hist = subtract(ep.histogram, prev.histogram if prev else [])
-                    d["ranks"] += 1
-                    if span > 0:
-                        d["calls"] += max(0, dcalls) / span
-                        d["errors"] += max(0, derr) / span
-                    d["hist"] = _add(d["hist"], hist)
-                    d["inflight"] += ep.in_flight
-                    d["queue"] += ep.queued
-                    d["calls_total"] += ep.calls
-                    d["errors_total"] += ep.errors
-    return [
-        EndpointRow(
-            k[0],
-            k[1],
-            k[2],
-            d["ranks"],
-            d["calls"],
-            d["errors"],
-            percentile(d["hist"], 50),
-            percentile(d["hist"], 99),
-            d["inflight"],
-            d["queue"],
-            d["calls_total"],
-            d["errors_total"],
-            tuple(d["hist"]),
-        )
-        for k, d in acc.items()
-    ]
-
-
-def _span(p: ProcStatistics, old: ProcStatistics | None) -> float:
-    """Seconds between ``old`` and ``p`` (since the proc started if there is no ``old``)."""
-    if old is not None and p.time > old.time:
-        return p.time - old.time
-    return p.uptime
-
-
-def _endpoints_of(p: ProcStatistics | None) -> dict[tuple[str, str], Any]:
-    if p is None:
-        return {}
-    return {(a.name, e.name): e for a in p.actors for e in a.endpoints}
-
-
-def _add(a: list[int], b: list[int]) -> list[int]:
-    if len(a) < len(b):
-        a = a + [0] * (len(b) - len(a))
-    return [x + (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
-
-
-def _total(rows: Sequence[EndpointRow]) -> EndpointRow:
-    hist: list[int] = []
-    for r in rows:
-        hist = _add(hist, list(r.hist))
-    return EndpointRow(
-        "",
-        "Total",
-        "",
-        sum(r.ranks for r in rows),
-        sum(r.calls for r in rows),
-        sum(r.errors for r in rows),
-        percentile(hist, 50),
-        percentile(hist, 99),
-        sum(r.in_flight for r in rows),
-        sum(r.queue for r in rows),
-        sum(r.calls_total for r in rows),
-        sum(r.errors_total for r in rows),
-        tuple(hist),
-    )
 
 
 def _header(

@@ -1,0 +1,320 @@
+"""Detached services and meshes: they outlive their creating script on an
+external agent, other scripts attach with ``zmesh.lookup``, ``zmesh stop``
+ends them, and other keys neither find nor stop them.
+
+One keyed ``zmesh agent`` on loopback TCP for the module; a creator script
+(a subprocess, which exits) makes the detached service; the tests attach to
+it from other scripts and from this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zmesh
+from zmesh._client import local as _local
+from zmesh._client.local import await_ready
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+
+from _helpers import connected, pid_alive, run_python, wait_for, wait_gone
+
+pytestmark = pytest.mark.usefixtures("_isolated")
+
+CREATOR = textwrap.dedent(
+    """
+    import os, sys, zmesh
+
+    class Embedder(zmesh.Actor):
+        def __init__(self, scale: int) -> None:
+            self.scale = scale
+
+        @zmesh.endpoint
+        def embed(self, x: int) -> int:
+            return x * self.scale
+
+        @zmesh.endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    kind = sys.argv[1]
+    if kind == "service":
+        svc = Embedder.options(name="embedder", replicas=2, detached=True).spawn(3).get(60)
+        print(svc.embed(14).get(timeout=10), flush=True)
+    else:
+        mesh = Embedder.options(name="tables", procs=2, detached=True).as_actor(5)
+        print(mesh.embed.call(1).get(timeout=60).values(), flush=True)
+    """
+)
+
+USER = textwrap.dedent(
+    """
+    import zmesh
+
+    svc = zmesh.lookup("embedder").get(timeout=30)
+    print(type(svc).__name__, [svc.embed(i).get(timeout=10) for i in range(4)], flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A keyed agent, its keys, and two more client key pairs: one it admits, one it does not."""
+    root = tmp_path_factory.mktemp("detached")
+    keys = str(root / "keys")
+    agents_keys = _security.keygen(keys)
+    other = str(root / "other")
+    _security.keygen_client(other, agents_keys.public)
+    _security.authorize(keys, _security.read_public(other), "other")
+    stranger = str(root / "stranger")
+    _security.keygen_client(stranger, agents_keys.public)
+    logs = root / "logs"
+    logs.mkdir()
+    with open(logs / "agent.log", "ab") as err:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
+             "--keys", keys, "--label", "ext", "--log-dir", str(logs)],
+            stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        info = await_ready(popen, str(logs / "agent.log"))
+        yield {
+            "control": info.control, "keys": keys, "other": other, "stranger": stranger,
+            "dir": str(root),
+        }  # fmt: skip
+    finally:
+        popen.terminate()
+        popen.wait(timeout=20)
+
+
+@pytest.fixture
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("ZMESH_AGENTS", "ZMESH_HOSTFILE", "ZMESH_KEYS"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    zmesh.shutdown()
+    _local.configure(None)
+    _security.use(None)
+
+
+def _env(agent: dict[str, str], keys: str = "keys") -> dict[str, str]:
+    return {"ZMESH_AGENTS": agent["control"], "ZMESH_KEYS": agent[keys]}
+
+
+def _create(agent: dict[str, str], kind: str) -> str:
+    """Run the creator script to its end; what it printed."""
+    script = Path(agent["dir"]) / "creator.py"
+    script.write_text(CREATOR)
+    done = run_python([str(script), kind], 120, env=_env(agent), cwd=agent["dir"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def _zmesh(agent: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_python(
+        ["-m", "zmesh", *args, "--agents", agent["control"], "--keys", agent["keys"]], 60
+    )
+
+
+def _pids_of(agent: dict[str, str], name: str) -> list[int]:
+    """The live pids of every mesh ``zmesh get NAME`` shows (orchestrator and replicas)."""
+    done = _zmesh(agent, "get", name, "--json")
+    if done.returncode != 0:
+        return []
+    got: Any = json.loads(done.stdout)
+    meshes = got if isinstance(got, list) else [got]
+    return [r["pid"] for m in meshes for r in m["ranks"] if r["status"] == "Running"]
+
+
+@pytest.fixture(scope="module")
+def service(agent: dict[str, str]) -> Iterator[list[int]]:
+    """The detached ``embedder`` (2 replicas), made by a script that has exited; its pids."""
+    assert _create(agent, "service") == "42"
+    pids = wait_for(lambda: (p := _pids_of(agent, "embedder")) and len(p) == 3 and p, 30,
+                    "the orchestrator and 2 replicas")  # fmt: skip
+    yield pids
+    _zmesh(agent, "stop", "embedder")  # a test failed before it stopped it: clean up
+    wait_gone(pids, 20, "the detached service")
+
+
+def test_a_detached_service_outlives_its_creator_and_serves_another_script(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    assert all(pid_alive(p) for p in service)
+    done = run_python(["-c", USER], 60, env=_env(agent))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "Service [0, 3, 6, 9]"
+    shown = _zmesh(agent, "ps")
+    assert "kept as 'embedder' past its creator" in shown.stdout, shown.stdout
+    got = json.loads(_zmesh(agent, "get", "embedder", "--json").stdout)
+    kept = {m["name"]: m.get("detached", "") for m in got}
+    assert sorted(kept.values()) == ["", "", "embedder"], kept  # the orchestrator; 2 replicas
+
+
+def test_lookup_of_an_unknown_name_lists_the_names_there(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    with connected([agent["control"]], keys=agent["keys"]):
+        with pytest.raises(zmesh.NameNotFoundError, match=r"'embeder'.*names there: embedder") as e:
+            zmesh.lookup("embeder").get(timeout=30)
+        assert e.value.names == ["embedder"]
+
+
+class Embedder(zmesh.Actor):
+    @zmesh.endpoint
+    def embed(self, x: int) -> int:
+        return x
+
+
+def test_a_name_in_use_is_refused_before_anything_spawns(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    with connected([agent["control"]], keys=agent["keys"]):
+        again = Embedder.options(name="embedder", replicas=1, detached=True).spawn()
+        with pytest.raises(zmesh.DetachError, match="is a detached service already"):
+            again.get(timeout=30)
+    assert sorted(_pids_of(agent, "embedder")) == sorted(service)  # nothing new, nothing lost
+
+
+def test_other_keys_neither_find_nor_stop_it(agent: dict[str, str], service: list[int]) -> None:
+    # Keys the agent admits, but not the creator's: the name is not theirs.
+    with connected([agent["control"]], keys=agent["other"]):
+        with pytest.raises(zmesh.NameNotFoundError, match="names there: none") as e:
+            zmesh.lookup("embedder").get(timeout=30)
+        assert e.value.names == []
+        from zmesh._client import lookup as _lookup
+        from zmesh._client import runtime as _runtime
+
+        async def stop() -> Any:
+            rt = _runtime.home()
+            make = functools.partial(w.StopDetached, name="embedder", principal=_lookup.principal())
+            return await rt.controller.agent(agent["control"]).client.request(make, check=False)
+
+        ack = _lookup.on_home(lambda rt: stop()).get(timeout=30)
+        assert not ack.ok and "no detached service or mesh named 'embedder'" in ack.error
+    # Keys the agent does not admit: refused at the handshake.
+    with connected([agent["control"]], keys=agent["stranger"]):
+        with pytest.raises(zmesh.SecurityError):
+            zmesh.lookup("embedder").get(timeout=30)
+    assert all(pid_alive(p) for p in service)
+    done = run_python(["-c", USER], 60, env=_env(agent))  # still served
+    assert done.returncode == 0 and "Service [0, 3, 6, 9]" in done.stdout, done.stderr
+
+
+def test_kill9_of_a_replica_after_its_creator_exited_heals_with_nothing_lost(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    with connected([agent["control"]], keys=agent["keys"]):
+        svc = zmesh.lookup("embedder").get(timeout=30)
+
+        async def run() -> tuple[int, int, int]:
+            victim = await svc.replica(0).pid.call_one()
+            done = 0
+            stop = asyncio.Event()
+
+            async def caller(k: int) -> None:
+                nonlocal done
+                i = 0
+                while not stop.is_set():
+                    assert await svc.embed.options(timeout=30)(i) == i * 3
+                    done += 1
+                    i += k + 1
+
+            callers = [asyncio.ensure_future(caller(k)) for k in range(4)]
+            try:
+                await asyncio.sleep(0.3)
+                os.kill(victim, signal.SIGKILL)
+                healed = await _respawned(svc, victim)
+                await asyncio.sleep(0.3)
+            finally:
+                stop.set()
+                results = await asyncio.gather(*callers, return_exceptions=True)
+            assert not [r for r in results if r is not None], results  # no call lost
+            return victim, healed, done
+
+        victim, healed, done = asyncio.run(run())
+        assert done > 0 and not pid_alive(victim) and pid_alive(healed)
+
+
+async def _respawned(svc: Any, victim: int) -> int:
+    """The pid of replica 0 once it is another than ``victim`` (the orchestrator respawned it)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while loop.time() < deadline:
+        mesh = svc.replica(0)
+        if mesh is not None:
+            try:
+                pid: int = await mesh.pid.options(timeout=5).call_one()
+            except zmesh.ZmeshError:  # the dead generation, not yet out of the table
+                pid = victim
+            if pid != victim:
+                return pid
+        await asyncio.sleep(0.1)
+    raise AssertionError("replica 0 was not respawned within 30s")
+
+
+def test_zmesh_stop_ends_the_orchestrator_and_every_replica(
+    agent: dict[str, str], service: list[int]
+) -> None:
+    pids = _pids_of(agent, "embedder")  # the respawned replica too
+    assert len(pids) == 3
+    done = _zmesh(agent, "stop", "embedder")
+    assert done.returncode == 0, done.stderr
+    assert "embedder (detached) on ext: stopped" in done.stdout
+    wait_gone(pids, 20, "the detached service's procs")
+    with connected([agent["control"]], keys=agent["keys"]):
+        with pytest.raises(zmesh.NameNotFoundError):
+            zmesh.lookup("embedder").get(timeout=30)
+
+
+def test_svc_stop_from_an_attached_script_ends_it(agent: dict[str, str]) -> None:
+    _create(agent, "service")
+    pids = wait_for(lambda: (p := _pids_of(agent, "embedder")) and len(p) == 3 and p, 30,
+                    "the orchestrator and 2 replicas")  # fmt: skip
+    with connected([agent["control"]], keys=agent["keys"]):
+        svc = zmesh.lookup("embedder").get(timeout=30)
+        assert svc.embed(2).get(timeout=10) == 6
+        svc.stop().get(timeout=30)
+        wait_gone(pids, 20, "the detached service's procs")
+        with pytest.raises(zmesh.ActorStoppedError):
+            svc.embed(2).get(timeout=10)
+
+
+def test_a_detached_mesh_is_looked_up_as_an_actor_mesh(agent: dict[str, str]) -> None:
+    assert _create(agent, "mesh") == "[5, 5]"
+    with connected([agent["control"]], keys=agent["keys"]):
+        mesh = zmesh.lookup("tables").get(timeout=30)
+        assert isinstance(mesh, zmesh.ActorMesh)
+        assert mesh.embed.call(2).get(timeout=30).values() == [10, 10]
+        pids = mesh.pid.call().get(timeout=30).values()
+    done = _zmesh(agent, "stop", "tables")
+    assert done.returncode == 0 and "tables (detached)" in done.stdout, done.stdout + done.stderr
+    wait_gone(pids, 20, "the detached mesh's procs")
+
+
+class Plain(zmesh.Actor):
+    @zmesh.endpoint
+    def one(self) -> int:
+        return 1
+
+
+def test_detached_on_the_embedded_agent_is_a_typed_error() -> None:
+    with pytest.raises(zmesh.DetachError, match=r"embedded agent.*ZMESH_AGENTS"):
+        Plain.options(replicas=2, detached=True).spawn()
+    with pytest.raises(zmesh.DetachError, match="zmesh agent"):
+        Plain.options(detached=True).as_actor()
+    assert isinstance(zmesh.DetachError("x"), zmesh.SpawnError)
+    with pytest.raises(zmesh.NameNotFoundError, match="no agents are configured"):
+        zmesh.lookup("embedder").get(timeout=10)

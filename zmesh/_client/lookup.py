@@ -1,0 +1,209 @@
+"""Detached services and meshes: filing them by name, and ``zmesh.lookup``.
+
+``Cls.options(name="embedder", detached=True).spawn()`` on external agents
+(``zmesh agent``, ``zmesh cluster``, ``zmesh up``) files what it made on its
+agents under ``embedder`` (``detach``): the agents keep it when the script
+exits (``zmesh._host.detached``). Another script with the same agents and
+keys attaches with ``zmesh.lookup("embedder")`` and gets a ``Service`` or
+an ``ActorMesh``; ``zmesh stop embedder`` or ``svc.stop()`` ends it.
+
+Names are per key pair: ``principal()`` is a token derived from this
+client's CURVE secret key (``""`` without keys, where only this user can
+reach the agent at all: ipc://). It goes to the agents only, over the
+encrypted control connection; without the secret key nobody can make it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import pickle
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from zmesh._client import local as _local
+from zmesh._client import runtime as _runtime
+from zmesh._client.future import Future
+from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._errors import AgentError, DetachError, NameNotFoundError, SecurityError, ZmeshError
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+
+LOOKUP_TIMEOUT = 10.0
+
+
+def principal() -> str:
+    """Whose names this client's are: a token of its CURVE secret key (``""``: no keys)."""
+    keys = _security.active()
+    if keys is None:
+        return ""
+    return hmac.new(keys.secret, b"zmesh detached names", hashlib.sha256).hexdigest()
+
+
+def external_agents(what: str) -> list[str]:
+    """The configured agents, for something ``detached``.
+
+    Raises:
+        DetachError: none is configured: the embedded default agent would
+            be used, and it ends with this script.
+    """
+    agents = _local.configured_agents()
+    if agents is None:
+        raise DetachError(
+            f"{what}: detached=True needs an agent that outlives this script, but none is "
+            "configured, so the embedded agent would run it and stop it when the script "
+            "exits. Start one ('zmesh agent', 'zmesh cluster' or 'zmesh up') and point "
+            "ZMESH_AGENTS (or zmesh.connect) at it"
+        )
+    return agents
+
+
+def on_home(work: Callable[[Runtime], Awaitable[Any]]) -> Future[Any]:
+    """Run ``work(rt)`` on the runtime's I/O loop; its ``Future``."""
+    rt = _runtime.home()
+    if asyncio._get_running_loop() is rt.loop:
+        return Future(afut=rt.loop.create_task(work(rt)))  # type: ignore[arg-type]
+    return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))  # type: ignore[arg-type]
+
+
+async def detach(rt: Runtime, name: str, kind: str, handle: Any, refs: list[ProcRef]) -> None:
+    """File the proc meshes of ``refs`` under ``name`` on their agents, with ``handle``.
+
+    Raises:
+        DetachError: an agent refused (an embedded agent, the name is taken).
+    """
+    blob = pickle.dumps(handle)
+    by_agent: dict[str, set[str]] = {}
+    for ref in refs:
+        by_agent.setdefault(ref.agent, set()).add(ref.mesh)
+    for addr, meshes in sorted(by_agent.items()):
+        make = functools.partial(
+            w.Detach, name=name, meshes=sorted(meshes), principal=principal(), kind=kind,
+            handle=blob, secret=_local.owner_secret(),
+        )  # fmt: skip
+        try:
+            await rt.controller.agent(addr).request(make, timeout=LOOKUP_TIMEOUT)
+        except AgentError as exc:
+            raise DetachError(f"{kind} {name!r} cannot be detached: {exc.message}",
+                              mesh=name, host=addr) from exc  # fmt: skip
+
+
+async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
+    """``(kind, handle, agent)`` of ``name`` on the configured agents.
+
+    Raises:
+        NameNotFoundError: no agent has ``name`` for our keys (the message
+            lists the names that exist).
+        AgentError, SecurityError: no agent could be asked (the first error).
+    """
+    agents = _local.configured_agents()
+    if agents is None:
+        raise NameNotFoundError(
+            f"no detached service or mesh named {name!r}: no agents are configured (detached "
+            "ones live on external agents: set ZMESH_AGENTS or call zmesh.connect)",
+            name=name,
+        )
+    from zmesh._client.spawning import _agent_ready as agent_ready
+
+    names: set[str] = set()
+    errors: list[ZmeshError] = []
+    for addr in agents:
+        conn = rt.controller.agent(addr)
+        try:
+            await agent_ready(rt, conn.ready, addr)
+            reply = await conn.client.request(
+                functools.partial(w.Lookup, name=name, principal=principal()),
+                timeout=LOOKUP_TIMEOUT, check=False,
+            )  # fmt: skip
+        except (AgentError, SecurityError) as exc:
+            errors.append(exc)
+            continue
+        if reply.ok:
+            return reply.kind, pickle.loads(reply.handle), addr
+        names.update(reply.names)
+    if errors and len(errors) == len(agents):
+        raise errors[0]
+    known = ", ".join(sorted(names)) or "none"
+    raise NameNotFoundError(
+        f"no detached service or mesh named {name!r} for your keys on {len(agents)} "
+        f"agent(s) (names there: {known})",
+        name=name, names=sorted(names),
+    )  # fmt: skip
+
+
+async def ensure_free(rt: Runtime, name: str, what: str) -> None:
+    """Refuse, before anything is spawned, a name that is ours already.
+
+    Raises:
+        DetachError: a detached service or mesh of ours has that name.
+    """
+    try:
+        kind, _handle, addr = await find(rt, name)
+    except NameNotFoundError:
+        return
+    raise DetachError(
+        f"{what}: {name!r} is a detached {kind} already (on {addr}): use "
+        f"zmesh.lookup({name!r}), or 'zmesh stop {name}' first, or choose another name",
+        mesh=name,
+    )
+
+
+async def stop_name(rt: Runtime, name: str, agents: list[str]) -> None:
+    """Ask ``agents`` to stop what is filed under ``name`` (ours).
+
+    Raises:
+        NameNotFoundError: none of them had it (stopped already, or not ours).
+    """
+    stopped = False
+    for addr in agents:
+        make = functools.partial(w.StopDetached, name=name, principal=principal())
+        try:
+            conn = rt.controller.agent(addr).client
+            ack = await conn.request(make, timeout=LOOKUP_TIMEOUT, check=False)
+        except AgentError:
+            continue
+        stopped = stopped or bool(ack.ok)
+    if not stopped:
+        raise NameNotFoundError(
+            f"no detached service or mesh named {name!r} of yours to stop", name=name
+        )
+
+
+def lookup(name: str) -> Future[Any]:
+    """Attach to the detached service or mesh ``name``: a future of its handle.
+
+    ``svc = await zmesh.lookup("embedder")`` (or ``.get()`` in plain code)
+    finds what a script made with ``.options(name="embedder",
+    detached=True)`` on the configured agents (``ZMESH_AGENTS`` or
+    ``zmesh.connect``), for the same keys (``ZMESH_KEYS``). A service comes
+    back as a ``Service`` (direct calls, adverbs, sessions, failover, and
+    ``svc.stop()``), a mesh as an ``ActorMesh``.
+
+    Raises (from the future):
+        NameNotFoundError: no such name for these keys; its ``names`` are
+            the ones that exist.
+        SecurityError, AgentError: no configured agent could be asked.
+    """
+
+    async def go(rt: Runtime) -> Any:
+        kind, handle, addr = await find(rt, name)
+        if kind == "service":
+            from zmesh._service.orchestrator import attach
+
+            return await attach(name, handle, addr)
+        return handle
+
+    return on_home(go)
+
+
+async def detach_mesh(rt: Runtime, name: str, mesh: Any) -> None:
+    """File a just-spawned actor mesh under ``name``; stop it if its agents refuse."""
+    try:
+        await detach(rt, name, "mesh", mesh, mesh._refs)
+    except BaseException:
+        from zmesh._client.stopping import stop_procs
+
+        await stop_procs(rt, mesh._refs)
+        raise

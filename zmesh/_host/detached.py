@@ -1,0 +1,139 @@
+"""An agent's detached names: meshes kept past their owner, found by name.
+
+A script that spawns with ``.options(name="embedder", detached=True)`` files
+its proc meshes here under ``embedder`` (``Detach``), with the handle
+another script gets back from ``zmesh.lookup("embedder")`` (``Lookup``): a
+pickled ``ActorMesh``, or for a service the orchestrator's mesh, which then
+hands out the service itself. A detached mesh is not stopped when its owner
+exits or falls silent (``HostAgent._stop_owner``); it lives until
+``StopDetached`` (``zmesh stop NAME``, ``svc.stop()`` from any script) or
+until its procs end.
+
+Names are per *principal*: a token the client derives from its own CURVE
+secret key (``zmesh._client.lookup.principal``), which the agent keeps and
+never publishes. Another key pair (another user, or another team on the
+same agents) neither finds nor stops the name, and its own ``embedder`` is
+another one. The agent's own user, on its machine, may stop any name with
+the operator secret from its registry entry (as ``zmesh stop`` does for
+meshes). Used from the agent's loop.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from zmesh._host.owners import not_owner
+from zmesh._wire import messages as w
+
+if TYPE_CHECKING:
+    from zmesh._host.agent import HostAgent
+
+log = logging.getLogger("zmesh.agent")
+
+REQUESTS = (w.Detach, w.Lookup, w.StopDetached)
+
+
+@dataclass
+class Record:
+    """One name: whose it is, what it is, and the proc meshes it keeps here."""
+
+    principal: str
+    kind: str
+    handle: bytes
+    meshes: list[str] = field(default_factory=list)
+
+
+class DetachedBook:
+    """The names one agent keeps, by (principal, name)."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], Record] = {}
+
+    def live(self, agent: HostAgent, principal: str) -> dict[str, Record]:
+        """``principal``'s names whose meshes still run (the others are forgotten)."""
+        out = {}
+        for key, rec in list(self.records.items()):
+            if not any(_running(agent, m) for m in rec.meshes):
+                del self.records[key]
+                continue
+            if hmac.compare_digest(key[0], principal):
+                out[key[1]] = rec
+        return out
+
+
+def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
+    """Answer one of ``REQUESTS``."""
+    book: DetachedBook = agent.detached
+    if isinstance(msg, w.Detach):
+        agent._reply(ident, _detach(agent, book, msg))
+    elif isinstance(msg, w.Lookup):
+        names = book.live(agent, msg.principal)
+        rec = names.get(msg.name)
+        if rec is None:
+            error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
+            agent._reply(ident, w.LookupReply(msg.id, ok=False, names=sorted(names), error=error))
+        else:
+            agent._reply(ident, w.LookupReply(msg.id, kind=rec.kind, handle=rec.handle))
+    elif isinstance(msg, w.StopDetached):
+        agent._reply(ident, _stop(agent, book, msg))
+
+
+def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
+    if agent.parent_pid is not None:
+        return w.Ack(msg.id, ok=False, error=(
+            f"agent {agent.label} is the embedded agent of a script and ends with it: "
+            "nothing detached can outlive that script (start 'zmesh agent' and point "
+            "ZMESH_AGENTS at it)"
+        ))  # fmt: skip
+    meshes = []
+    for name in msg.meshes:
+        mesh = agent.procs.meshes.get(name)
+        if mesh is None or mesh.stopped:
+            return w.Ack(msg.id, ok=False, error=f"no running mesh {name!r} on {agent.label}")
+        if not agent.owners.is_owner(mesh.spec.owner, msg.secret):
+            error = f"mesh {name!r} on {agent.label}: {not_owner(mesh.spec.owner)}"
+            return w.Ack(msg.id, ok=False, denied=True, error=error)
+        meshes.append(mesh)
+    key = (msg.principal, msg.name)
+    taken = book.live(agent, msg.principal).get(msg.name)
+    if taken is not None and set(taken.meshes) != set(msg.meshes):
+        error = (
+            f"{msg.name!r} on {agent.label} is a detached {taken.kind} already: "
+            f"'zmesh stop {msg.name}' first, or choose another name"
+        )
+        return w.Ack(msg.id, ok=False, error=error)
+    for mesh in meshes:
+        mesh.detached = msg.name
+    book.records[key] = Record(msg.principal, msg.kind, msg.handle, list(msg.meshes))
+    log.info("keeping %s %s (meshes %s) past its owner", msg.kind, msg.name, msg.meshes)
+    return w.Ack(msg.id)
+
+
+def _stop(agent: HostAgent, book: DetachedBook, msg: w.StopDetached) -> w.Ack:
+    operator = getattr(agent, "operator_secret", "")  # `zmesh stop`, as this agent's user
+    as_operator = bool(operator) and hmac.compare_digest(operator, msg.secret)
+    found = [
+        (key, rec)
+        for key, rec in book.records.items()
+        if key[1] == msg.name and (as_operator or hmac.compare_digest(key[0], msg.principal))
+    ]
+    if not found:
+        # Someone else's name looks like no name at all: it is not ours to confirm.
+        error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
+        return w.Ack(msg.id, ok=False, error=error)
+    for key, rec in found:
+        del book.records[key]
+        for name in rec.meshes:
+            mesh = agent.procs.meshes.get(name)
+            if mesh is not None and not mesh.stopped:
+                log.info("stopping detached %s %s: mesh %s", rec.kind, msg.name, name)
+                agent.procs.stop(mesh)
+    return w.Ack(msg.id)
+
+
+def _running(agent: HostAgent, name: str) -> bool:
+    mesh = agent.procs.meshes.get(name)
+    return mesh is not None and not mesh.stopped
