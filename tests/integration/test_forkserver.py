@@ -212,8 +212,34 @@ def test_a_burst_of_64_procs_is_forked_answers_and_is_reaped(agent: testing.Agen
     assert all(f["ppid"] == agent.pid for f in facts)  # the agent's own children
     assert all(f["comm"] == "zmesh-proc" for f in facts)  # all forked: none fell back
     assert pids <= session_pids("proc")
+    fork = _forkserver_of(agent)
     mesh.stop().get(timeout=30)
     wait_gone(pids, 20, "the 64 procs after stop")
     stopped = {zmesh.Status.STOPPED}
     wait_for(lambda: {r.status for r in mesh.state().ranks.values()} == stopped, 10, "Stopped")
     assert warm.facts.call_one().get(timeout=30)["pid"] not in pids  # the other mesh serves on
+    # Every one was reaped: no zombie is left under the agent, and none of
+    # them (nor a middle child) was ever the forkserver's.
+    wait_for(lambda: not _children_of(agent.pid) & pids, 10, "the agent to reap them all")
+    assert not _children_of(fork)
+
+
+def test_with_a_middle_child_procs_are_still_the_agents(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where clone(CLONE_PARENT) cannot be used, a middle child hands the procs over."""
+    monkeypatch.setenv(
+        "ZMESH_SIBLING_FORK", "0"
+    )  # read by the forkserver of the agent started next
+    a = testing.start_agent("middle")
+    monkeypatch.setenv("ZMESH_AGENTS", a.control)
+    _local.configure(None)
+    try:
+        mesh = Probe.options(procs=4).as_actor().get(timeout=60)
+        facts = list(mesh.facts.call().get(timeout=30).values())
+        assert all(f["ppid"] == a.pid and f["comm"] == "zmesh-proc" for f in facts)
+        pids = {f["pid"] for f in facts}
+        mesh.stop().get(timeout=30)
+        wait_gone(pids, 20, "the procs after stop")
+        wait_for(lambda: not _children_of(a.pid) & pids, 10, "the agent to reap them all")
+    finally:
+        zmesh.shutdown()
+        testing.stop_agent(a)

@@ -255,7 +255,8 @@ def test_usable_again_after_shutdown() -> None:
 @pytest.mark.anyio
 async def test_stopping_a_mesh_while_it_spawns_leaves_no_proc() -> None:
     before = session_pids("proc")
-    procs = zmesh.this_host().spawn_procs(per_host={"procs": 3})
+    # Enough procs that their start outlasts the scan below (a fork is fast).
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 16})
     actors = procs.spawn("pid", Pid)
     waiter = asyncio.ensure_future(_await(actors))
     # Stop while the procs are starting (they exist, but are not Running yet).

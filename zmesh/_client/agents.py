@@ -174,10 +174,24 @@ class AgentLink:
         Raises:
             AgentTimeoutError, SecurityError, AgentError: as ``AgentClient.request``.
         """
-        req_id = next(self._ids)
         deadline = time.monotonic() + timeout
-        if not self.send(make(req_id)):
+        req_id = self.begin(make)
+        if req_id is None:
             raise _timeout(self.addr, timeout)
+        return self.finish(req_id, deadline, timeout, check=check)
+
+    def begin(self, make: MakeRequest) -> int | None:
+        """Send ``make(id)`` without waiting; its id for ``finish`` (``None``: not sent)."""
+        req_id = next(self._ids)
+        return req_id if self.send(make(req_id)) else None
+
+    def finish(self, req_id: int, deadline: float, timeout: float, *, check: bool = True) -> Any:
+        """Block until the reply to ``req_id``, or ``deadline`` (``time.monotonic()``,
+        ``timeout`` after the request was sent).
+
+        Raises:
+            AgentTimeoutError, SecurityError, AgentError: as ``AgentClient.request``.
+        """
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(max(1, int(left * 1000))):
@@ -192,3 +206,28 @@ class AgentLink:
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket, giving queued messages ``linger_ms`` to leave."""
         self._sock.close(linger=linger_ms)
+
+
+def ask_all(addrs: list[str], make: MakeRequest, timeout: float) -> dict[str, Any]:
+    """Ask every agent in ``addrs`` at once, blocking ``timeout`` in all; their replies.
+
+    An agent that did not answer in time is left out of the result; a
+    refusal is returned as the ``Ack`` it is (nothing is raised).
+    """
+    links = {addr: AgentLink(addr) for addr in dict.fromkeys(addrs)}
+    try:
+        deadline = time.monotonic() + timeout
+        sent = {addr: link.begin(make) for addr, link in links.items()}
+        out: dict[str, Any] = {}
+        for addr, link in links.items():
+            req_id = sent[addr]
+            if req_id is None:
+                continue
+            try:
+                out[addr] = link.finish(req_id, deadline, timeout, check=False)
+            except AgentTimeoutError:
+                continue
+        return out
+    finally:
+        for link in links.values():
+            link.close()

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from zmesh._client import runtime as _runtime
+from zmesh._client.agents import ask_all
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._shared.state import Rank, Status, mesh_status
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
 
 
 class MeshState:
@@ -61,62 +58,40 @@ def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
 def _ask_agents(mesh: str, refs: list[ProcRef]) -> dict[int, Rank]:
     """``refs``' ranks as their agents report them now (``GetState``, one per agent).
 
-    A blocking round trip on sockets of its own (the runtime's belong to its
-    loop's thread), bounded by ``STATE_TIMEOUT`` in all.
+    A blocking round trip on links of its own (the runtime's sockets belong to
+    its loop's thread), to every agent at once, bounded by ``STATE_TIMEOUT`` in all.
     """
-    import zmq
-
-    from zmesh._wire.security import secure_client
-    from zmesh._wire.zsock import configure
-
     by_agent: dict[str, list[ProcRef]] = {}
     for ref in refs:
         by_agent.setdefault(ref.agent, []).append(ref)
-    codec = Codec(w.AGENT_REPLIES)
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    socks = {}
-    for addr in by_agent:
-        sock = secure_client(configure(ctx.socket(zmq.DEALER)))
-        sock.connect(addr)
-        sock.send_multipart(codec.encode(w.GetState(1, mesh)))
-        socks[addr] = sock
-    deadline = time.monotonic() + STATE_TIMEOUT
+    replies = ask_all(list(by_agent), lambda i: w.GetState(i, mesh), STATE_TIMEOUT)
     out: dict[int, Rank] = {}
-    try:
-        for addr, sock in socks.items():
-            reply = None
-            while reply is None and sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                try:
-                    msg = codec.decode(sock.recv_multipart())
-                except Exception:  # garbled: wait for a good one, or the deadline
-                    continue
-                if isinstance(msg, w.StateReply):
-                    reply = msg
-            states = {}
-            if reply is not None:
-                for m in reply.meshes:
-                    if m.name == mesh:
-                        states = {rs.rank: rs for rs in m.ranks}
-            for ref in by_agent[addr]:
-                rs = states.get(ref.rank)
-                if reply is None:
-                    out[ref.rank] = Rank(
-                        Status.UNKNOWN, ref.generation, f"agent {addr} did not answer",
-                        addr=ref.addr, log_path=ref.log_path,
-                    )  # fmt: skip
-                elif rs is None:
-                    out[ref.rank] = Rank(
-                        Status.FAILED, ref.generation, f"agent {reply.agent} no longer knows it",
-                        addr=ref.addr, log_path=ref.log_path,
-                    )  # fmt: skip
-                else:
-                    out[ref.rank] = Rank(
-                        Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr,
-                        rs.log_path, rs.exit_code,
-                    )  # fmt: skip
-    finally:
-        for sock in socks.values():
-            sock.close(linger=0)
+    for addr, agent_refs in by_agent.items():
+        reply = replies.get(addr)
+        if not isinstance(reply, w.StateReply):
+            reply = None  # silent, or it refused: nothing it says of the ranks
+        states = {}
+        if reply is not None:
+            for m in reply.meshes:
+                if m.name == mesh:
+                    states = {rs.rank: rs for rs in m.ranks}
+        for ref in agent_refs:
+            rs = states.get(ref.rank)
+            if reply is None:
+                out[ref.rank] = Rank(
+                    Status.UNKNOWN, ref.generation, f"agent {addr} did not answer",
+                    addr=ref.addr, log_path=ref.log_path,
+                )  # fmt: skip
+            elif rs is None:
+                out[ref.rank] = Rank(
+                    Status.FAILED, ref.generation, f"agent {reply.agent} no longer knows it",
+                    addr=ref.addr, log_path=ref.log_path,
+                )  # fmt: skip
+            else:
+                out[ref.rank] = Rank(
+                    Status(rs.status), rs.generation, rs.reason, rs.pid, rs.addr,
+                    rs.log_path, rs.exit_code,
+                )  # fmt: skip
     return out
 
 

@@ -16,25 +16,30 @@ import dataclasses
 import difflib
 from typing import Any
 
-# What a handle has of its own, besides what its classes define; a fallback
-# for a class defined while zmesh itself is being imported.
+# What a handle has of its own: the public attributes of ActorMesh and of
+# Service (tests/unit/test_mistakes.py checks that none is missing), for a
+# class defined before those are imported. A script's first class must not
+# import the service machinery (~50 ms of a cold start) to be checked.
 _HANDLE_ATTRS = {
-    "actor", "cls_name", "endpoints", "full_dims", "proc_mesh", "points", "sizes", "slice",
-    "state", "stop", "supervision_events", "replica", "session", "statistics",
+    "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
+    "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
+    "statistics", "stop", "supervision_events",
 }  # fmt: skip
 _SIZES = ("procs", "hosts", "replicas")
 
 
 def reserved_names() -> set[str]:
     """Names an endpoint may not have: every public attribute of the handles."""
+    import sys
+
     names = set(_HANDLE_ATTRS)
-    try:
-        from zmesh._client.mesh import ActorMesh
-        from zmesh._service.service import Service
-    except ImportError:  # zmesh is still being imported: the fallback list holds
-        return names
-    for cls in (ActorMesh, Service):
-        names.update(n for n in dir(cls) if not n.startswith("_"))
+    for module, cls_name in (
+        ("zmesh._client.mesh", "ActorMesh"),
+        ("zmesh._service.service", "Service"),
+    ):
+        cls = getattr(sys.modules.get(module), cls_name, None)  # only if imported already
+        if cls is not None:
+            names.update(n for n in dir(cls) if not n.startswith("_"))
     return names
 
 

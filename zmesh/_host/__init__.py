@@ -4,7 +4,9 @@
   control protocol), with ``agentops`` (its read-only requests: state,
   stats, logs, health, stacks) and ``detached`` (meshes kept past their
   owner, by name);
-* ``forkserver``: a warm interpreter the agent forks procs from;
+* ``forkserver``: a warm interpreter the agent forks procs from, with
+  ``forking`` (forks that are the agent's children: ``clone(CLONE_PARENT)``
+  or a middle child) and ``forklaunch`` (its start, before the agent's imports);
 * ``proc``: the actor process (its entry point; sockets, dispatch, replies),
   with ``mailbox`` (an actor's queue and run loop), ``spawnactor`` (building
   actors), ``actors`` (several actors of one mesh in the proc: their group,

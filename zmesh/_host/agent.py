@@ -93,6 +93,9 @@ class HostAgent:
         label: the host's name in meshes and dashboards.
         log_dir: where procs' stdout/stderr files go.
         parent_pid: for an embedded agent: exit when this process is gone.
+        epoch: this incarnation's id (default: a new one).
+        forkserver: a forkserver started for ``epoch`` already
+            (``zmesh._host.forklaunch``); default: one is started as it serves.
     """
 
     def __init__(
@@ -104,6 +107,8 @@ class HostAgent:
         parent_pid: int | None = None,
         keys: Keys | None = None,
         insecure: bool = False,
+        epoch: str | None = None,
+        forkserver: _forkserver.ForkServer | None = None,
     ) -> None:
         _check_bind(bind, keys, insecure, label)
         self.keys = keys
@@ -112,7 +117,8 @@ class HostAgent:
         self._default_log_dir = not log_dir
         self.log_dir = log_dir or default_log_dir(self.label)
         self.parent_pid = parent_pid
-        self.epoch = secrets.token_hex(6)
+        self.epoch = epoch or secrets.token_hex(6)
+        self._forkserver = forkserver  # started already (ForkServer.prestart), or None
         self.seq = 0
         self._janitor: _janitor.Janitor | None = None
         self.procs = ProcTable(self.label, self.log_dir, self.epoch, self._published, self._helpers)
@@ -143,7 +149,7 @@ class HostAgent:
         _forkserver.become_subreaper()
         os.environ[_ptree.EPOCH_VAR] = self.epoch
         # First, so that its imports overlap with ours and the first spawn.
-        self.procs.spawner.use(_forkserver.ForkServer.start())
+        self.procs.spawner.use(self._forkserver or _forkserver.ForkServer.start(self.epoch))
         self._janitor = _janitor.Janitor(self.epoch)
         # Its own default must be private; a directory the user named must be theirs.
         _paths.private_dir(self.log_dir, strict=self._default_log_dir)

@@ -9,10 +9,11 @@ request in a few milliseconds.
 
 The proc must still belong to the agent, not to the forkserver: the agent
 reaps it (its exit code says how it died), and a proc dies with its agent,
-never with a helper. So the agent is a *child subreaper*, and the forkserver
-forks twice: a short-lived middle child forks the procs of a burst of
-requests and exits at once, which hands the orphaned procs to the agent.
-When the forkserver reports a proc's pid, it is the agent's child already.
+never with a helper. So the forkserver forks it as the agent's child
+(``clone(CLONE_PARENT)``), or where that cannot be done, through a
+short-lived middle child that exits and so hands the procs to the agent, a
+*child subreaper* (``zmesh._host.forking``). When the forkserver reports a
+proc's pid, it is the agent's child already.
 
 The protocol is one JSON object per line (``zmesh._wire.boundary``): the
 forkserver says ``ForkReady`` once warm; the agent writes a ``ForkRequest``
@@ -44,6 +45,8 @@ from typing import NoReturn
 
 import msgspec
 
+from zmesh._host import forking as _forking
+from zmesh._host import forklaunch as _forklaunch
 from zmesh._shared.paths import stderr_path
 from zmesh._wire import boundary as b
 
@@ -51,7 +54,6 @@ log = logging.getLogger("zmesh.agent")
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-_PR_SET_CHILD_SUBREAPER = 36
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in Python 3.10+ on Linux only
 PROC_NAME = b"zmesh-proc"  # a forked proc's name (/proc/PID/comm), for ps and tests
 # Past these a spawn falls back to Popen. Nothing waits on the agent's loop
@@ -60,13 +62,12 @@ PROC_NAME = b"zmesh-proc"  # a forked proc's name (/proc/PID/comm), for ps and t
 # each) on a machine too loaded for it to be warm in a second.
 READY_TIMEOUT = 5.0  # from its start: how long spawns wait, in all, for its imports
 REPLY_TIMEOUT = 0.5  # one fork takes milliseconds; silent this long, it counts as broken
-BATCH = 16  # procs forked by one middle child (and answered at once)
+BATCH = 16  # procs forked (and answered) at once, then let run
 FORK_TIME = 0.1  # more time per request in a batch before a silence counts
 
 
-def enabled() -> bool:
-    """Whether agents fork procs from a forkserver (Linux only)."""
-    return sys.platform.startswith("linux") and os.environ.get("ZMESH_FORKSERVER", "1") != "0"
+enabled = _forklaunch.enabled
+become_subreaper = _forklaunch.become_subreaper
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -84,11 +85,6 @@ def _set_name(name: bytes) -> None:
         libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def become_subreaper() -> bool:
-    """Make this process adopt its orphaned descendants (the agent calls it)."""
-    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 # ------------------------------------------------------------ agent side
@@ -164,19 +160,15 @@ class ForkServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def start(cls) -> ForkServer | None:
-        """Start a forkserver for this process (an agent), or ``None`` if off."""
-        if not enabled() or not become_subreaper():
-            return None
+    def start(cls, epoch: str) -> ForkServer | None:
+        """Start a forkserver for this process (the agent incarnation ``epoch``),
+        or ``None`` if off (see ``zmesh._host.forklaunch``)."""
         try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "zmesh._host.forkserver", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+            popen = _forklaunch.launch(epoch)
         except OSError as exc:
             log.warning("no forkserver (%s): procs start as fresh interpreters", exc)
             return None
-        return cls(popen)
+        return cls(popen) if popen is not None else None
 
     @property
     def pid(self) -> int:
@@ -352,9 +344,12 @@ def serve(agent_pid: int) -> None:
     import zmesh._host.stacks
     import zmesh._wire.pickling  # noqa: F401
 
+    _warm_first_use()
+
     # Freeze what is loaded: a proc's collector then never walks (and so
     # never copies, page by page) the objects it shares with us.
     gc.freeze()
+    sibling = _forking.SiblingFork.load()
     os.write(1, b.encode(b.ForkReady()) + b"\n")
     buf = b""
     while True:
@@ -369,10 +364,37 @@ def serve(agent_pid: int) -> None:
         *lines, buf = buf.split(b"\n")
         reqs = [b.decode_fork_request(line) for line in lines if line]
         for i in range(0, len(reqs), BATCH):  # replies flow while a burst is forked
-            replies = _fork_all(reqs[i : i + BATCH])
+            batch = reqs[i : i + BATCH]
+            if sibling is not None:
+                replies = _forking.fork_siblings(sibling, batch, _become_proc)
+                if len(replies) < len(batch):  # the kernel refused: a middle child from now on
+                    sibling = None
+            else:
+                replies = []
+            replies += _forking.fork_through_middle(batch[len(replies) :], _become_proc)
             _write_all(1, b"".join(b.encode(reply) + b"\n" for reply in replies))
         if not chunk:
             os._exit(0)
+
+
+def _warm_first_use() -> None:
+    """Do once here what every proc would do first after its fork.
+
+    A proc's CPU after its fork is what a burst of spawns waits for (64 procs
+    on 2 cores): these were ~8 ms of it, each measured in a forked child.
+    """
+    # A class from __main__ arrives by value: unpickling it imports
+    # cloudpickle (3.5 ms), and rebuilding it runs Actor.__init_subclass__,
+    # which imports the checks of zmesh._client.mistakes.
+    import cloudpickle  # noqa: F401
+
+    import zmesh._client.mistakes  # noqa: F401
+    from zmesh._wire import messages as w
+    from zmesh._wire.codec import Codec
+
+    # msgspec works out a decoder's types once per Struct class and keeps
+    # that on the class: a proc's first Codec then costs 0.4 ms, not 3.4.
+    Codec(w.PROC_INBOX)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -381,57 +403,22 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _fork_all(reqs: list[b.ForkRequest]) -> list[b.Forked | b.ForkFailed]:
-    """Fork a proc for each request, through one short-lived middle child.
+def _become_proc(req: b.ForkRequest, gate: int, adopted: bool) -> NoReturn:
+    """In the forked proc: set up what Popen would have, then run the proc.
 
-    The middle child forks every proc and exits, which hands them all to
-    the agent (our subreaper) at once: two forks per proc would make the
-    forkserver wait on a middle child per proc, and a burst of requests
-    wait on all of them in turn.
+    Args:
+        gate: closed once the forks of this proc's batch are done.
+        adopted: whether the agent is this process's parent already
+            (``zmesh._host.forking``).
     """
-    r, w = os.pipe()
-    # The procs wait on this pipe until the middle child, its only writer
-    # left, exits: asleep, not polling, while their siblings are forked.
-    gate_r, gate_w = os.pipe()
-    try:
-        middle = os.fork()
-    except OSError as exc:
-        for fd in (r, w, gate_r, gate_w):
-            os.close(fd)
-        return [b.ForkFailed(req.id, f"fork: {exc}") for req in reqs]
-    if middle == 0:  # the middle child: fork the procs, report them, exit
-        os.close(r)
-        for req in reqs:
-            try:
-                pid = os.fork()
-            except OSError:
-                os._exit(1)
-            if pid == 0:
-                os.close(w)
-                os.close(gate_w)
-                _become_proc(req, gate_r)
-            os.write(w, b"%d\n" % pid)
-        os._exit(0)  # orphans the procs: they go to the agent, our subreaper
-    os.close(w)
-    os.close(gate_r)
-    os.close(gate_w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(middle, 0)  # once reaped, the procs' parent is the agent
-    pids = [int(p) for p in data.split()]
-    out: list[b.Forked | b.ForkFailed] = [b.Forked(q.id, p) for q, p in zip(reqs, pids)]  # noqa: B905
-    failed = reqs[len(pids) :]  # the middle child could fork no more
-    return out + [b.ForkFailed(q.id, "fork failed in the middle child") for q in failed]
-
-
-def _become_proc(req: b.ForkRequest, gate: int) -> NoReturn:
-    """In the forked proc: set up what Popen would have, then run the proc."""
     code = 1
     try:
         os.setsid()  # Ctrl+C at the client's terminal is the client's
         _set_name(PROC_NAME)
+        # Asleep until the forks of our batch are done: they have the CPU
+        # meanwhile (see zmesh._host.forking).
+        os.read(gate, 1)
+        os.close(gate)
         fd = os.open(req.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # logs are private
         os.dup2(fd, 1)
         os.close(fd)
@@ -450,14 +437,13 @@ def _become_proc(req: b.ForkRequest, gate: int) -> NoReturn:
 
         sys.argv = [_proc.__file__ or "zmesh._host.proc"]
         sys.path[0] = os.getcwd()  # as `python -m` sets it
-        # The middle child exits once it forked the burst; wait for the agent
-        # to adopt us, so the proc's parent checks see the agent. (Its pipe
-        # closes as it exits, a moment before we are handed over.)
-        os.read(gate, 1)
-        os.close(gate)
-        deadline = time.monotonic() + 5.0
-        while os.getppid() != req.agent_pid and time.monotonic() < deadline:
-            time.sleep(0.001)
+        if not adopted:
+            # Through a middle child: wait for the agent to adopt us, so
+            # the proc's parent checks see the agent. (The gate closed as
+            # the middle child exited, a moment before we are handed over.)
+            deadline = time.monotonic() + 5.0
+            while os.getppid() != req.agent_pid and time.monotonic() < deadline:
+                time.sleep(0.001)
         _proc.main()
         code = 0
     except SystemExit as exc:

@@ -6,13 +6,12 @@ import argparse
 import logging
 import secrets
 import sys
+from typing import TYPE_CHECKING
 
-from zmesh._errors import SecurityError
-from zmesh._host.agent import HostAgent
-from zmesh._shared import registry as _registry
-from zmesh._wire.boundary import AgentReady, encode, ready_line
-from zmesh._wire.security import Keys
 from zmesh.cli._common import normalize_address
+
+if TYPE_CHECKING:
+    from zmesh._wire.boundary import AgentReady
 
 
 def configure_agent(parser: argparse.ArgumentParser) -> None:
@@ -42,13 +41,35 @@ def run_agent(args: argparse.Namespace) -> int:
     if not args.bind.startswith(("ipc://", "tcp://")):
         args.bind = normalize_address(args.bind)  # HOST:PORT
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The forkserver first: its imports (~0.2 s of CPU) then overlap with the
+    # agent's own, on another core, instead of following them: a script's
+    # first spawn waits for both.
+    from zmesh._host import forklaunch
+
+    epoch = secrets.token_hex(6)
+    try:
+        popen = forklaunch.launch(epoch)
+    except OSError:
+        popen = None  # the agent tries again, and says why
+
+    from zmesh._errors import SecurityError
+    from zmesh._host.agent import HostAgent
+    from zmesh._host.forkserver import ForkServer
+
+    forkserver = ForkServer(popen) if popen is not None else None
+    from zmesh._shared import registry as _registry
+    from zmesh._wire.boundary import encode, ready_line
+    from zmesh._wire.security import Keys
+
     try:
         keys = Keys.load(args.keys) if args.keys else None
         agent = HostAgent(
             args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid,
-            keys=keys, insecure=args.insecure,
+            keys=keys, insecure=args.insecure, epoch=epoch, forkserver=forkserver,
         )  # fmt: skip
     except SecurityError as exc:
+        if forkserver is not None:
+            forkserver.close()
         print(f"zmesh agent: error: {exc}", file=sys.stderr)
         return 2
     if keys is None and args.bind.startswith("tcp://"):
