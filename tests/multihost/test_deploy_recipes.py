@@ -208,16 +208,19 @@ def test_the_daemonset_container_script_serves_a_keyed_agent_on_the_node_ip(
 ) -> None:
     node = nodes.hosts[0]
     root = tmp_path / "pod"
-    # The Secret, as `kubectl create secret ... --from-file` lays it out (read-only files).
+    # The Secret, as the manifest's `kubectl create secret ... --from-file` lays it out
+    # (read-only files): the agents' keypair, and the public key of a client of its own.
     keys = str(tmp_path / "keys")
-    _security.keygen(keys)
+    agents = _security.keygen(keys)
+    alice = str(tmp_path / "alice")
+    _security.keygen_client(alice, agents.public)
     (root / "secret").mkdir(parents=True)
     for src, dst in (
-        ("zmesh.key", "zmesh.key"),
-        ("zmesh.key_secret", "zmesh.key_secret"),
-        ("zmesh.key", "authorized.key"),
+        (os.path.join(keys, "zmesh.key"), "zmesh.key"),
+        (os.path.join(keys, "zmesh.key_secret"), "zmesh.key_secret"),
+        (os.path.join(alice, "zmesh.key"), "alice.key"),
     ):
-        shutil.copy(os.path.join(keys, src), root / "secret" / dst)
+        shutil.copy(src, root / "secret" / dst)
         (root / "secret" / dst).chmod(0o400)
     (root / "var" / "log" / "zmesh").mkdir(parents=True)
     env = {**run_env, "NODE_IP": node.ip, "NODE_NAME": node.netns}
@@ -236,8 +239,9 @@ def test_the_daemonset_container_script_serves_a_keyed_agent_on_the_node_ip(
         _security.use(keys)
         silent = wait_answering([control], 30)
         assert not silent, f"the agent never answered: {pod_log.read_text()}"
-        # The client holds the keys (ZMESH_KEYS=./keys) and reaches the node's IP.
-        zmesh.connect([control], keys=keys)
+        # A client with its own keys, authorised through the Secret, reaches the node's IP
+        # (and the proc it spawns reaches the agent back: the agents' key is authorised).
+        zmesh.connect([control], keys=alice)
         mesh = _Where.options(hosts=1).as_actor().get(timeout=60)
         assert mesh.where.call().get(timeout=30).values() == [
             os.stat(f"/run/netns/{node.netns}").st_ino
@@ -264,3 +268,28 @@ class _Where(zmesh.Actor):
     @zmesh.endpoint
     def where(self) -> int:
         return os.stat("/proc/self/ns/net").st_ino  # the namespace this proc runs in
+
+
+def test_zmesh_up_attached_prints_one_line_and_its_end_ends_every_agent(
+    nodes: NetnsCluster, run_env: dict[str, str], tmp_path: Path
+) -> None:
+    """What the sbatch script relies on: stdout is the env line; SIGTERM ends every agent."""
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("".join(f"{h.netns} {h.ip}\n" for h in nodes.hosts))
+    cmd = [sys.executable, "-m", "zmesh", "up", str(hostfile), "--attach"]
+    cmd += ["--keys", str(tmp_path / "keys"), "--launcher", "ip netns exec {host}"]
+    cmd += ["--zmesh", f"{sys.executable} -m zmesh"]
+    with open(tmp_path / "up.err", "wb") as err:
+        up = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert up.stdout is not None
+        first = up.stdout.readline()
+        assert first.startswith("ZMESH_AGENTS="), first + (tmp_path / "up.err").read_text()
+        agents = live_processes(f"ZMESH_DEPLOY_TEST={run_env['ZMESH_DEPLOY_TEST']}")
+        assert len([p for p in agents if b"agent" in p.cmdline]) >= 3
+    finally:
+        up.send_signal(signal.SIGTERM)
+        rest, _ = up.communicate(timeout=30)
+    assert rest == "", "the agents wrote to zmesh up's stdout"
+    assert up.returncode == 0
+    assert _leftovers(run_env) == []
