@@ -10,7 +10,12 @@ from them and nothing else faked:
   a cluster's DNS would), and the driver script spawns a mesh on every node;
 - the DaemonSet's container script, run in a namespace as the node's
   network (``hostNetwork: true``) with NODE_IP/NODE_NAME set and its
-  volumes as temp dirs; a client with the keys then runs an actor on it.
+  volumes as temp dirs (the pip line a no-op: zmesh is installed, and there
+  is no network); a client authorised through the Secret runs an actor on it.
+
+What the shims cannot show is Slurm's own part (node-list syntax, step
+placement, its signals); the image and the volumes of the manifest are only
+parsed (tests/unit/test_deploy_examples.py).
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class BareHosts(NetnsCluster):
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[NetnsCluster]:
+def nodes() -> Iterator[NetnsCluster]:
+    """Three nodes: namespaces on one bridge, nothing running in them."""
     with BareHosts(3) as cluster:
         yield cluster
 
