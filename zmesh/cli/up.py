@@ -144,8 +144,12 @@ def run_up(args: argparse.Namespace) -> int:
         )
         if args.attach:
             # Its own process group, so that stopping it stops what the launcher started.
+            # The agent's stdout (its ready line) goes to our stderr: our stdout is the
+            # one ZMESH_AGENTS=... line that scripts read.
             cmd = _launch(args.launcher, h, f"exec {agent}")
-            children.append(subprocess.Popen(cmd, start_new_session=True))
+            children.append(
+                subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr.fileno())
+            )
         else:
             start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
             done = _run(_launch(args.launcher, h, start), args.timeout, "start the agent", h)
