@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, Any
 from zmesh._actor import (
     Actor,
     Endpoint,
-    Options,
     Point,
     concurrent_endpoint,
     current_rank,
     current_request,
     endpoint,
-    service,
 )
 from zmesh._context import Context, context, current_actor_name, current_size
 from zmesh._errors import (
@@ -59,6 +57,7 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
+from zmesh._options import Options, service
 
 if TYPE_CHECKING:
     from zmesh._client.accumulate import Accumulator

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
+from zmesh._actor import Actor, EndpointInfo, endpoints_of
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
 from zmesh._client import grouping as _grouping
@@ -31,6 +31,7 @@ from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.stopping import stop_actors, stop_mesh_on, stop_procs
 from zmesh._errors import ActorStoppedError, AgentError, SecurityError, SpawnError, ZmeshError
+from zmesh._options import Options
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire import pickling

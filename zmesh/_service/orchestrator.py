@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from zmesh._actor import Actor, Options, endpoint
+from zmesh._actor import Actor, endpoint
 from zmesh._client.faults import MeshFailure
 from zmesh._client.future import Future
 from zmesh._client.lookup import detach, ensure_free, external_agents, on_home, stop_name
@@ -32,6 +32,7 @@ from zmesh._client.runtime import Runtime
 from zmesh._client.spawning import spawn_owned_mesh
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import SpawnError, ZmeshError
+from zmesh._options import Options
 from zmesh._service.service import Service, spawn_service
 
 log = logging.getLogger("zmesh.service")

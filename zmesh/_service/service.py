@@ -30,13 +30,14 @@ import secrets
 import weakref
 from typing import Any
 
-from zmesh._actor import Actor, EndpointInfo, Options, endpoints_of
+from zmesh._actor import Actor, EndpointInfo, endpoints_of
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EndpointError, ServiceError
+from zmesh._options import Options
 from zmesh._service.client import Follower, ServiceClient, decode_table, encode_table
 from zmesh._service.endpoint import ServiceEndpoint
 from zmesh._service.routing import (

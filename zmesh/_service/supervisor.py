@@ -24,13 +24,13 @@ import weakref
 from collections import deque
 from typing import Any
 
-from zmesh._actor import Options
 from zmesh._client import local as _local
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
 from zmesh._client.spawning import spawn_owned_mesh
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import SpawnError, ZmeshError
+from zmesh._options import Options
 from zmesh._service.client import ServiceClient, encode_table
 from zmesh._service.routing import HEALTHY
 from zmesh._shared.state import service_state

@@ -1,0 +1,200 @@
+"""How to spawn an actor class: ``Cls.options(...)`` and ``@zmesh.service``.
+
+``Options`` holds the shape (procs, hosts, actors per proc), the name and
+the service settings, checked at once; ``.as_actor()``, ``.as_service()``
+and ``.spawn()`` start what it describes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from zmesh._actor import Actor
+
+if TYPE_CHECKING:
+    from zmesh._client.future import Future
+    from zmesh._service.routing import ServiceConfig
+    from zmesh._typing import Spawned
+
+A = TypeVar("A", bound=Actor)
+
+
+class Options(Generic[A]):
+    """How to spawn an actor class: made by ``Cls.options(...)``.
+
+    Args:
+        procs: procs per host.
+        hosts: hosts (agents), one host slice each.
+        actors_per_proc: actors in each proc (default 1). More than one puts
+            that many actors, each with its own mailbox, in every proc, on
+            one more dim, ``actors``: ``{hosts, procs, actors}``.
+        replicas: how many replicas of a service (each ``hosts x procs``);
+            given (here or by ``@zmesh.service``), ``spawn()`` makes a service.
+        name: the mesh name (default: the class name in lower case): 1-108
+            letters, digits, ``_``, ``.`` or ``-``, without ``..`` (zmesh
+            appends a suffix, and it names the procs' log files).
+        config: a whole ``zmesh.ServiceConfig``; settings given one by one
+            override its fields.
+        detached: keep the service or mesh running after this script exits,
+            under ``name``, until ``zmesh stop NAME`` or ``stop()``; other
+            scripts attach with ``zmesh.lookup(name)``. Needs an external
+            agent (``ZMESH_AGENTS``): on the embedded one, ``DetachError``.
+        service_config: service settings: see ``zmesh.ServiceConfig``.
+
+    A class decorated with ``@zmesh.service(...)`` gives the defaults of all
+    of these; what ``.options()`` says wins.
+
+    Raises:
+        ValueError: a size below 1, a name that is not valid, or a service
+            setting that is unknown or bad.
+    """
+
+    def __init__(
+        self,
+        cls: type[A],
+        *,
+        procs: int | None = None,
+        hosts: int | None = None,
+        replicas: int | None = None,
+        name: str | None = None,
+        config: ServiceConfig | None = None,
+        detached: bool | None = None,
+        **service_config: Any,
+    ) -> None:
+        defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        detached = detached if detached is not None else defaults.pop("detached", False)
+        # Actors per proc (as_actor only): a keyword of options(), not a service setting.
+        per_proc = service_config.pop("actors_per_proc", None)
+        per_proc = per_proc if per_proc is not None else defaults.pop("actors_per_proc", 1)
+        defaults.pop("actors_per_proc", None)
+        procs = procs if procs is not None else defaults.pop("procs", 1)
+        hosts = hosts if hosts is not None else defaults.pop("hosts", 1)
+        if replicas is None:
+            replicas = defaults.pop("replicas", None)
+        name = name if name is not None else defaults.pop("name", None)
+        config = config if config is not None else defaults.pop("config", None)
+        for key in ("procs", "hosts", "replicas", "name", "config", "detached"):
+            defaults.pop(key, None)
+        settings = defaults
+        if config is not None:
+            settings.update({f.name: getattr(config, f.name) for f in fields(config)})
+        settings.update(service_config)
+        from zmesh._client.mistakes import check_options
+
+        # Said in options' terms: a size that is no int, an unknown setting.
+        sizes = {"procs": procs, "hosts": hosts, "replicas": 1 if replicas is None else replicas}
+        check_options(cls, sizes, settings)
+        if procs < 1 or hosts < 1 or (replicas is not None and replicas < 1):
+            raise ValueError(
+                "procs, hosts and replicas must be at least 1, "
+                f"got procs={procs} hosts={hosts} replicas={replicas}"
+            )
+        self.cls = cls
+        self.procs = procs
+        self.hosts = hosts
+        from zmesh._client.grouping import check_per_proc
+
+        # Several actors in each proc: the mesh's dims are {hosts, procs, actors}.
+        self.actors_per_proc = check_per_proc(per_proc)
+        # Whether this is a service: replicas given, or service settings.
+        self.is_service = replicas is not None or bool(settings)
+        if self.is_service and self.actors_per_proc > 1:
+            raise ValueError("actors_per_proc is for as_actor(): a service's replicas are procs")
+        self.replicas = replicas if replicas is not None else 1
+        if name is None:  # a class name may hold any letter: keep the safe ones
+            name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
+        from zmesh._wire.names import check_name
+
+        # A service's replicas and every mesh add a suffix: leave room for it.
+        self.name = check_name(name, "mesh name", reserve=20)
+        self.detached = bool(detached)
+        self.service_config = settings
+        if settings:
+            from zmesh._service.routing import ServiceConfig
+
+            ServiceConfig(**settings)  # unknown or bad settings fail here, at once
+
+    def spawn(self, *args: Any, **kwargs: Any) -> Spawned[A]:
+        """Spawn it: a future of a ``Service`` when ``replicas`` (or a service
+        setting) was given, else the ``ActorMesh`` at once (see ``as_actor``).
+        Both are awaitable and have ``.get(timeout)``.
+
+        Raises (from ``await``/``.get()``):
+            SpawnError: a proc, actor or replica failed to start; nothing is
+                left running.
+        """
+        if self.is_service:
+            return self.as_service(*args, **kwargs)
+        # A mesh is a Spawned[A]; mypy cannot see it through the TypeVar.
+        return self.as_actor(*args, **kwargs)  # type: ignore[return-value]
+
+    def as_actor(self, *args: Any, **kwargs: Any) -> A:
+        """Spawn ``hosts x procs`` actors; their ``ActorMesh``, at once.
+
+        The procs and actors start in the background: calls made meanwhile
+        wait and go out in order, and ``await mesh`` (or
+        ``mesh.initialized.get()``) waits until every ``__init__`` returned.
+
+        Raises (from ``await mesh``, ``mesh.initialized`` and every call):
+            SpawnError: a proc failed to start or ``__init__`` raised; nothing
+                is left running.
+        """
+        from zmesh._client.spawning import spawn_actor_mesh
+
+        if self.is_service:
+            raise ValueError("replicas= and service settings are for as_service() or spawn()")
+        # Typed as the class: the handle has its endpoints (zmesh._typing).
+        return spawn_actor_mesh(self, args, kwargs)  # type: ignore[return-value]
+
+    def as_service(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Spawn ``replicas`` actor meshes as one self-healing ``Service``.
+
+        Raises (from the future):
+            SpawnError: a replica could not be started; nothing is left running.
+        """
+        from zmesh._service.service import spawn_service
+
+        return spawn_service(self, args, kwargs)
+
+
+def service(
+    *,
+    replicas: int = 1,
+    procs: int | None = None,
+    hosts: int | None = None,
+    name: str | None = None,
+    config: ServiceConfig | None = None,
+    detached: bool | None = None,
+    **settings: Any,
+) -> Callable[[type[A]], type[A]]:
+    """Class decorator: the class is a service by default, with these defaults.
+
+    ``Cls.options().spawn()`` (or ``Cls.options(replicas=4).spawn()``, which
+    overrides) then makes a ``Service``. Settings are checked at once.
+
+    Example::
+
+        @zmesh.service(replicas=2, max_queue=100)
+        class Embedder(zmesh.Actor): ...
+
+        svc = await Embedder.options().spawn()
+    """
+    given = {
+        "replicas": replicas, "procs": procs, "hosts": hosts, "name": name, "detached": detached
+    }  # fmt: skip
+    defaults: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if config is not None:
+        defaults["config"] = config
+    defaults.update(settings)
+
+    def decorate(cls: type[A]) -> type[A]:
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"@zmesh.service decorates zmesh.Actor subclasses, not {cls!r}")
+        cls.__zmesh_service__ = defaults  # type: ignore[attr-defined]
+        Options(cls)  # bad settings fail at the class, not at the first spawn
+        return cls
+
+    return decorate
