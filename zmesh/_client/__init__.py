@@ -6,7 +6,8 @@
 * ``controller``: agents' supervision streams turned into mesh state; ``agentconn``: one
   agent's control socket and stream;
 * ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles; ``spawning``: the work of
-  spawning and stopping; ``pending``: calls waiting for a mesh to be ready;
+  spawning and stopping (``procstart``: procs through their agents); ``pending``: calls
+  waiting for a mesh to be ready;
 * ``meshstate``, ``values``: ``mesh.state()``, ``ValueMesh``; ``faults``: ``MeshFailure``
   and the hooks; ``this_proc``, ``singletons``: Monarch's process-level helpers;
 * ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;

@@ -105,7 +105,7 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
             "ones live on external agents: set ZMESH_AGENTS or call zmesh.connect)",
             name=name,
         )
-    from zmesh._client.spawning import _agent_ready as agent_ready
+    from zmesh._client.procstart import agent_ready
 
     names: set[str] = set()
     errors: list[ZmeshError] = []

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from zmesh._client import local as _local
+from zmesh._client import procstart as _procstart
 from zmesh._errors import AgentError, SpawnError
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
@@ -75,7 +76,6 @@ async def spawn_or_update(
             asks for what is not supported (other hosts; resizing a mesh
             that spans several hosts).
     """
-    from zmesh._client import spawning
 
     ctl = rt.controller
     entry = _entry(ctl, name)
@@ -86,7 +86,7 @@ async def spawn_or_update(
             await _until_over(ctl, name)
             ctl.tombstones.pop(name, None)  # a new mesh under the old name: not stopped
             entry.handles = weakref.WeakSet()
-            up = await spawning._spawn_procs(rt, addrs, per_host, name, name)
+            up = await _procstart.spawn_procs(rt, addrs, per_host, name, name)
             entry.addrs, entry.per = list(addrs), math.prod(per_host.values())
             entry.generation = 0
         entry.handles.add(handle)
@@ -112,7 +112,6 @@ async def _update(
     rt: Runtime, entry: Named, addrs: list[str], per_host: dict[str, int], name: str
 ) -> ProcMesh:
     """Send the changed spec to the mesh's agents; wait until it has its new shape."""
-    from zmesh._client import spawning
 
     if list(addrs) != entry.addrs:
         raise SpawnError(
@@ -153,7 +152,7 @@ async def _update(
         for r in dropped:  # calls to them fail at once, not when the agent says so
             ctl.judge(ctl.hosts[(name, r)], name, r, Status.STOPPING, "the mesh shrank")
         dims = {"hosts": len(addrs), **per_host}
-        spec = spawning.proc_spec(dims)
+        spec = _procstart.proc_spec(dims)
         await asyncio.gather(
             *(
                 a.request(
@@ -178,7 +177,7 @@ async def _update(
     finally:
         ctl.creating.discard(name)
     entry.per = per
-    return spawning.proc_mesh_of(ctl, name, dims, conns)
+    return _procstart.proc_mesh_of(ctl, name, dims, conns)
 
 
 async def _until_shaped(rt: Runtime, name: str, ranks: list[int], dropped: list[int]) -> None:
@@ -188,11 +187,10 @@ async def _until_shaped(rt: Runtime, name: str, ranks: list[int], dropped: list[
         SpawnError: a rank failed, or the update did not finish in time (the
             mesh is left as it is: the ranks that did start keep running).
     """
-    from zmesh._client import spawning
 
     ctl = rt.controller
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + spawning.SPAWN_TIMEOUT
+    deadline = loop.time() + _procstart.SPAWN_TIMEOUT
     while True:
         view = ctl.views[name]
         for r in ranks:
@@ -209,7 +207,7 @@ async def _until_shaped(rt: Runtime, name: str, ranks: list[int], dropped: list[
         left = deadline - loop.time()
         if left <= 0:
             raise SpawnError(
-                f"mesh {name!r} did not take its new shape within {spawning.SPAWN_TIMEOUT:.0f}s",
+                f"mesh {name!r} did not take its new shape within {_procstart.SPAWN_TIMEOUT:.0f}s",
                 mesh=name,
             )
         await ctl.wait_changed(name, min(left, 1.0))

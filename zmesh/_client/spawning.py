@@ -1,4 +1,6 @@
-"""Spawning: procs through their agents, actors in procs, and stopping them.
+"""Spawning: meshes in the background, actors in procs, and stopping them.
+
+Procs are started through their agents by ``zmesh._client.procstart``.
 
 What ``HostMesh.spawn_procs``, ``ProcMesh.spawn`` and ``Cls.options().as_actor``
 start in the background. Each returns its mesh at once, not ready yet (see
@@ -15,33 +17,28 @@ import functools
 import math
 import os
 import secrets
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zmesh._actor import Actor, EndpointInfo, endpoints_of
-from zmesh._client import controller as _controller
-from zmesh._client import faults as _faults
 from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
+from zmesh._client import procstart as _procstart
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
-from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._client.stopping import stop_actors, stop_mesh_on, stop_procs
-from zmesh._errors import ActorStoppedError, AgentError, SecurityError, SpawnError, ZmeshError
+from zmesh._client.runtime import Runtime
+from zmesh._client.stopping import stop_actors, stop_procs
+from zmesh._errors import ActorStoppedError, SpawnError, ZmeshError
 from zmesh._options import Options
-from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
-from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 
 A = TypeVar("A", bound=Actor)
 
-# How long procs may take to start, and actors' __init__ to return.
-SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
+# How long actors' __init__ may take to return (procs: procstart.SPAWN_TIMEOUT).
 INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
 
 
@@ -70,7 +67,7 @@ def start_procs(
         if exact:
             up = await _named.spawn_or_update(rt, addrs, per_host, name, pm)
         else:
-            up = await _spawn_procs(rt, addrs, per_host, base, name)
+            up = await _procstart.spawn_procs(rt, addrs, per_host, base, name)
         pm._refs = up._refs
 
     _launch(pm, work)
@@ -259,7 +256,7 @@ async def spawn_owned_mesh(
     """
     if addrs is None:
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-    pm = await _spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
+    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
     try:
         mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
     except BaseException:
@@ -270,174 +267,6 @@ async def spawn_owned_mesh(
 
 
 # ------------------------------------------------------------ the work
-
-
-async def _spawn_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str, name: str | None = None
-) -> ProcMesh:
-    check_mesh_name(base)
-    if name is None:
-        name = f"{base}-{secrets.token_hex(4)}"
-    ctl = rt.controller
-    ctl.creating.add(name)  # not released while it starts, even if a rank fails
-    try:
-        return await _start_procs(rt, addrs, per_host, name)
-    except BaseException:
-        ctl.release(name)  # stopped already (or never made): nothing of it stays
-        raise
-    finally:
-        ctl.creating.discard(name)
-
-
-async def _start_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
-) -> ProcMesh:
-    from zmesh._actor import owner_actor as _owner_actor
-
-    dims = {"hosts": len(addrs), **per_host}
-    per = math.prod(per_host.values())
-    if per < 1:
-        raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
-    spec_of = proc_spec(dims)
-    ctl = rt.controller
-    owner_actor = _owner_actor()
-    if owner_actor is not None:
-        ctl.handlers[name] = lambda ev: _faults.supervise(owner_actor, ev)
-    elif not _controller.ESCALATE_UNHANDLED:  # the client owns it: zmesh.unhandled_fault_hook
-        ctl.handlers[name] = _faults.client_handler(ctl)
-    conns = []
-    for h, addr in enumerate(addrs):
-        agent = ctl.agent(addr)
-        await _agent_ready(rt, agent.ready, addr)
-        _local.note_used(addr)
-        ranks = list(range(h * per, (h + 1) * per))
-        ctl.track(name, agent, ranks)
-        conns.append((agent, ranks))
-    try:
-        await _create_and_wait(rt, name, conns, spec_of)
-    except asyncio.CancelledError:
-        # The caller gave up on the spawn: the procs it asked for must not stay.
-        await asyncio.shield(stop_mesh_on(rt, name, conns))
-        raise
-    ctl.owned.add(name)  # from now on, its unhandled failures are ours
-    return proc_mesh_of(ctl, name, dims, conns)
-
-
-def proc_spec(dims: dict[str, int]) -> Callable[[int, list[int]], w.ProcSpec]:
-    """``(host index, ranks) -> ProcSpec``: what this client's procs start with."""
-    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
-    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
-    agents = _local.configured_agents()
-    if agents is not None:  # zmesh.connect(): procs spawn on the same agents
-        env["ZMESH_AGENTS"] = ",".join(agents)
-    return lambda h, ranks: w.ProcSpec(
-        owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
-    )
-
-
-def proc_mesh_of(
-    ctl: _controller.Controller, name: str, dims: dict[str, int], conns: list[Any]
-) -> ProcMesh:
-    """The ``ProcMesh`` of ``conns``' ranks (``[(agent, ranks)]``) as the view has them."""
-    view = ctl.views[name]
-    refs = []
-    for agent, ranks in conns:
-        for r in ranks:
-            st = view.ranks[r]
-            refs.append(
-                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
-            )
-    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
-
-
-async def _agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
-    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
-
-    Raises:
-        SecurityError: the CURVE handshake failed (the reason says which key).
-        AgentError: no answer within 10 s.
-    """
-    if ready.is_set():
-        return
-    heard = asyncio.ensure_future(ready.wait())
-    waits: set[asyncio.Future[Any]] = {heard}
-    probe = None
-    if addr.startswith("tcp://"):
-        # A refused key (or none, to a keyed agent) is silence to the socket,
-        # but a monitor hears it.
-        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
-        waits.add(probe)
-    deadline = rt.loop.time() + 10.0
-    try:
-        while not heard.done():
-            done, _ = await asyncio.wait(
-                waits, timeout=max(0.0, deadline - rt.loop.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )  # fmt: skip
-            if not done:
-                hint = " and whether your keys match its --keys" if probe is not None else ""
-                raise AgentError(
-                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                    host=addr,
-                )
-            if probe is not None and probe in done:
-                waits.discard(probe)
-                if why := probe.result():
-                    raise SecurityError(why, host=addr)
-    finally:
-        heard.cancel()
-
-
-async def _create_and_wait(
-    rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
-) -> None:
-    """Ask each agent for its host slice, then wait until every rank is Running.
-
-    Raises:
-        SpawnError: a rank failed or did not start in time (the mesh is stopped).
-    """
-    ctl = rt.controller
-    await asyncio.gather(
-        *(
-            a.request(
-                functools.partial(
-                    w.CreateOrUpdate, name=name, spec=spec_of(h, r), secret=_local.owner_secret()
-                )
-            )
-            for h, (a, r) in enumerate(conns)
-        )
-    )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SPAWN_TIMEOUT
-    while True:
-        view = ctl.views[name]
-        now_ranks = sorted(view.ranks.items())
-        bad = [(r, s) for r, s in now_ranks if s.status.failure or s.status.terminal]
-        if bad:
-            await stop_mesh_on(rt, name, conns)
-            rank, st = bad[0]
-            raise SpawnError(
-                f"proc failed to start: {st.status.value} ({st.reason}){_tail(st.log_path)}",
-                mesh=name, rank=rank, host=ctl.hosts[(name, rank)].label,
-                log_path=st.log_path or None,
-            )  # fmt: skip
-        if all(s.status == Status.RUNNING and s.addr for s in view.ranks.values()):
-            break
-        left = deadline - loop.time()
-        if left <= 0:
-            await stop_mesh_on(rt, name, conns)
-            raise SpawnError(f"procs not ready after {SPAWN_TIMEOUT:.0f}s", mesh=name)
-        await ctl.wait_changed(name, min(left, 1.0))
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read()[-8192:]
-    except OSError:
-        return ""
-    tail = "\n".join(text.rstrip().splitlines()[-lines:])
-    return f"\n--- last lines of {path} ---\n{tail}" if tail else ""
 
 
 async def _spawn_actors(
