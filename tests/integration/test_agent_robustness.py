@@ -339,3 +339,29 @@ def test_mutated_fields_to_a_proc_are_each_answered_or_dropped() -> None:
     finally:
         sock.close()
         mesh.stop().get(timeout=10)
+
+
+def test_a_secret_in_any_characters_is_refused_not_a_crash(agent: AgentProcess) -> None:
+    # Secrets are compared in constant time; hmac.compare_digest raises
+    # TypeError on non-ASCII str, which once escaped the agent's handlers.
+    odd = "s\u00e9cret-\u2603"
+    sock = _dealer(agent.control)
+    try:
+        made = _ask(sock, [ENC.encode(["CreateOrUpdate", 21, "odd", SPEC, odd])])
+        assert isinstance(made, w.Ack) and made.ok, made  # bound to that owner
+        again = _ask(sock, [ENC.encode(["CreateOrUpdate", 22, "odd", SPEC, "s3cret"])])
+        assert isinstance(again, w.Ack) and not again.ok  # another secret: not the owner
+        for req_id, msg in [
+            (23, ["Stop", 23, "odd", "\u00e9"]),  # neither the owner's nor the operator's
+            (24, ["StopDetached", 24, "x", "\u00e9", "\u00e9"]),
+            (25, ["Lookup", 25, "x", "\u00e9"]),
+        ]:
+            reply = _ask(sock, [ENC.encode(msg)])
+            assert reply.id == req_id and not reply.ok, reply
+        stopped = _ask(sock, [ENC.encode(["Stop", 26, "odd", odd])])
+        assert isinstance(stopped, w.Ack) and stopped.ok, stopped  # the owner may
+        _still_serves(sock)
+    finally:
+        sock.close()
+    log = Path(agent.log_dir) / "agent.log"
+    assert "Traceback" not in log.read_text(errors="replace")

@@ -19,11 +19,15 @@ _FORKER = r"""
 import json, os, random, sys, threading
 from zmesh._host.forking import SiblingFork
 
+def say(obj):  # one write(2) each: the three writers share one pipe
+    os.write(1, (json.dumps(obj) + "\n").encode())
+
+
 hooked = []
 os.register_at_fork(after_in_child=lambda: hooked.append(True))
 sib = SiblingFork.load()
 if sib is None:
-    print(json.dumps({"loaded": False}), flush=True)
+    say({"loaded": False})
     sys.exit(0)
 pids = []
 for _ in range(2):
@@ -32,10 +36,10 @@ for _ in range(2):
         t = threading.Thread(target=lambda: None)
         t.start()
         t.join()
-        print(json.dumps({
+        say({
             "pid": os.getpid(), "ppid": os.getppid(), "hooked": hooked == [True],
             "native_id": threading.get_native_id(), "random": random.random(),
-        }), flush=True)
+        })
         os._exit(7)
     pids.append(pid)
 try:
@@ -43,7 +47,7 @@ try:
     mine = True
 except ChildProcessError:
     mine = False
-print(json.dumps({"loaded": True, "pids": pids, "mine": mine}), flush=True)
+say({"loaded": True, "pids": pids, "mine": mine})
 """
 
 

@@ -35,7 +35,6 @@ logs, stats, health) are answered by ``agentops.py``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import secrets
@@ -65,6 +64,7 @@ from zmesh._wire import messages as w
 from zmesh._wire.boundary import AgentReady
 from zmesh._wire.codec import Codec, explain, request_of
 from zmesh._wire.security import Gate, Keys, secure_server
+from zmesh._wire.security import same_secret as _same_secret
 from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.agent")
@@ -333,7 +333,7 @@ class HostAgent:
         if mesh is None:
             return w.Ack(req_id, ok=False, error=f"no mesh named {name!r} on {self.label}")
         operator = getattr(self, "operator_secret", "")  # `zmesh stop`, as this agent's user
-        is_operator = bool(operator) and hmac.compare_digest(operator, secret)
+        is_operator = bool(operator) and _same_secret(operator, secret)
         if not self.owners.is_owner(mesh.spec.owner, secret) and not is_operator:
             log.warning("refused a Stop of mesh %s from a client that does not own it", name)
             error = f"mesh {name!r} on {self.label}: {not_owner(mesh.spec.owner)}"

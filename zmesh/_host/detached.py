@@ -20,13 +20,13 @@ meshes). Used from the agent's loop.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zmesh._host.owners import not_owner
 from zmesh._wire import messages as w
+from zmesh._wire.security import same_secret as _same_secret
 
 if TYPE_CHECKING:
     from zmesh._host.agent import HostAgent
@@ -59,7 +59,7 @@ class DetachedBook:
             if not any(_running(agent, m) for m in rec.meshes):
                 del self.records[key]
                 continue
-            if hmac.compare_digest(key[0], principal):
+            if _same_secret(key[0], principal):
                 out[key[1]] = rec
         return out
 
@@ -114,11 +114,11 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
 
 def _stop(agent: HostAgent, book: DetachedBook, msg: w.StopDetached) -> w.Ack:
     operator = getattr(agent, "operator_secret", "")  # `zmesh stop`, as this agent's user
-    as_operator = bool(operator) and hmac.compare_digest(operator, msg.secret)
+    as_operator = bool(operator) and _same_secret(operator, msg.secret)
     found = [
         (key, rec)
         for key, rec in book.records.items()
-        if key[1] == msg.name and (as_operator or hmac.compare_digest(key[0], msg.principal))
+        if key[1] == msg.name and (as_operator or _same_secret(key[0], msg.principal))
     ]
     if not found:
         # Someone else's name looks like no name at all: it is not ours to confirm.

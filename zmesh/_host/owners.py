@@ -11,12 +11,12 @@ taken for a dead one. The agent asks ``due`` on each tick whom to stop.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 import time
 
 from zmesh._shared import liveness as _liveness
 from zmesh._wire import messages as w
+from zmesh._wire.security import same_secret as _same_secret
 
 # An owner silent this long loses its procs. Generous (as Monarch's 60 s): an
 # owner in a long C call holds the GIL and cannot beat. A local owner's death
@@ -45,7 +45,7 @@ class Owners:
     def bind(self, owner: str, secret: str) -> bool:
         """Bind ``owner`` to ``secret`` if it has none yet; whether ``secret`` is its."""
         known = self._proofs.setdefault(owner, secret)
-        return hmac.compare_digest(known, secret)
+        return _same_secret(known, secret)
 
     def known(self, owner: str) -> bool:
         """Whether ``owner`` has bound a secret here."""
@@ -54,7 +54,7 @@ class Owners:
     def is_owner(self, owner: str, secret: str) -> bool:
         """Whether ``secret`` is the one ``owner`` created its first mesh here with."""
         known = self._proofs.get(owner)
-        return known is not None and hmac.compare_digest(known, secret)
+        return known is not None and _same_secret(known, secret)
 
     def track(self, owner: str) -> None:
         """Start the grace of a new owner of a mesh."""

@@ -35,6 +35,7 @@ CURVE key (the ZAP User-Id), never by routing id.
 
 from __future__ import annotations
 
+import hmac
 import os
 import stat
 from dataclasses import dataclass
@@ -365,4 +366,16 @@ def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
     return (
         f"the CURVE handshake with {addr} failed: check that the agent runs with --keys "
         f"and that {os.path.join(keys.dir, AGENTS_FILE)} holds the agents' public key"
+    )
+
+
+def same_secret(a: str, b: str) -> bool:
+    """Whether two secrets are equal, in constant time, whatever a peer sent.
+
+    ``hmac.compare_digest`` refuses ``str`` with non-ASCII characters
+    (``TypeError``), and a secret arrives from the wire as any text: compare
+    the UTF-8 bytes.
+    """
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
     )
