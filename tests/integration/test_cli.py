@@ -89,7 +89,9 @@ def test_ctrl_c_quits_quietly() -> None:
         # Into the wait for the agent: zmq's I/O threads are up by then.
         wait_for(lambda: len(os.listdir(f"/proc/{p.pid}/task")) >= 3, 30, "zmq's threads")
         p.send_signal(signal.SIGINT)
-        _out, err = p.communicate(timeout=20)
+        # Well before --timeout 60 ends the wait by itself: a load of 25 on
+        # 2 cores once took more than 20 s to see the process out.
+        _out, err = p.communicate(timeout=45)
     finally:
         if p.poll() is None:
             p.kill()
