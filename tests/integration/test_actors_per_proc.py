@@ -33,6 +33,7 @@ class Sim(zmesh.Actor):
         if me.rank == fail_rank:
             raise RuntimeError(f"actor {me.rank} refuses to start")
         self.log: list[int] = []
+        self.notes: list[tuple[Any, ...]] = []
 
     @zmesh.endpoint
     async def where(self) -> dict[str, Any]:
@@ -89,6 +90,26 @@ class Sim(zmesh.Actor):
     async def sleep(self, s: float) -> int:
         await asyncio.sleep(s)
         return 0
+
+    @zmesh.endpoint
+    async def note(self, sender: int, i: int) -> float:
+        """A plain async endpoint (a fan-out's fast path); one in three suspends."""
+        if i % 3 == 0:
+            await asyncio.sleep(0)
+        self.notes.append((sender, i))
+        return time.monotonic()
+
+    @zmesh.endpoint
+    def hold(self, s: float) -> float:
+        """A slow sync endpoint: the actor is busy for ``s`` seconds."""
+        time.sleep(s)
+        self.notes.append(("held",))
+        return time.monotonic()
+
+    @zmesh.endpoint
+    async def take_notes(self) -> list[tuple[Any, ...]]:
+        notes, self.notes = self.notes, []
+        return notes
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +179,68 @@ async def test_pipelined_burst_each_actor_sees_its_own_calls_in_order(
 
 async def _aw(fut: Any) -> Any:
     return await fut
+
+
+@pytest.mark.anyio
+async def test_fan_outs_and_call_ones_interleaved_keep_each_senders_order(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    # Per sender, over and over: a fan-out to all, a call_one to one actor, a
+    # fan-out again, all in flight at once. A fan-out's part for an idle actor
+    # runs at once, one for a busy actor waits in its mailbox: either way each
+    # actor runs its messages in each sender's order.
+    n = 60
+    total = PROCS * PER
+    await sims.take_notes.call()
+    flat = sims.flatten("a")
+    actors = [flat.slice(a=r) for r in range(total)]
+    sent: dict[int, dict[int, list[int]]] = {s: {r: [] for r in range(total)} for s in (0, 1)}
+
+    async def sender(s: int) -> None:
+        futs: list[Any] = []
+        for i in range(n):
+            a, b, c = 3 * i, 3 * i + 1, 3 * i + 2
+            k = (7 * i + s) % total
+            futs.append(sims.note.call(s, a))
+            futs.append(actors[k].note.call_one(s, b))
+            futs.append(sims.note.call(s, c))
+            for r in range(total):
+                sent[s][r].append(a)
+                if r == k:
+                    sent[s][r].append(b)
+                sent[s][r].append(c)
+            if i % 8 == 0:
+                await asyncio.sleep(0)  # the two senders' messages interleave
+        await asyncio.gather(*(_aw(f) for f in futs))
+
+    await asyncio.gather(sender(0), sender(1))
+    notes = await sims.take_notes.call()
+    for point, got in notes.items():
+        for s in (0, 1):
+            seen = [i for who, i in got if who == s]
+            assert seen == sent[s][point.rank], f"actor {point.rank}: sender {s}'s order broke"
+
+
+@pytest.mark.anyio
+async def test_a_fan_out_waits_for_a_busy_actor_and_not_for_the_idle_ones(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    await sims.take_notes.call()
+    flat = sims.flatten("a")
+    busy = PER + 2
+    held = flat.slice(a=busy).hold.call_one(0.5)  # busy for 0.5 s, in a worker thread
+    await asyncio.sleep(0.05)  # (it has started)
+    fan = sims.note.call(9, 1)
+    after = flat.slice(a=busy).note.call_one(9, 2)  # behind the fan-out's part
+    done = await fan
+    t_held = await held
+    assert await after >= done.item(hosts=0, procs=1, actors=2) >= t_held
+    for point, t in done.items():
+        if point.rank != busy:
+            assert t < t_held, f"idle actor {point.rank} waited for the busy one"
+    notes = await sims.take_notes.call()
+    assert notes.item(hosts=0, procs=1, actors=2) == [("held",), (9, 1), (9, 2)]
+    assert all(v == [(9, 1)] for p, v in notes.items() if p.rank != busy)
 
 
 def test_sync_code_and_streams_batching_and_buffers(sims: zmesh.ActorMesh[Sim]) -> None:

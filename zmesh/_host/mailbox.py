@@ -108,16 +108,21 @@ class Mailbox:
 
     def _start(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         """Run a message up to its first suspension, now, as the mailbox task."""
+        self.step(self.server.handle(self, ident, call, frames), call.method)
+
+    def step(self, coro: Any, method: str) -> None:
+        """Run ``coro`` (a message's handling, of ``method``) up to its first
+        suspension, now, as the mailbox task; the task finishes it from there.
+        The actor must be idle (its task waiting, nothing queued)."""
         assert self.context is not None  # the task is waiting, so _run set it
         loop = self.task.get_loop()
-        coro = self.server.handle(self, ident, call, frames)
         _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
         try:
             yielded = self.context.run(coro.send, None)
         except StopIteration:
             return  # done, reply sent
         except Exception:
-            log.exception("handling %s.%s failed", self.name, call.method)
+            log.exception("handling %s.%s failed", self.name, method)
             return
         finally:
             _leave_task(loop, self.task)
