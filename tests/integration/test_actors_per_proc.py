@@ -100,6 +100,12 @@ class Sim(zmesh.Actor):
         return time.monotonic()
 
     @zmesh.endpoint
+    def note_sync(self, sender: int, i: int) -> float:
+        """A short sync endpoint (a fan-out runs its parts in one thread)."""
+        self.notes.append((sender, i))
+        return time.monotonic()
+
+    @zmesh.endpoint
     def hold(self, s: float) -> float:
         """A slow sync endpoint: the actor is busy for ``s`` seconds."""
         time.sleep(s)
@@ -186,9 +192,10 @@ async def test_fan_outs_and_call_ones_interleaved_keep_each_senders_order(
     sims: zmesh.ActorMesh[Sim],
 ) -> None:
     # Per sender, over and over: a fan-out to all, a call_one to one actor, a
-    # fan-out again, all in flight at once. A fan-out's part for an idle actor
-    # runs at once, one for a busy actor waits in its mailbox: either way each
-    # actor runs its messages in each sender's order.
+    # fan-out again, all in flight at once, to an async and a sync endpoint. A
+    # fan-out's part for an idle actor runs at once, one for a busy actor waits
+    # in its mailbox: either way each actor runs its messages in each sender's
+    # order.
     n = 60
     total = PROCS * PER
     await sims.take_notes.call()
@@ -201,9 +208,10 @@ async def test_fan_outs_and_call_ones_interleaved_keep_each_senders_order(
         for i in range(n):
             a, b, c = 3 * i, 3 * i + 1, 3 * i + 2
             k = (7 * i + s) % total
-            futs.append(sims.note.call(s, a))
+            ep = "note" if i % 2 else "note_sync"
+            futs.append(getattr(sims, ep).call(s, a))
             futs.append(actors[k].note.call_one(s, b))
-            futs.append(sims.note.call(s, c))
+            futs.append(getattr(sims, ep).call(s, c))
             for r in range(total):
                 sent[s][r].append(a)
                 if r == k:
@@ -222,15 +230,17 @@ async def test_fan_outs_and_call_ones_interleaved_keep_each_senders_order(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("ep", ["note", "note_sync"])
 async def test_a_fan_out_waits_for_a_busy_actor_and_not_for_the_idle_ones(
-    sims: zmesh.ActorMesh[Sim],
+    sims: zmesh.ActorMesh[Sim], ep: str
 ) -> None:
+    await getattr(sims, ep).call(9, 0)  # (a sync endpoint's calls are timed first)
     await sims.take_notes.call()
     flat = sims.flatten("a")
     busy = PER + 2
     held = flat.slice(a=busy).hold.call_one(0.5)  # busy for 0.5 s, in a worker thread
     await asyncio.sleep(0.05)  # (it has started)
-    fan = sims.note.call(9, 1)
+    fan = getattr(sims, ep).call(9, 1)
     after = flat.slice(a=busy).note.call_one(9, 2)  # behind the fan-out's part
     done = await fan
     t_held = await held
@@ -405,3 +415,18 @@ def test_bad_actors_per_proc_is_refused_at_once() -> None:
         Sim.options(actors_per_proc="2")
     with pytest.raises(ValueError, match="actors_per_proc"):
         Sim.options(replicas=2, actors_per_proc=2)
+
+
+@pytest.mark.anyio
+async def test_a_slow_sync_endpoint_fanned_out_still_overlaps_across_actors(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    # Short sync parts share one worker thread; a part that takes long sends
+    # the rest to a thread each, so 16 sleeps of 0.2 s overlap (in turn: 3.2 s).
+    one = sims.slice(procs=0)
+    t0 = time.monotonic()
+    done = await one.hold.call(0.2)
+    took = time.monotonic() - t0
+    assert len(done) == PER
+    assert took < 2.0, f"a fan-out of 0.2 s sync calls to {PER} actors took {took:.1f}s"
+    await sims.take_notes.call()

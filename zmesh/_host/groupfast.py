@@ -16,10 +16,18 @@ is busy already gets its part through its mailbox as before (its answer then
 comes back encoded, through a ``Slot``). Either way each actor runs its
 messages in arrival order; only the work around the call is shared. When the
 last part is in, the ``Gathered`` is encoded once.
+
+A plain sync endpoint runs the idle actors' parts one after the other in one
+worker thread, in actor order, instead of a thread hand-off per actor, while
+each part is short (``SYNC_SHARE_NS``; a longer one sends the rest to a
+thread each, and later fan-outs to the mailboxes). Each of those actors is
+held busy (``Mailbox.hold``) until its part is done, so its later mail waits
+behind it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +36,22 @@ import msgspec
 from zmesh._actor import Endpoint, set_current
 from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
-from zmesh._shared.invoke import BadArguments, invoke
+from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.stats import _now_ns
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
     from zmesh._host.mailbox import Mailbox
     from zmesh._host.proc import ProcServer
+
+
+# A sync endpoint's parts run one after the other in one worker thread while
+# each takes less than this; once one takes longer, the rest get a thread each
+# (so sleeps, I/O and GIL-free work overlap as they do through the mailboxes),
+# and the endpoint's later fan-outs go through the mailboxes.
+SYNC_SHARE_NS = 200_000
+_slow: set[tuple[type, str]] = set()  # (class, sync endpoint) that took longer
 
 
 def endpoint_of(boxes: list[Mailbox | None], method: str) -> Endpoint[Any, Any] | None:
@@ -45,7 +62,9 @@ def endpoint_of(boxes: list[Mailbox | None], method: str) -> Endpoint[Any, Any] 
             if ep is None:
                 return None
             info = ep.info
-            if not info.is_async or info.stream or info.batch or info.concurrent or info.port:
+            if info.stream or info.batch or info.concurrent or info.port:
+                return None
+            if not info.is_async and (type(box.instance), method) in _slow:
                 return None
             return ep
     return None
@@ -167,6 +186,8 @@ def dispatch(
             gather.fail(j, "endpoint", type(exc).__name__, why, msg.method)
         return
     call: w.Call | None = None  # for a busy actor's mailbox, made once if needed
+    is_async = ep.info.is_async
+    held: list[tuple[int, Mailbox]] = []  # a sync endpoint's idle actors, for one thread
     n = len(boxes)
     for j, k in enumerate(picks):
         box = boxes[k] if k < n else None
@@ -174,7 +195,11 @@ def dispatch(
             why = f"no actor {_actors.member(msg.actor, k)!r} here"
             gather.fail(j, "stopped", "ActorStopped", why, msg.method)
         elif box.waiter is not None and not box.busy and not box.queue:
-            box.step(_part(gather, j, box, ep, msg, args, kwargs), msg.method)
+            if is_async:
+                box.step(_part(gather, j, box, ep, msg, args, kwargs), msg.method)
+            else:
+                box.hold()  # busy until its part has run: later mail waits behind it
+                held.append((j, box))
         else:
             # Busy: its part waits its turn behind what the actor has (per-actor order).
             if call is None:
@@ -182,3 +207,75 @@ def dispatch(
                               msg.request)  # fmt: skip
             to: Any = _actors.Slot(gather, j)  # (its answer goes to the gather)
             box.put(to, call, frames)
+    if held:
+        _run_sync(server, gather, held, ep, msg, args, kwargs)
+
+
+def _run_sync(
+    server: ProcServer, gather: FastGather, held: list[tuple[int, Mailbox]],
+    ep: Endpoint[Any, Any], msg: w.GroupCall, args: tuple[Any, ...], kwargs: dict[str, Any],
+    first: bool = True,
+) -> None:  # fmt: skip
+    """Run a sync endpoint for the ``held`` actors in one worker thread, in actor order."""
+    method = msg.method
+    jobs = [(box.context, box.instance) for _, box in held]
+    if first:
+        for _, box in held:
+            box.counters[method].begin()
+    fut = asyncio.get_running_loop().run_in_executor(
+        server.pool, _invoke_all, ep.fn, jobs, args, kwargs, msg.request
+    )
+
+    def done(fut: asyncio.Future[list[tuple[int, Any, int]]]) -> None:
+        try:
+            outcomes = fut.result()
+        except BaseException as exc:  # the pool is gone (the proc ends): each part says so
+            why = f"the endpoint could not run: {exc!r}"
+            outcomes = [(1, RuntimeError(why), 0)] * len(held)
+        now = _now_ns()
+        for (j, box), (err, value, dt) in zip(held, outcomes, strict=False):
+            counters = box.counters[method]
+            counters.end(now - dt, 1 if err else 0)
+            box.release()
+            if not err:
+                gather.reply(j, value, method)
+                continue
+            if type(value) is Raised:
+                value = value.exc
+            if isinstance(value, BadArguments):
+                why = f"bad arguments: {value.__cause__}"
+                gather.fail(j, "endpoint", "TypeError", why, method)
+                continue
+            gather.raised(j, value, method)
+            if isinstance(value, SystemExit):
+                server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
+        if len(outcomes) < len(held):  # one took long: the rest get a thread each (still held)
+            _slow.add((type(held[0][1].instance), method))
+            for part in held[len(outcomes) :]:
+                _run_sync(server, gather, [part], ep, msg, args, kwargs, first=False)
+
+    fut.add_done_callback(done)
+
+
+def _invoke_all(
+    fn: Any, jobs: list[tuple[Any, Any]], args: tuple[Any, ...], kwargs: dict[str, Any],
+    request: str,
+) -> list[tuple[int, Any, int]]:  # fmt: skip
+    """In a worker thread: ``fn`` on each actor in turn, in a copy of its context;
+    ``(error, value or exception, nanoseconds)`` each (``handle`` does the same, per
+    actor). It stops after a part that took longer than ``SYNC_SHARE_NS``."""
+    out: list[tuple[int, Any, int]] = []
+    for context, instance in jobs:
+        ctx = context.copy()
+        t0 = _now_ns()
+        try:
+            ctx.run(set_current, None, None, request)  # zmesh.current_request()
+            value = ctx.run(invoke_sync, fn, instance, args, kwargs)
+            err = 1 if type(value) is Raised else 0
+        except Exception as exc:
+            value, err = exc, 1
+        dt = _now_ns() - t0
+        out.append((err, value, dt))
+        if dt > SYNC_SHARE_NS:
+            break
+    return out

@@ -77,6 +77,9 @@ class Mailbox:
         }
         self.queue_peak = 0
         self.busy = False
+        # Held (busy) while a worker thread runs this actor's part of a fan-out
+        # (zmesh._host.groupfast): its task leaves the queue alone until release().
+        self.held = False
         self.running: set[asyncio.Task[None]] = set()
         self.task = asyncio.ensure_future(self._run())
 
@@ -131,6 +134,16 @@ class Mailbox:
         self.handoff = (coro, yielded, None)
         self._wake()
 
+    def hold(self) -> None:
+        """The actor is busy with work run outside its task (it must be idle now)."""
+        self.busy = self.held = True
+
+    def release(self) -> None:
+        """That work is done: the task goes on with the queue."""
+        self.busy = self.held = False
+        if self.queue:
+            self._wake()
+
     def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         """Start a ``concurrent`` endpoint's message as a task of its own."""
         assert self.context is not None
@@ -174,7 +187,7 @@ class Mailbox:
                 finally:
                     self.busy = False
                 continue
-            if not self.queue:
+            if not self.queue or self.held:
                 self.waiter = loop.create_future()
                 try:
                     await self.waiter
