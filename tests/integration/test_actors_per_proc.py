@@ -33,6 +33,7 @@ class Sim(zmesh.Actor):
         if me.rank == fail_rank:
             raise RuntimeError(f"actor {me.rank} refuses to start")
         self.log: list[int] = []
+        self.notes: list[tuple[Any, ...]] = []
 
     @zmesh.endpoint
     async def where(self) -> dict[str, Any]:
@@ -89,6 +90,32 @@ class Sim(zmesh.Actor):
     async def sleep(self, s: float) -> int:
         await asyncio.sleep(s)
         return 0
+
+    @zmesh.endpoint
+    async def note(self, sender: int, i: int) -> float:
+        """A plain async endpoint (a fan-out's fast path); one in three suspends."""
+        if i % 3 == 0:
+            await asyncio.sleep(0)
+        self.notes.append((sender, i))
+        return time.monotonic()
+
+    @zmesh.endpoint
+    def note_sync(self, sender: int, i: int) -> float:
+        """A short sync endpoint (a fan-out runs its parts in one thread)."""
+        self.notes.append((sender, i))
+        return time.monotonic()
+
+    @zmesh.endpoint
+    def hold(self, s: float) -> float:
+        """A slow sync endpoint: the actor is busy for ``s`` seconds."""
+        time.sleep(s)
+        self.notes.append(("held",))
+        return time.monotonic()
+
+    @zmesh.endpoint
+    async def take_notes(self) -> list[tuple[Any, ...]]:
+        notes, self.notes = self.notes, []
+        return notes
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +185,72 @@ async def test_pipelined_burst_each_actor_sees_its_own_calls_in_order(
 
 async def _aw(fut: Any) -> Any:
     return await fut
+
+
+@pytest.mark.anyio
+async def test_fan_outs_and_call_ones_interleaved_keep_each_senders_order(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    # Per sender, over and over: a fan-out to all, a call_one to one actor, a
+    # fan-out again, all in flight at once, to an async and a sync endpoint. A
+    # fan-out's part for an idle actor runs at once, one for a busy actor waits
+    # in its mailbox: either way each actor runs its messages in each sender's
+    # order.
+    n = 60
+    total = PROCS * PER
+    await sims.take_notes.call()
+    flat = sims.flatten("a")
+    actors = [flat.slice(a=r) for r in range(total)]
+    sent: dict[int, dict[int, list[int]]] = {s: {r: [] for r in range(total)} for s in (0, 1)}
+
+    async def sender(s: int) -> None:
+        futs: list[Any] = []
+        for i in range(n):
+            a, b, c = 3 * i, 3 * i + 1, 3 * i + 2
+            k = (7 * i + s) % total
+            ep = "note" if i % 2 else "note_sync"
+            futs.append(getattr(sims, ep).call(s, a))
+            futs.append(actors[k].note.call_one(s, b))
+            futs.append(getattr(sims, ep).call(s, c))
+            for r in range(total):
+                sent[s][r].append(a)
+                if r == k:
+                    sent[s][r].append(b)
+                sent[s][r].append(c)
+            if i % 8 == 0:
+                await asyncio.sleep(0)  # the two senders' messages interleave
+        await asyncio.gather(*(_aw(f) for f in futs))
+
+    await asyncio.gather(sender(0), sender(1))
+    notes = await sims.take_notes.call()
+    for point, got in notes.items():
+        for s in (0, 1):
+            seen = [i for who, i in got if who == s]
+            assert seen == sent[s][point.rank], f"actor {point.rank}: sender {s}'s order broke"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("ep", ["note", "note_sync"])
+async def test_a_fan_out_waits_for_a_busy_actor_and_not_for_the_idle_ones(
+    sims: zmesh.ActorMesh[Sim], ep: str
+) -> None:
+    await getattr(sims, ep).call(9, 0)  # (a sync endpoint's calls are timed first)
+    await sims.take_notes.call()
+    flat = sims.flatten("a")
+    busy = PER + 2
+    held = flat.slice(a=busy).hold.call_one(0.5)  # busy for 0.5 s, in a worker thread
+    await asyncio.sleep(0.05)  # (it has started)
+    fan = getattr(sims, ep).call(9, 1)
+    after = flat.slice(a=busy).note.call_one(9, 2)  # behind the fan-out's part
+    done = await fan
+    t_held = await held
+    assert await after >= done.item(hosts=0, procs=1, actors=2) >= t_held
+    for point, t in done.items():
+        if point.rank != busy:
+            assert t < t_held, f"idle actor {point.rank} waited for the busy one"
+    notes = await sims.take_notes.call()
+    assert notes.item(hosts=0, procs=1, actors=2) == [("held",), (9, 1), (9, 2)]
+    assert all(v == [(9, 1)] for p, v in notes.items() if p.rank != busy)
 
 
 def test_sync_code_and_streams_batching_and_buffers(sims: zmesh.ActorMesh[Sim]) -> None:
@@ -322,3 +415,18 @@ def test_bad_actors_per_proc_is_refused_at_once() -> None:
         Sim.options(actors_per_proc="2")
     with pytest.raises(ValueError, match="actors_per_proc"):
         Sim.options(replicas=2, actors_per_proc=2)
+
+
+@pytest.mark.anyio
+async def test_a_slow_sync_endpoint_fanned_out_still_overlaps_across_actors(
+    sims: zmesh.ActorMesh[Sim],
+) -> None:
+    # Short sync parts share one worker thread; a part that takes long sends
+    # the rest to a thread each, so 16 sleeps of 0.2 s overlap (in turn: 3.2 s).
+    one = sims.slice(procs=0)
+    t0 = time.monotonic()
+    done = await one.hold.call(0.2)
+    took = time.monotonic() - t0
+    assert len(done) == PER
+    assert took < 2.0, f"a fan-out of 0.2 s sync calls to {PER} actors took {took:.1f}s"
+    await sims.take_notes.call()

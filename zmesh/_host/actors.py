@@ -31,6 +31,7 @@ import msgspec
 from zmesh import _context
 from zmesh._actor import Point, set_current
 from zmesh._errors import SpawnError
+from zmesh._host import groupfast as _groupfast
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.mailbox import Mailbox
 from zmesh._wire import messages as w
@@ -74,7 +75,7 @@ class Slot:
 
     __slots__ = ("gather", "index")
 
-    def __init__(self, gather: Gather, index: int) -> None:
+    def __init__(self, gather: Gather | _groupfast.FastGather, index: int) -> None:
         self.gather = gather
         self.index = index
 
@@ -122,7 +123,7 @@ class Gather:
 
 
 def dispatch(server: ProcServer, ident: bytes, msg: w.GroupCall, frames: list[Any]) -> None:
-    """Put ``msg``'s call in the mailbox of each of its actors; gather their answers."""
+    """Run ``msg``'s call on each of its actors; gather their answers."""
     boxes = server.groups.get(msg.actor)
     if boxes is None:
         if not msg.oneway:
@@ -130,6 +131,19 @@ def dispatch(server: ProcServer, ident: bytes, msg: w.GroupCall, frames: list[An
                           endpoint=msg.method)  # fmt: skip
             server.router.send([ident, *server.codec.encode(f)])
         return
+    if not msg.oneway:
+        ep = _groupfast.endpoint_of(boxes, msg.method)
+        if ep is not None:  # a plain async endpoint: idle actors run their part at once
+            _groupfast.dispatch(server, ident, msg, frames, boxes, ep)
+            return
+    dispatch_mailboxes(server, ident, msg, frames, boxes)
+
+
+def dispatch_mailboxes(
+    server: ProcServer, ident: bytes, msg: w.GroupCall, frames: list[Any],
+    boxes: list[Mailbox | None],
+) -> None:  # fmt: skip
+    """Put ``msg``'s call in the mailbox of each of its actors; gather their answers."""
     picks = msg.actors
     gather = None if msg.oneway else Gather(server, ident, msg.id, len(picks))
     # One Call for every actor: its answer's place comes from its Slot, not its id.

@@ -77,6 +77,9 @@ class Mailbox:
         }
         self.queue_peak = 0
         self.busy = False
+        # Held (busy) while a worker thread runs this actor's part of a fan-out
+        # (zmesh._host.groupfast): its task leaves the queue alone until release().
+        self.held = False
         self.running: set[asyncio.Task[None]] = set()
         self.task = asyncio.ensure_future(self._run())
 
@@ -108,16 +111,21 @@ class Mailbox:
 
     def _start(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         """Run a message up to its first suspension, now, as the mailbox task."""
+        self.step(self.server.handle(self, ident, call, frames), call.method)
+
+    def step(self, coro: Any, method: str) -> None:
+        """Run ``coro`` (a message's handling, of ``method``) up to its first
+        suspension, now, as the mailbox task; the task finishes it from there.
+        The actor must be idle (its task waiting, nothing queued)."""
         assert self.context is not None  # the task is waiting, so _run set it
         loop = self.task.get_loop()
-        coro = self.server.handle(self, ident, call, frames)
         _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
         try:
             yielded = self.context.run(coro.send, None)
         except StopIteration:
             return  # done, reply sent
         except Exception:
-            log.exception("handling %s.%s failed", self.name, call.method)
+            log.exception("handling %s.%s failed", self.name, method)
             return
         finally:
             _leave_task(loop, self.task)
@@ -125,6 +133,16 @@ class Mailbox:
         self.busy = True
         self.handoff = (coro, yielded, None)
         self._wake()
+
+    def hold(self) -> None:
+        """The actor is busy with work run outside its task (it must be idle now)."""
+        self.busy = self.held = True
+
+    def release(self) -> None:
+        """That work is done: the task goes on with the queue."""
+        self.busy = self.held = False
+        if self.queue:
+            self._wake()
 
     def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         """Start a ``concurrent`` endpoint's message as a task of its own."""
@@ -169,7 +187,7 @@ class Mailbox:
                 finally:
                     self.busy = False
                 continue
-            if not self.queue:
+            if not self.queue or self.held:
                 self.waiter = loop.create_future()
                 try:
                     await self.waiter

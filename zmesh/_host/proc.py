@@ -338,13 +338,17 @@ class ProcServer:
         _lifecycle.exit_process(code)
 
     def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
+        self.router.send([ident, *self.codec.encode(self.failure(req, kind, exc, ep))])
+
+    @staticmethod
+    def failure(req: int, kind: str, exc: BaseException, ep: str) -> w.Failure:
+        """The ``Failure`` answering request ``req`` whose endpoint ``ep`` raised ``exc``."""
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         blob = _excpickle.dumps(exc)  # None: it cannot come back, and is sent as text only
         qual = type(exc).__qualname__
         mod = type(exc).__module__
         name = qual if mod == "builtins" else f"{mod}.{qual}"
-        f = w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
-        self.router.send([ident, *self.codec.encode(f)])
+        return w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
 
 
 def main() -> None:
