@@ -59,11 +59,11 @@ _RCVTIMEO = int(zmq.RCVTIMEO)
 # The Cython methods under pyzmq's Python wrappers (see zmesh._wire.zsock).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_get = zmq.backend.Socket.get
-_RCVMORE = int(zmq.RCVMORE)
+_monotonic = time.monotonic
 # A blocked .get() looks up at least this often (ms): for a failure that
 # supervision delivered meanwhile, and to let another waiter drive the lane.
 SLICE_MS = 20
+_SLICE_S = SLICE_MS / 1000
 
 
 class SyncCall:
@@ -181,7 +181,11 @@ class Lane:
         with rt.sync_lock:
             # Registered before the check: a break from now on fails it; one
             # before shows in the connection (broken is set before calls fail).
-            rt.sync_calls.setdefault(addr, set()).add(call)
+            calls = rt.sync_calls.get(addr)
+            if calls is None:
+                rt.sync_calls[addr] = {call}
+            else:
+                calls.add(call)
         if rt.conns.get(addr) is not c or c.broken is not None:
             call.settle(False, None)  # unregister; the I/O path says why
             return None
@@ -206,28 +210,34 @@ class Lane:
 
     def wait(self, call: SyncCall, timeout: float | None) -> None:
         """Drive the lane until ``call`` is done, ``timeout`` passes, or it expires."""
-        until = time.monotonic() + timeout if timeout is not None else None
+        now = _monotonic()
+        until = now + timeout if timeout is not None else None
         addr = call.ref.addr
+        lock = self.lock
         while not call.done:
-            now = time.monotonic()
-            if call.expires and now >= call.expires:
+            expires = call.expires
+            if expires and now >= expires:
                 assert call.timeout is not None
                 call.settle(False, timeout_error(call.ref, call.timeout))
                 return
             ms = SLICE_MS
-            for t in (until, call.expires or None):
-                if t is not None:
-                    ms = min(ms, int((t - now) * 1000 + 0.999))
-            if not self.lock.acquire(timeout=SLICE_MS / 1000):
-                if until is not None and time.monotonic() >= until:
+            if until is not None and until - now < _SLICE_S:
+                ms = int((until - now) * 1000 + 0.999)
+            if expires and expires - now < _SLICE_S:
+                ms = min(ms, int((expires - now) * 1000 + 0.999))
+            # Uncontended (the usual case) without the timed acquire's cost.
+            if not lock.acquire(False) and not lock.acquire(timeout=_SLICE_S):
+                now = _monotonic()
+                if until is not None and now >= until:
                     return
                 continue  # another thread drives the lane: it may settle ours
             try:
                 if not call.done:
                     self._receive(addr, ms)
             finally:
-                self.lock.release()
-            if until is not None and time.monotonic() >= until:
+                lock.release()
+            now = _monotonic()
+            if until is not None and now >= until:
                 return
 
     def _receive(self, addr: str, ms: int) -> None:
@@ -238,18 +248,23 @@ class Lane:
             return
         try:
             if ms <= 0:
-                env = _recv(sock, _NOBLOCK, True)
+                frame = _recv(sock, _NOBLOCK, False)
             else:
                 if self._timeo[addr] != ms:
                     sock.setsockopt(_RCVTIMEO, ms)
                     self._timeo[addr] = ms
-                # A copy: for a small envelope, cheaper than a zmq.Frame.
-                env = _recv(sock, 0, True)
+                frame = _recv(sock, 0, False)
         except zmq.Again:
             return
-        frames: list[Any] = [env]
-        while _get(sock, _RCVMORE):  # buffers: zero-copy frames
-            frames.append(_recv(sock, _NOBLOCK, False))
+        # A zmq.Frame: its ``more`` is cheaper than getsockopt(RCVMORE)
+        # (measured); the envelope is copied out, the buffers stay frames.
+        if not frame.more:
+            self._on_reply([frame.bytes])
+            return
+        frames: list[Any] = [frame.bytes]
+        while frame.more:
+            frame = _recv(sock, _NOBLOCK, False)
+            frames.append(frame)
         self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
