@@ -45,7 +45,7 @@ from zmesh._client.inflight import outcome, timeout_error
 from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, EncodeError
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
+from zmesh._wire.codec import BATCH_MARK, Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import configure
 
@@ -89,11 +89,12 @@ class SyncCall:
             if self.done:
                 return
             self.ok, self.value, self.done = ok, value, True
-            calls = rt.sync_calls.get(self.ref.addr)
+            by_addr = rt.sync_calls
+            calls = by_addr.get(addr := self.ref.addr)
             if calls is not None:
                 calls.discard(self)
                 if not calls:
-                    del rt.sync_calls[self.ref.addr]
+                    del by_addr[addr]
         lane.calls.pop(self.id, None)
 
     def result(self, timeout: float | None) -> Any:
@@ -127,7 +128,6 @@ class Lane:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.pid = os.getpid()
         self.thread = threading.get_ident()
         self.codec = Codec(w.CLIENT_INBOX)
         self.lock = threading.Lock()
@@ -162,11 +162,13 @@ class Lane:
         addr = ref.addr
         rt = self.rt
         c = rt.conns.get(addr)
+        proven = self.proven.get(addr, -1)
         if (
             c is None
             or c.mesh != ref.mesh
             or c.broken is not None
-            or self.proven.get(addr, -1) < max(self.io_to.get(addr, 0), self.io_all)
+            or proven < self.io_all
+            or proven < self.io_to.get(addr, 0)
             or len(self.calls) >= MAX_IN_FLIGHT
         ):
             return None
@@ -268,8 +270,13 @@ class Lane:
         self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
+        codec = self.codec
         try:
-            msgs = self.codec.decode_frames(frames)
+            env = frames[0]
+            if len(frames) == 1 and env and env[0] != BATCH_MARK:  # the usual reply
+                msgs: Any = (codec.decode_envelope(env),)
+            else:
+                msgs = codec.decode_frames(frames)
         except Exception:  # garbled: dropped; its call times out or fails
             return
         for msg in msgs:
@@ -319,10 +326,24 @@ class Lane:
 _local = threading.local()
 
 
+def _forget_after_fork() -> None:
+    # In a forked child the lane of the thread that forked is the parent's:
+    # its sockets are neither used nor closed there. (A hook, not a pid test
+    # per call: getpid is a system call.)
+    ln: Lane | None = getattr(_local, "lane", None)
+    if ln is not None:
+        ln.socks.clear()
+        ln.calls.clear()
+        _local.lane = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def lane(rt: Runtime) -> Lane:
     """The calling thread's lane to ``rt``'s procs (made on first use)."""
     ln: Lane | None = getattr(_local, "lane", None)
-    if ln is None or ln.rt is not rt or ln.pid != os.getpid():
+    if ln is None or ln.rt is not rt:
         ln = _local.lane = Lane(rt)
     return ln
 
@@ -330,7 +351,7 @@ def lane(rt: Runtime) -> Lane:
 def existing(rt: Runtime) -> Lane | None:
     """The calling thread's lane to ``rt``, if it has one."""
     ln: Lane | None = getattr(_local, "lane", None)
-    return ln if ln is not None and ln.rt is rt and ln.pid == os.getpid() else None
+    return ln if ln is not None and ln.rt is rt else None
 
 
 def _before_io(rt: Runtime, targets: Iterable[str] | None) -> None:
