@@ -260,23 +260,27 @@ class Lane:
             return
         # A zmq.Frame: its ``more`` is cheaper than getsockopt(RCVMORE)
         # (measured); the envelope is copied out, the buffers stay frames.
-        if not frame.more:
-            self._on_reply([frame.bytes])
+        env = frame.bytes
+        if not frame.more and env and env[0] != BATCH_MARK:
+            # The usual reply: one message, no buffers, settled right here.
+            try:
+                msg = self.codec.decode_envelope(env)
+            except Exception:  # garbled: dropped; its call times out or fails
+                return
+            call = self.calls.get(msg.id)
+            if call is not None:
+                ok, value = outcome(self.codec, msg, [env], call.ref)
+                call.settle(ok, value)
             return
-        frames: list[Any] = [frame.bytes]
+        frames: list[Any] = [env]
         while frame.more:
             frame = _recv(sock, _NOBLOCK, False)
             frames.append(frame)
         self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
-        codec = self.codec
         try:
-            env = frames[0]
-            if len(frames) == 1 and env and env[0] != BATCH_MARK:  # the usual reply
-                msgs: Any = (codec.decode_envelope(env),)
-            else:
-                msgs = codec.decode_frames(frames)
+            msgs = self.codec.decode_frames(frames)
         except Exception:  # garbled: dropped; its call times out or fails
             return
         for msg in msgs:
