@@ -259,7 +259,6 @@ class EndpointRef(Generic[R]):
             )
         return self.call_one(*args, **kwargs)
 
-    @_deferrable("future")
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of this mesh; a future of its value.
 
@@ -271,19 +270,29 @@ class EndpointRef(Generic[R]):
                 one actor (slice it first).
             EncodeError: at once, when an argument cannot be sent.
         """
-        refs = self._mesh._refs
+        # The gate of ``_deferrable("future")``, written out: the hottest
+        # adverb saves a call frame (measured on the sync path).
+        mesh = self._mesh
+        if mesh._gate is not None and not _pending.draining():
+            return self._defer(EndpointRef.call_one, "future", args, kwargs)
+        refs = mesh._refs
         if len(refs) != 1:
             raise ValueError(
-                f"call_one() needs exactly one actor, but {self._mesh!r} has {len(refs)}; "
+                f"call_one() needs exactly one actor, but {mesh!r} has {len(refs)}; "
                 "use call(), choose() or slice the mesh"
             )
-        if self._window:
-            if self._window < 0:
-                from zmesh._client.ports import explicit_call
+        try:
+            if self._window:
+                if self._window < 0:
+                    from zmesh._client.ports import explicit_call
 
-                return explicit_call(self, args, kwargs, whole=False)
-            return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
-        return self._one(refs[0], args, kwargs)
+                    return explicit_call(self, args, kwargs, whole=False)
+                return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
+            return self._one(refs[0], args, kwargs)
+        except NotReady:  # a mesh in the arguments is still spawning
+            if _pending.draining():
+                raise
+            return self._defer(EndpointRef.call_one, "future", args, kwargs)
 
     def _stream(
         self, refs: list[ProcRef], args: tuple[Any, ...], kwargs: dict[str, Any], points: Any

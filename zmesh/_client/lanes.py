@@ -45,7 +45,7 @@ from zmesh._client.inflight import outcome, timeout_error
 from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, EncodeError
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
+from zmesh._wire.codec import BATCH_MARK, Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import configure
 
@@ -59,11 +59,11 @@ _RCVTIMEO = int(zmq.RCVTIMEO)
 # The Cython methods under pyzmq's Python wrappers (see zmesh._wire.zsock).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_get = zmq.backend.Socket.get
-_RCVMORE = int(zmq.RCVMORE)
+_monotonic = time.monotonic
 # A blocked .get() looks up at least this often (ms): for a failure that
 # supervision delivered meanwhile, and to let another waiter drive the lane.
 SLICE_MS = 20
+_SLICE_S = SLICE_MS / 1000
 
 
 class SyncCall:
@@ -89,11 +89,12 @@ class SyncCall:
             if self.done:
                 return
             self.ok, self.value, self.done = ok, value, True
-            calls = rt.sync_calls.get(self.ref.addr)
+            by_addr = rt.sync_calls
+            calls = by_addr.get(addr := self.ref.addr)
             if calls is not None:
                 calls.discard(self)
                 if not calls:
-                    del rt.sync_calls[self.ref.addr]
+                    del by_addr[addr]
         lane.calls.pop(self.id, None)
 
     def result(self, timeout: float | None) -> Any:
@@ -127,7 +128,6 @@ class Lane:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.pid = os.getpid()
         self.thread = threading.get_ident()
         self.codec = Codec(w.CLIENT_INBOX)
         self.lock = threading.Lock()
@@ -162,11 +162,13 @@ class Lane:
         addr = ref.addr
         rt = self.rt
         c = rt.conns.get(addr)
+        proven = self.proven.get(addr, -1)
         if (
             c is None
             or c.mesh != ref.mesh
             or c.broken is not None
-            or self.proven.get(addr, -1) < max(self.io_to.get(addr, 0), self.io_all)
+            or proven < self.io_all
+            or proven < self.io_to.get(addr, 0)
             or len(self.calls) >= MAX_IN_FLIGHT
         ):
             return None
@@ -181,7 +183,11 @@ class Lane:
         with rt.sync_lock:
             # Registered before the check: a break from now on fails it; one
             # before shows in the connection (broken is set before calls fail).
-            rt.sync_calls.setdefault(addr, set()).add(call)
+            calls = rt.sync_calls.get(addr)
+            if calls is None:
+                rt.sync_calls[addr] = {call}
+            else:
+                calls.add(call)
         if rt.conns.get(addr) is not c or c.broken is not None:
             call.settle(False, None)  # unregister; the I/O path says why
             return None
@@ -206,28 +212,34 @@ class Lane:
 
     def wait(self, call: SyncCall, timeout: float | None) -> None:
         """Drive the lane until ``call`` is done, ``timeout`` passes, or it expires."""
-        until = time.monotonic() + timeout if timeout is not None else None
+        now = _monotonic()
+        until = now + timeout if timeout is not None else None
         addr = call.ref.addr
+        lock = self.lock
         while not call.done:
-            now = time.monotonic()
-            if call.expires and now >= call.expires:
+            expires = call.expires
+            if expires and now >= expires:
                 assert call.timeout is not None
                 call.settle(False, timeout_error(call.ref, call.timeout))
                 return
             ms = SLICE_MS
-            for t in (until, call.expires or None):
-                if t is not None:
-                    ms = min(ms, int((t - now) * 1000 + 0.999))
-            if not self.lock.acquire(timeout=SLICE_MS / 1000):
-                if until is not None and time.monotonic() >= until:
+            if until is not None and until - now < _SLICE_S:
+                ms = int((until - now) * 1000 + 0.999)
+            if expires and expires - now < _SLICE_S:
+                ms = min(ms, int((expires - now) * 1000 + 0.999))
+            # Uncontended (the usual case) without the timed acquire's cost.
+            if not lock.acquire(False) and not lock.acquire(timeout=_SLICE_S):
+                now = _monotonic()
+                if until is not None and now >= until:
                     return
                 continue  # another thread drives the lane: it may settle ours
             try:
                 if not call.done:
                     self._receive(addr, ms)
             finally:
-                self.lock.release()
-            if until is not None and time.monotonic() >= until:
+                lock.release()
+            now = _monotonic()
+            if until is not None and now >= until:
                 return
 
     def _receive(self, addr: str, ms: int) -> None:
@@ -238,18 +250,32 @@ class Lane:
             return
         try:
             if ms <= 0:
-                env = _recv(sock, _NOBLOCK, True)
+                frame = _recv(sock, _NOBLOCK, False)
             else:
                 if self._timeo[addr] != ms:
                     sock.setsockopt(_RCVTIMEO, ms)
                     self._timeo[addr] = ms
-                # A copy: for a small envelope, cheaper than a zmq.Frame.
-                env = _recv(sock, 0, True)
+                frame = _recv(sock, 0, False)
         except zmq.Again:
             return
+        # A zmq.Frame: its ``more`` is cheaper than getsockopt(RCVMORE)
+        # (measured); the envelope is copied out, the buffers stay frames.
+        env = frame.bytes
+        if not frame.more and env and env[0] != BATCH_MARK:
+            # The usual reply: one message, no buffers, settled right here.
+            try:
+                msg = self.codec.decode_envelope(env)
+            except Exception:  # garbled: dropped; its call times out or fails
+                return
+            call = self.calls.get(msg.id)
+            if call is not None:
+                ok, value = outcome(self.codec, msg, [env], call.ref)
+                call.settle(ok, value)
+            return
         frames: list[Any] = [env]
-        while _get(sock, _RCVMORE):  # buffers: zero-copy frames
-            frames.append(_recv(sock, _NOBLOCK, False))
+        while frame.more:
+            frame = _recv(sock, _NOBLOCK, False)
+            frames.append(frame)
         self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
@@ -304,10 +330,24 @@ class Lane:
 _local = threading.local()
 
 
+def _forget_after_fork() -> None:
+    # In a forked child the lane of the thread that forked is the parent's:
+    # its sockets are neither used nor closed there. (A hook, not a pid test
+    # per call: getpid is a system call.)
+    ln: Lane | None = getattr(_local, "lane", None)
+    if ln is not None:
+        ln.socks.clear()
+        ln.calls.clear()
+        _local.lane = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def lane(rt: Runtime) -> Lane:
     """The calling thread's lane to ``rt``'s procs (made on first use)."""
     ln: Lane | None = getattr(_local, "lane", None)
-    if ln is None or ln.rt is not rt or ln.pid != os.getpid():
+    if ln is None or ln.rt is not rt:
         ln = _local.lane = Lane(rt)
     return ln
 
@@ -315,7 +355,7 @@ def lane(rt: Runtime) -> Lane:
 def existing(rt: Runtime) -> Lane | None:
     """The calling thread's lane to ``rt``, if it has one."""
     ln: Lane | None = getattr(_local, "lane", None)
-    return ln if ln is not None and ln.rt is rt and ln.pid == os.getpid() else None
+    return ln if ln is not None and ln.rt is rt else None
 
 
 def _before_io(rt: Runtime, targets: Iterable[str] | None) -> None:

@@ -382,6 +382,9 @@ def _runtime_for(loop: asyncio.AbstractEventLoop) -> Runtime:
 
 def _home_loop() -> asyncio.AbstractEventLoop:
     global _home, _io_thread
+    loop = _home
+    if loop is not None and not loop.is_closed():  # the usual case: no lock
+        return loop
     with _lock:
         if _home is None or _home.is_closed():
             loop = asyncio.new_event_loop()

@@ -82,6 +82,9 @@ class Codec:
         self._batch_decoder = msgspec.msgpack.Decoder(list[inbox], ext_hook=_no_ext)
         self._frames: list[Any] = []
         self.allow_pickle = allow_pickle
+        # An envelope of a message that came with no buffer frames (and is
+        # no batch), decoded with no wrapper call: the sync path's reply.
+        self.decode_envelope = self._decoder.decode
 
     # -- encoding
 
