@@ -99,7 +99,7 @@ def test_ctrl_c_quits_quietly() -> None:
     finally:
         if p.poll() is None:
             p.kill()
-            p.wait()
+        p.communicate()  # and its pipes closed: left open they warn in a later test
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
