@@ -26,10 +26,12 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
@@ -271,3 +273,26 @@ def run_python(
         raise AssertionError(
             f"python {' '.join(args)} ran over {timeout}s; output:\n{out}"
         ) from exc
+
+
+@contextlib.contextmanager
+def keyed_loopback_agent(keys: str, logs: Path, label: str) -> Iterator[str]:
+    """A ``zmesh agent`` on loopback TCP with the keys in ``keys``; its control address.
+
+    It admits only the keys that directory authorises; its log is
+    ``logs/agent.log``. Terminated (and waited for) on exit.
+    """
+    from zmesh._client.local import await_ready
+
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "agent.log", "ab") as err:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
+             "--keys", keys, "--label", label, "--log-dir", str(logs)],
+            stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield await_ready(popen, str(logs / "agent.log")).control
+    finally:
+        popen.terminate()
+        popen.wait(timeout=20)

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +24,10 @@ import pytest
 
 import zmesh
 from zmesh._client import local as _local
-from zmesh._client.local import await_ready
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 
-from _helpers import connected, pid_alive, run_python, wait_for, wait_gone
+from _helpers import connected, keyed_loopback_agent, pid_alive, run_python, wait_for, wait_gone
 
 pytestmark = pytest.mark.usefixtures("_isolated")
 
@@ -80,23 +78,11 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     _security.authorize(keys, _security.read_public(other), "other")
     stranger = str(root / "stranger")
     _security.keygen_client(stranger, agents_keys.public)
-    logs = root / "logs"
-    logs.mkdir()
-    with open(logs / "agent.log", "ab") as err:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "zmesh", "agent", "--bind", "tcp://127.0.0.1:0",
-             "--keys", keys, "--label", "ext", "--log-dir", str(logs)],
-            stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-        )  # fmt: skip
-    try:
-        info = await_ready(popen, str(logs / "agent.log"))
+    with keyed_loopback_agent(keys, root / "logs", "ext") as control:
         yield {
-            "control": info.control, "keys": keys, "other": other, "stranger": stranger,
+            "control": control, "keys": keys, "other": other, "stranger": stranger,
             "dir": str(root),
         }  # fmt: skip
-    finally:
-        popen.terminate()
-        popen.wait(timeout=20)
 
 
 @pytest.fixture
