@@ -116,7 +116,12 @@ def then(server: Any, pending: list[asyncio.Future[Any]], done: Callable[[], Non
         return
     task = asyncio.ensure_future(settle(pending))
     server.spawning.add(task)  # keep a reference until it ends
-    task.add_done_callback(lambda t: (server.spawning.discard(t), done()))
+
+    def finished(t: asyncio.Task[None]) -> None:
+        server.spawning.discard(t)
+        done()
+
+    task.add_done_callback(finished)
 
 
 def on_sigterm(server: Any) -> None:

@@ -243,8 +243,8 @@ class Mailbox:
         for batcher in self.batchers.values():
             batcher.close()
         ending = _lifecycle.cleanup(self, None)
-        if ending is not None:
-            self.server.spawning.add(ending)  # keep a reference until it ends
+        if isinstance(ending, asyncio.Task):  # keep a reference until it ends
+            self.server.spawning.add(ending)
             ending.add_done_callback(self.server.spawning.discard)
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
