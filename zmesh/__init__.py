@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
     from zmesh._client.mesh import MeshState, ProcMesh
-    from zmesh._client.ports import Channel, Port, PortReceiver, send
+    from zmesh._client.portcalls import send
+    from zmesh._client.ports import Channel, Port, PortReceiver
     from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
     from zmesh._client.singletons import (
@@ -100,7 +101,7 @@ if TYPE_CHECKING:
     from zmesh._typing import ActorMesh, Service
 
 _LAZY = {
-    "send": "zmesh._client.ports",
+    "send": "zmesh._client.portcalls",
     "PortReceiver": "zmesh._client.ports",
     "Port": "zmesh._client.ports",
     "Channel": "zmesh._client.ports",
