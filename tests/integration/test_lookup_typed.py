@@ -6,6 +6,8 @@ looked up by this process.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import zmesh
@@ -56,6 +58,11 @@ def test_lookup_with_a_class_checks_it_and_service_info_reads_the_service(
             )  # fmt: skip
             assert info.config.max_queue == 7 and info.id
             assert zmesh.lookup("t-mesh", Tables).get(timeout=30).row.call_one(2).get(10) == "m:2"
+
+            async def attach() -> Tables:  # awaited, in an event loop of its own
+                return await zmesh.lookup("t-mesh", Tables)
+
+            assert asyncio.run(attach()).row.call_one(3).get(timeout=10) == "m:3"
 
             with pytest.raises(zmesh.HandleTypeError) as wrong:
                 zmesh.lookup("t-svc", Chairs).get(timeout=30)

@@ -10,12 +10,12 @@ than later, at some call, as an unknown endpoint.
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any, TypeVar, overload
 
 from zmesh._actor import Actor, endpoints_of
 from zmesh._client import lookup as _lookup
 from zmesh._client.future import Future
-from zmesh._client.runtime import Runtime
 from zmesh._errors import HandleTypeError
 
 A = TypeVar("A", bound=Actor)
@@ -55,14 +55,27 @@ def lookup(name: str, cls: type[Any] | None = None) -> Future[Any]:
             f"zmesh.lookup({name!r}, cls): cls must be an actor class, not {cls!r}",
             name=name, expected=repr(cls), mesh=name,
         )  # fmt: skip
-    found = _lookup.lookup(name)
+    return _checked(_lookup.lookup(name), cls, name)
 
-    async def checked(rt: Runtime) -> Any:
-        handle = await found
-        check_class(handle, cls, name)
-        return handle
 
-    return _lookup.on_home(checked)
+def _checked(found: Future[Any], cls: type, name: str) -> Future[Any]:
+    """``found``'s handle once ``check_class`` passed it (whichever loop it was found on)."""
+    out: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def done(f: concurrent.futures.Future[Any]) -> None:
+        if f.cancelled():
+            out.cancel()
+            return
+        try:
+            handle = f.result()
+            check_class(handle, cls, name)
+        except BaseException as exc:  # the lookup's own error, or the check's
+            out.set_exception(exc)
+        else:
+            out.set_result(handle)
+
+    found._concurrent().add_done_callback(done)
+    return Future(cfut=out)
 
 
 def check_class(handle: Any, cls: type, name: str) -> None:
