@@ -46,6 +46,7 @@ from zmesh._errors import (
     DetachError,
     EncodeError,
     EndpointError,
+    HandleTypeError,
     NameNotFoundError,
     OverloadedError,
     SecurityError,
@@ -66,9 +67,9 @@ if TYPE_CHECKING:
     from zmesh._client.faults import MeshFailure, unhandled_fault_hook
     from zmesh._client.future import Future
     from zmesh._client.hosts import HostMesh, connect, this_host
-    from zmesh._client.lookup import lookup
     from zmesh._client.mesh import MeshState, ProcMesh
-    from zmesh._client.ports import Channel, Port, PortReceiver, send
+    from zmesh._client.portcalls import send
+    from zmesh._client.ports import Channel, Port, PortReceiver
     from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
     from zmesh._client.singletons import (
@@ -79,8 +80,10 @@ if TYPE_CHECKING:
     )
     from zmesh._client.streams import ItemStream
     from zmesh._client.this_proc import this_proc
+    from zmesh._client.typedlookup import lookup
     from zmesh._client.values import ValueMesh
     from zmesh._service.endpoint import ServiceEndpoint
+    from zmesh._service.info import ServiceInfo, service_info
     from zmesh._service.routing import (
         LeastLoadedRouter,
         ReplicaStatistics,
@@ -98,7 +101,7 @@ if TYPE_CHECKING:
     from zmesh._typing import ActorMesh, Service
 
 _LAZY = {
-    "send": "zmesh._client.ports",
+    "send": "zmesh._client.portcalls",
     "PortReceiver": "zmesh._client.ports",
     "Port": "zmesh._client.ports",
     "Channel": "zmesh._client.ports",
@@ -122,7 +125,7 @@ _LAZY = {
     "this_proc": "zmesh._client.this_proc",
     "Extent": "zmesh._shared.points",
     "connect": "zmesh._client.hosts",
-    "lookup": "zmesh._client.lookup",
+    "lookup": "zmesh._client.typedlookup",
     "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",
@@ -133,6 +136,8 @@ _LAZY = {
     "Session": "zmesh._service.routing",
     "Service": "zmesh._service.service",
     "ServiceEndpoint": "zmesh._service.endpoint",
+    "ServiceInfo": "zmesh._service.info",
+    "service_info": "zmesh._service.info",
     "shutdown": "zmesh._client.shutdown",
     "Rank": "zmesh._shared.state",
     "Status": "zmesh._shared.state",
@@ -176,6 +181,7 @@ __all__ = [
     "EndpointRef",
     "Extent",
     "Future",
+    "HandleTypeError",
     "HostMesh",
     "ItemStream",
     "LeastLoadedRouter",
@@ -197,6 +203,7 @@ __all__ = [
     "ServiceConfig",
     "ServiceEndpoint",
     "ServiceError",
+    "ServiceInfo",
     "ServiceOverloadedError",
     "ServiceStatistics",
     "Session",
@@ -223,6 +230,7 @@ __all__ = [
     "proc_mesh",
     "send",
     "service",
+    "service_info",
     "shutdown",
     "shutdown_context",
     "this_host",

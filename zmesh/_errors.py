@@ -21,6 +21,7 @@ Hierarchy::
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
     ├── NameNotFoundError     zmesh.lookup(name): no detached service or mesh of yours by that name
+    ├── HandleTypeError       a handle is not of the class asked for (also a TypeError)
     └── ServiceError          a service cannot take the call
         └── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
 
@@ -44,6 +45,7 @@ __all__ = [
     "DetachError",
     "EncodeError",
     "EndpointError",
+    "HandleTypeError",
     "NameNotFoundError",
     "OverloadedError",
     "SecurityError",
@@ -271,6 +273,29 @@ class NameNotFoundError(ZmeshError):
         super().__init__(message, **context)  # type: ignore[arg-type]
         self.name = name
         self.names = list(names or [])
+
+
+class HandleTypeError(ZmeshError, TypeError):
+    """A handle is not what it was asked to be.
+
+    ``zmesh.lookup(name, Cls)`` found ``name``, but it is a service or mesh
+    of another class; ``zmesh.service_info(x)`` got something that is not a
+    service.
+
+    Attributes:
+        name: the name looked up (``""`` if none was).
+        kind: what was found: ``"service"``, ``"mesh"``, or the type's name.
+        found: the class name of the handle's actors (``""`` if it has none).
+        expected: what was asked for (a class name, or ``"a service"``).
+    """
+
+    def __init__(self, message: str = "", *, name: str = "", kind: str = "", found: str = "",
+                 expected: str = "", **context: object) -> None:  # fmt: skip
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.name = name
+        self.kind = kind
+        self.found = found
+        self.expected = expected
 
 
 class ServiceError(ZmeshError):

@@ -189,7 +189,8 @@ class HandleFace:
     """
 
     # The handle fields that tests and tools read; fields an actor of its
-    # own is likely to have (a service's id, name, config) are left out.
+    # own is likely to have (a service's id, name, config) are left out:
+    # zmesh.service_info(svc) gives those, typed (zmesh._service.info).
     actor: str
     proc_mesh: str
     _refs: list[ProcRef]

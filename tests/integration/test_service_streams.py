@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -210,7 +210,7 @@ async def test_a_replica_killed_after_the_first_item_ends_the_stream_with_a_type
         assert got == list(range(len(got)))  # no item twice, none skipped
         err = info.value
         assert isinstance(err, zmesh.SupervisionError)
-        assert (err.replica, err.generation, err.mesh) == (index, 1, cast(Any, svc).name)
+        assert (err.replica, err.generation, err.mesh) == (index, 1, zmesh.service_info(svc).name)
         assert err.items >= len(got)
         assert "SIGKILL" in err.reason and "would repeat" in str(err)
         assert svc.statistics().retried == 0  # not re-sent

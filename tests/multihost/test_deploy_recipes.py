@@ -147,9 +147,15 @@ def _executable(path: Path, text: str) -> str:
 
 
 def _sbatch(
-    nodes: list[Host], env: dict[str, str], tmp_path: Path, driver: str, timeout: float
+    nodes: list[Host],
+    env: dict[str, str],
+    tmp_path: Path,
+    driver: str,
+    timeout: float,
+    names: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the sbatch script as Slurm would run the batch step of an allocation of ``nodes``."""
+    """Run the sbatch script as Slurm would run the batch step of an allocation of ``nodes``
+    (named ``names``: the nodes' own names unless given)."""
     shims = tmp_path / "bin"
     shims.mkdir()
     _executable(shims / "scontrol", SCONTROL)
@@ -164,7 +170,7 @@ def _sbatch(
     env = {
         **env,
         "PATH": f"{shims}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-        "SLURM_JOB_NODELIST": ",".join(h.netns for h in nodes),
+        "SLURM_JOB_NODELIST": ",".join(names or [h.netns for h in nodes]),
         "ZMESH_KEYS_DIR": keys,
     }
     mount = 'mount --bind "$0" /etc/hosts && exec "$@"'
@@ -193,6 +199,49 @@ def test_the_sbatch_script_ends_the_agents_when_the_driver_fails(
     done = _sbatch(nodes.hosts, run_env, tmp_path, "raise SystemExit(3)\n", timeout=60)
     assert done.returncode == 3, done.stdout + done.stderr  # the job fails as its driver did
     assert _leftovers(run_env) == []
+
+
+def test_the_sbatch_script_fails_as_zmesh_up_did_within_its_timeout(
+    nodes: NetnsCluster, run_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The agents' port is taken on the second node: its agent cannot start, so
+    # that node never answers, and `zmesh up` gives up after ZMESH_UP_TIMEOUT.
+    taken = nodes.hosts[1]
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", taken.netns, sys.executable, "-c",
+         "import socket, sys, time\n"
+         "s = socket.create_server(('0.0.0.0', 7411)); print('bound', flush=True)\n"
+         "time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "bound\n"
+        t0 = time.monotonic()
+        env = {**run_env, "ZMESH_UP_TIMEOUT": "4"}
+        done = _sbatch(nodes.hosts, env, tmp_path, DRIVER, timeout=40)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.communicate()  # reaps it and closes its pipe
+    assert done.returncode == 2, done.stdout + done.stderr  # zmesh up's own exit code
+    (why,) = [line for line in done.stderr.splitlines() if "zmesh up: error:" in line]
+    assert "no answer within 4.0s from " in why and f"tcp://{taken.netns}:7411" in why, why
+    assert " ran on " not in done.stdout  # the driver never ran
+    assert took < 20, f"the script took {took:.1f}s"
+    assert _leftovers(run_env) == []  # the agents of the other nodes are gone too
+
+
+def test_the_sbatch_script_fails_at_once_on_a_node_it_cannot_reach(
+    nodes: NetnsCluster, run_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The last node of the allocation has no namespace: srun cannot run anything there.
+    names = [h.netns for h in nodes.hosts[:2]] + ["ghost-node"]
+    t0 = time.monotonic()
+    done = _sbatch(nodes.hosts, run_env, tmp_path, DRIVER, timeout=40, names=names)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "copying the keys to ghost-node failed" in done.stderr, done.stderr
+    assert time.monotonic() - t0 < 20
+    assert _leftovers(run_env) == []  # the agents already started on the first two
 
 
 def _daemonset_script(root: Path) -> str:

@@ -18,19 +18,18 @@ is on: a sender on the same host uses the ipc:// address, one on another
 host the TCP one. A sender keeps one DEALER per receiving process (so one
 sender's values stay in order) and never waits on it: a value for a receiver
 that is gone, or one the socket cannot take now, is dropped and logged once.
+
+The sockets are ``zmesh._client.portsockets``'s; the calls answered through
+ports (explicit-response-port endpoints, ``send``) ``zmesh._client.portcalls``'s.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-import zmq
 
 from zmesh._actor import current_point
 from zmesh._client import portserver as _portserver
@@ -38,22 +37,21 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
+from zmesh._client.portsockets import _senders, _server
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EncodeError
-from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w
-from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
-from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
-    from zmesh._client.adverbs import EndpointRef
+    # Importable from here, as before they had modules of their own.
+    from zmesh._client.portcalls import explicit_call as explicit_call
+    from zmesh._client.portcalls import send as send
 
 log = logging.getLogger("zmesh.ports")
 
 R = TypeVar("R")
 
-PORT_HWM = 10_000  # values queued to one receiving process, at most, before sends drop
 _numbers = itertools.count(1)
 
 
@@ -231,247 +229,22 @@ def _host() -> str:
     return _host_id
 
 
-# ------------------------------------------------------------ the sockets
+# Moved to modules of their own; still importable from here.
+_MOVED = {
+    "explicit_call": "zmesh._client.portcalls",
+    "send": "zmesh._client.portcalls",
+    "PORT_HWM": "zmesh._client.portsockets",
+    "_Server": "zmesh._client.portsockets",
+    "_Senders": "zmesh._client.portsockets",
+    "_server": "zmesh._client.portsockets",
+    "_senders": "zmesh._client.portsockets",
+}
 
 
-class _Server:
-    """The ROUTER of one runtime that receives every port value sent to it."""
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.codec = Codec(w.PORT_INBOX)
-        self.receivers: weakref.WeakValueDictionary[int, PortReceiver[Any]] = (
-            weakref.WeakValueDictionary()
-        )
-        self.dropped: set[int] = set()  # ports whose lost values were logged
-        # Receivers kept alive while an adverb waits on them (nobody else holds them).
-        self.pinned: dict[int, PortReceiver[Any]] = {}
-        self.path = os.path.join(_paths.runtime_dir(), f"p{os.getpid()}-{id(rt):x}")
-        sock = configure(rt.ctx.socket(zmq.ROUTER))
-        sock.bind(f"ipc://{self.path}")
-        os.chmod(self.path, 0o600)
-        self.addr = f"ipc://{self.path}"
-        self.sock = AsyncSocket(sock, rt.loop, self._on_message, router=True)
-        # Other hosts' senders, in a multi-host run: bound with the first channel
-        # opened once this process reaches agents on other hosts.
-        self.tcp: _portserver.TcpInbox | None = None
-
-    def add(self, receiver: PortReceiver[Any]) -> _Server:
-        self.receivers[receiver._number] = receiver
-        if self.tcp is None:
-            ip = _portserver.reach_address()
-            if ip is not None:
-                self.tcp = _portserver.TcpInbox(ip, self.rt.loop, self._on_message)
-        return self
-
-    def forget(self, number: int) -> None:
-        self.receivers.pop(number, None)
-        self.pinned.pop(number, None)
-
-    def _on_message(self, frames: list[Any]) -> None:
-        try:
-            msg = self.codec.decode(frames[1:])
-            value = self.codec.unpack_value(msg.payload, frames[1:])
-        except Exception as exc:  # never fatal: a garbled value is dropped
-            log.warning("dropped a port value that does not decode: %r", exc)
-            return
-        receiver = self.receivers.get(msg.port)
-        if receiver is None:
-            if msg.port not in self.dropped:
-                self.dropped.add(msg.port)
-                log.warning("port %d has no receiver anymore: its values are dropped", msg.port)
-            return
-        receiver._deliver(msg.rank, value)
-
-    def close(self) -> None:
-        self.sock.close()
-        if self.tcp is not None:
-            self.tcp.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-
-
-class _Senders:
-    """One DEALER per receiving process, for the port values this runtime sends."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.codec = Codec(w.PORT_INBOX)
-        self.socks: dict[str, Any] = {}
-        self.warned: set[str] = set()
-
-    def send(self, addr: str, msg: w.PortSend, buffers: list[Any], key: bytes = b"") -> None:
-        sock = self.socks.get(addr)
-        if sock is None:
-            if not addr or not self._can_reach(addr, key):
-                return
-            sock = configure(self.rt.ctx.socket(zmq.DEALER))
-            sock.setsockopt(zmq.SNDHWM, PORT_HWM)
-            _portserver.secure_sender(sock, key)
-            sock.connect(addr)
-            self.socks[addr] = sock
-        try:
-            frames = self.codec.encode(msg, buffers)
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        except zmq.Again:  # the receiver is gone, or far behind: never wait for it
-            if addr not in self.warned:
-                self.warned.add(addr)
-                log.warning("port values to %s are dropped: its receiver is not reading", addr)
-        except Exception as exc:
-            log.error("a port value could not be sent: %r", exc)
-
-    def _can_reach(self, addr: str, key: bytes) -> bool:
-        """Whether a DEALER to ``addr`` can be made; else say why (once) and drop."""
-        if addr and (not key or _security.active() is not None):
-            return True
-        why = addr or "ipc-only"
-        if why not in self.warned:
-            self.warned.add(why)
-            if not addr:
-                log.warning(
-                    "port values are dropped: their receiver is on another host and has no TCP "
-                    "inbox (it opened its channel in a run on one host)"
-                )
-            else:
-                log.warning(
-                    "port values to %s are dropped: it needs CURVE keys and this process has "
-                    "none (ZMESH_KEYS)", addr,
-                )  # fmt: skip
-        return False
-
-    def close(self) -> None:
-        for sock in self.socks.values():
-            sock.close(linger=0)
-        self.socks.clear()
-
-
-_S = TypeVar("_S", _Server, _Senders)
-_servers: weakref.WeakKeyDictionary[Runtime, _Server] = weakref.WeakKeyDictionary()
-_sending: weakref.WeakKeyDictionary[Runtime, _Senders] = weakref.WeakKeyDictionary()
-
-
-def _of_runtime(table: weakref.WeakKeyDictionary[Runtime, _S], make: type[_S], rt: Runtime) -> _S:
-    """``rt``'s one ``make``, made on first use and closed with ``rt``."""
-    s = table.get(rt)
-    if s is None:
-        s = table[rt] = make(rt)
-        rt.closers.append(s.close)
-    return s
-
-
-def _server(rt: Runtime) -> _Server:
-    return _of_runtime(_servers, _Server, rt)
-
-
-def _senders(rt: Runtime) -> _Senders:
-    return _of_runtime(_sending, _Senders, rt)
-
-
-# ------------------------------------------------ adverbs and ``send``
-
-
-def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                  whole: bool) -> Future[Any]:  # fmt: skip
-    """``call_one`` (or ``call``, with ``whole``) of an explicit-response-port endpoint.
-
-    The endpoint gets a port first; its first value (per actor, for ``call``:
-    a ``ValueMesh``) is the answer. The call itself is answered too (with
-    the endpoint's return value, ignored), so an endpoint that raises, or a
-    proc that dies before it answered, fails the future as for any call.
-    """
-    from zmesh._client.mesh import ValueMesh
-
-    mesh = ep._mesh
-    refs, points, dims = mesh._refs, mesh.points(), mesh.sizes
-    port, receiver = _open(once=not whole, ranked=True)
-    payload, buffers = ep._pack((port, *args), kwargs)
-    msg = ep._call_msg(payload)
-
-    def start(rt: Runtime, fut: Sink) -> None:
-        server = _server(rt)
-        server.pinned[receiver._number] = receiver
-        results: dict[int, Any] = {}
-        ranks = [p.rank for p in points]
-
-        def settle(ok: bool, value: Any) -> None:
-            server.forget(receiver._number)
-            resolve(fut, ok, value)
-
-        def on_value(rank: int, value: Any) -> None:
-            if fut.done():
-                return
-            if isinstance(value, _PortError):
-                settle(False, value.exc)
-            elif not whole:
-                settle(True, value)
-            else:
-                if rank not in ranks or rank in results:  # sent from outside the actor
-                    rank = next(r for r in ranks if r not in results)
-                results[rank] = value
-                if len(results) == len(ranks):
-                    settle(True, ValueMesh(dims, points, [results[r] for r in ranks]))
-
-        def answered(i: int, ok: bool, value: Any) -> None:
-            if not ok and not fut.done():
-                settle(False, value)
-
-        receiver._listener = on_value
-        if not refs:
-            settle(True, ValueMesh(dims, [], []))
-            return
-        rt.send(refs, msg, buffers, answered, ep._timeout, ep._block)
-
-    return on_runtime(start, (mesh.proc_mesh, ep._name))
-
-
-def send(
-    endpoint: EndpointRef[Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any] | None = None,
-    port: Port[Any] | None = None,
-    selection: str = "all",
-) -> None:
-    """Monarch's ``send``: call ``endpoint`` and do not wait.
-
-    Args:
-        port: where the answers go: each actor's return value is sent to it
-            (an explicit-response-port endpoint gets it as its first argument
-            instead). ``None``: the answers are dropped.
-        selection: ``"all"`` the actors of the endpoint's mesh, or
-            ``"choose"`` one of them, the least loaded.
-    """
-    from zmesh._client.adverbs import least_loaded
-
-    if selection not in ("all", "choose"):
-        raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
-    kwargs = kwargs or {}
-    explicit = endpoint._window < 0
-    payload, buffers = endpoint._pack((port, *args) if explicit else args, kwargs)
-    oneway = port is None or explicit
-    msg = endpoint._call_msg(payload, oneway=oneway)
-    refs = endpoint._mesh._refs
-
-    def start(rt: Runtime) -> None:
-        targets = [least_loaded(rt, refs)] if selection == "choose" and refs else refs
-        deliver = None if oneway or port is None else _reply_to(port, targets)
-        rt.send(targets, msg, buffers, deliver, endpoint._timeout, endpoint._block)
-
-    rt, home = _runtime.current()
-    rt.dispatch(start, rt, here=home, targets=[r.addr for r in refs])
-
-
-def _reply_to(port: Port[Any], targets: list[Any]) -> Callable[[int, bool, Any], None]:
-    """A ``deliver`` for ``Runtime.send`` that sends each answer on to ``port``,
-    as from the rank that answered."""
-
-    def deliver(i: int, ok: bool, value: Any) -> None:
-        try:
-            payload, buffers = Codec.pack_value(value if ok else _PortError(value))
-        except Exception as exc:
-            log.error("an answer for a port cannot be sent: %r", exc)
-            return
-        port._send(payload, buffers, targets[i].rank)
-
-    return deliver
+    return getattr(importlib.import_module(module), name)

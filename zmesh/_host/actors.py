@@ -159,22 +159,27 @@ def dispatch_mailboxes(
             box.put(to, call, frames)
 
 
-def stop(server: ProcServer, name: str) -> None:
-    """Stop actor ``name``, or every actor of group ``name`` (each ``__cleanup__`` runs)."""
+def stop(server: ProcServer, name: str) -> list[asyncio.Future[Any]]:
+    """Stop actor ``name``, or every actor of group ``name``; their ``__cleanup__``
+    runs, and the cleanups still running are returned, to wait for."""
     box = server.actors.pop(name, None)
+    ending: list[asyncio.Future[Any]] = []
     if box is not None:
-        box.close()
+        if (end := box.close()) is not None:
+            ending.append(end)
         group, sep, k = name.rpartition(SEP)
         boxes = server.groups.get(group) if sep else None
         if boxes is not None and k.isdigit() and int(k) < len(boxes):
             boxes[int(k)] = None  # later calls to it fail: it stopped
             if not any(boxes):
                 del server.groups[group]
-        return
+        return ending
     for box in server.groups.pop(name, None) or ():
         if box is not None:
             server.actors.pop(box.name, None)
-            box.close()
+            if (end := box.close()) is not None:
+                ending.append(end)
+    return ending
 
 
 async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: list[Any]) -> None:

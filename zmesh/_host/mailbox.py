@@ -165,9 +165,23 @@ class Mailbox:
             (c.method for _, c, _ in self.queue), self.queue_peak,
         )  # fmt: skip
 
-    async def _run(self) -> None:
+    def _enter(self) -> None:
+        """Make the running context this actor's: what ``current_rank()``,
+        ``current_actor_name()`` and ``context()`` read."""
         set_current(self.point, self.instance)
-        _context.set_actor_name(self.label)  # current_actor_name(), context()
+        _context.set_actor_name(self.label)
+
+    def actor_context(self) -> contextvars.Context:
+        """A context of this actor's own, as its endpoints see it (``__cleanup__`` runs in one)."""
+        if self.context is not None:
+            return self.context.copy()
+        ctx = contextvars.copy_context()  # the task has not started yet
+        ctx.run(self._enter)
+        ctx.run(set_current, request="")
+        return ctx
+
+    async def _run(self) -> None:
+        self._enter()
         self.context = contextvars.copy_context()
         for batcher in self.batchers.values():
             batcher.context = self.context
@@ -222,18 +236,21 @@ class Mailbox:
         loop = asyncio._get_running_loop()
         return loop is not None and asyncio.current_task(loop) is self.task
 
-    def close(self) -> None:
+    def close(self) -> asyncio.Future[Any] | None:
+        """Stop the actor: its queued calls fail, its ``__cleanup__`` starts
+        (once, as the actor); what to wait for to see that cleanup done."""
         self.task.cancel()
         for batcher in self.batchers.values():
             batcher.close()
-        pending = _lifecycle.cleanup(self.instance, None)  # __cleanup__, once
-        if pending is not None:
-            self.server.spawning.add(task := asyncio.ensure_future(pending))
-            task.add_done_callback(self.server.spawning.discard)
+        ending = _lifecycle.cleanup(self, None)
+        if isinstance(ending, asyncio.Task):  # keep a reference until it ends
+            self.server.spawning.add(ending)
+            ending.add_done_callback(self.server.spawning.discard)
         for ident, call, _ in self.queue:
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
             self.server.started()
         self.queue.clear()
+        return ending
 
 
 class Resume:

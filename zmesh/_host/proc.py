@@ -212,8 +212,9 @@ class ProcServer:
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):
-            _actors.stop(self, msg.actor)  # one actor, or every actor of a group
-            self.router.send([ident, *self.codec.encode(w.Reply(msg.id, NONE))])
+            ending = _actors.stop(self, msg.actor)  # one actor, or every actor of a group
+            reply = [ident, *self.codec.encode(w.Reply(msg.id, NONE))]
+            _lifecycle.then(self, ending, lambda: self.router.send(reply))  # after __cleanup__
         elif isinstance(msg, w.Credit | w.Cancel):
             self.producers.control(ident, msg)
         elif isinstance(msg, w.Relay):  # this proc relays a tree fan-out (zmesh._host.relay)
@@ -321,8 +322,7 @@ class ProcServer:
         """
         code = _lifecycle.exit_code(exc)
         log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
-        actors = [box.instance for box in self.actors.values()]
-        task = asyncio.ensure_future(_lifecycle.cleanup_all(actors, exc))
+        task = asyncio.ensure_future(_lifecycle.cleanup_all(list(self.actors.values()), exc))
         task.add_done_callback(lambda _: self._exit_now(code))
         self.spawning.add(task)
 

@@ -128,34 +128,14 @@ def run_up(args: argparse.Namespace) -> int:
         _security.keygen(keys)
         _say(args, f"# made the agents' keys in {keys}")
     keys = os.path.abspath(keys)
-    tar = _key_tar(keys)
     children: list[subprocess.Popen[bytes]] = []
-    for h in hosts:
-        remote = REMOTE_DIR.format(host=h.name)
-        copy = f"umask 077 && mkdir -p {remote} && tar -x -C {remote} -f -"
-        done = _run(_launch(args.launcher, h, copy), args.timeout, "copy the keys", h, tar)
-        if done.returncode != 0:
-            raise AgentError(
-                f"copying the keys to {h.name} failed: {done.stderr.decode(errors='replace')}"
-            )
-        agent = (
-            f"{args.zmesh} agent --bind {shlex.quote(h.control(args.port))} "
-            f"--label {shlex.quote(h.name)} --keys {remote}/keys --log-dir {remote}/logs"
-        )
-        if args.attach:
-            # Its own process group, so that stopping it stops what the launcher started.
-            # The agent's stdout (its ready line) goes to our stderr: our stdout is the
-            # one ZMESH_AGENTS=... line that scripts read.
-            cmd = _launch(args.launcher, h, f"exec {agent}")
-            children.append(
-                subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr.fileno())
-            )
-        else:
-            start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
-            done = _run(_launch(args.launcher, h, start), args.timeout, "start the agent", h)
-            if done.returncode != 0:
-                err = done.stderr.decode(errors="replace")
-                raise AgentError(f"starting the agent on {h.name} failed: {err}")
+    try:
+        _start_agents(args, hosts, _key_tar(keys), children)
+    except BaseException:
+        # Agents started already (attached) must not outlive us: nobody else
+        # knows of them, and they hold our stderr open.
+        _stop(children)
+        raise
     controls = [h.control(args.port) for h in hosts]
     _security.use(keys)
     try:
@@ -185,6 +165,42 @@ def run_up(args: argparse.Namespace) -> int:
     finally:
         _stop(children)
     return 0
+
+
+def _start_agents(
+    args: argparse.Namespace, hosts: list[Host], tar: bytes, children: list[subprocess.Popen[bytes]]
+) -> None:
+    """Copy the keys (``tar``) to each host and start its agent; attached ones join ``children``.
+
+    Raises:
+        AgentError: a launcher failed (the message says which host, and why).
+    """
+    for h in hosts:
+        remote = REMOTE_DIR.format(host=h.name)
+        copy = f"umask 077 && mkdir -p {remote} && tar -x -C {remote} -f -"
+        done = _run(_launch(args.launcher, h, copy), args.timeout, "copy the keys", h, tar)
+        if done.returncode != 0:
+            raise AgentError(
+                f"copying the keys to {h.name} failed: {done.stderr.decode(errors='replace')}"
+            )
+        agent = (
+            f"{args.zmesh} agent --bind {shlex.quote(h.control(args.port))} "
+            f"--label {shlex.quote(h.name)} --keys {remote}/keys --log-dir {remote}/logs"
+        )
+        if args.attach:
+            # Its own process group, so that stopping it stops what the launcher started.
+            # The agent's stdout (its ready line) goes to our stderr: our stdout is the
+            # one ZMESH_AGENTS=... line that scripts read.
+            cmd = _launch(args.launcher, h, f"exec {agent}")
+            children.append(
+                subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr.fileno())
+            )
+        else:
+            start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
+            done = _run(_launch(args.launcher, h, start), args.timeout, "start the agent", h)
+            if done.returncode != 0:
+                err = done.stderr.decode(errors="replace")
+                raise AgentError(f"starting the agent on {h.name} failed: {err}")
 
 
 def _run(

@@ -7,7 +7,9 @@ Parts that do not know of each other's insides:
   problem, what is history (``zmesh status``'s exit code, the folded rows);
 * ``_view``: pure functions from a snapshot to rows (rates, percentiles,
   filters, sorting), with the actors pane's rows in ``_endpoints``;
-* ``_render``: pure functions from rows to a ``rich`` frame (no clock reads).
+* ``_render``: pure functions from rows to a ``rich`` frame (no clock reads),
+  with each pane's table in ``_panes``, the number formats in ``_formats``,
+  and what the user is looking at (the ``Screen``) in ``_screen``.
 
 ``_app`` runs them interactively; ``zmesh.cli.top`` holds the commands
 (``top``, ``status``, ``ps``, ``stack``).
