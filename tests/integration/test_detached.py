@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import os
+import pickle
 import signal
 import subprocess
 import textwrap
@@ -383,6 +384,77 @@ def test_a_detached_mesh_is_looked_up_as_an_actor_mesh(agent: dict[str, str]) ->
     done = _zmesh(agent, "stop", "tables")
     assert done.returncode == 0 and "tables (detached)" in done.stdout, done.stdout + done.stderr
     wait_gone(pids, 20, "the detached mesh's procs")
+
+
+def test_stop_of_a_looked_up_mesh_stops_its_procs_and_only_for_its_keys(
+    agent: dict[str, str],
+) -> None:
+    assert _create(agent, "mesh") == "[5, 5]"
+    with connected([agent["control"]], keys=agent["keys"]):
+        mesh = zmesh.lookup("tables").get(timeout=30)
+        pids = mesh.pid.call().get(timeout=30).values()
+        blob = pickle.dumps(mesh)
+    # A copy of the handle that reached other keys calls it, but cannot stop it.
+    with connected([agent["control"]], keys=agent["other"]):
+        theirs = pickle.loads(blob)
+        with pytest.raises(zmesh.NameNotFoundError, match="no detached service or mesh"):
+            theirs.stop().get(timeout=30)
+    assert all(pid_alive(p) for p in pids)
+    with connected([agent["control"]], keys=agent["keys"]):
+        mesh = pickle.loads(blob)
+        mesh.stop().get(timeout=30)
+        wait_gone(pids, 20, "the detached mesh's procs")  # its procs, not only its actors
+        with pytest.raises(zmesh.ActorStoppedError):
+            mesh.embed.call(1).get(timeout=10)
+        with pytest.raises(zmesh.NameNotFoundError):
+            zmesh.lookup("tables").get(timeout=30)
+
+
+class Admin(zmesh.Actor):
+    """An actor that uses, finds and stops detached services from inside a mesh."""
+
+    @zmesh.endpoint
+    async def find_and_call(self, name: str) -> int:
+        svc = await zmesh.lookup(name)
+        result: int = await svc.embed(7)
+        return result
+
+    @zmesh.endpoint
+    async def call(self, svc: Any) -> int:
+        result: int = await svc.embed(5)
+        return result
+
+    @zmesh.endpoint
+    async def stop_it(self, handle: Any) -> None:
+        await handle.stop()
+
+
+def test_an_actor_acts_for_the_keys_of_the_script_that_spawned_it(agent: dict[str, str]) -> None:
+    _create(agent, "service")
+    pids = wait_for(lambda: (p := _pids_of(agent, "embedder")) and len(p) == 3 and p, 30,
+                    "the orchestrator and 2 replicas")  # fmt: skip
+    with connected([agent["control"]], keys=agent["keys"]):
+        blob = pickle.dumps(zmesh.lookup("embedder").get(timeout=30))
+    # An actor of other keys (admitted by the agent): the handle calls, but
+    # neither lookup nor stop reach a name that is not its script's.
+    with connected([agent["control"]], keys=agent["other"]):
+        theirs = Admin.options().as_actor().get(timeout=60)
+        assert theirs.call.call_one(pickle.loads(blob)).get(timeout=30) == 15
+        with pytest.raises(zmesh.ActorError, match="NameNotFoundError"):
+            theirs.find_and_call.call_one("embedder").get(timeout=30)
+        with pytest.raises(zmesh.ActorError, match="no detached service or mesh named 'embedder'"):
+            theirs.stop_it.call_one(pickle.loads(blob)).get(timeout=30)
+        theirs.stop().get(timeout=30)
+    assert all(pid_alive(p) for p in pids)
+    # An actor of the creator's keys finds it, and stops it with a handle passed in.
+    with connected([agent["control"]], keys=agent["keys"]):
+        ours = Admin.options().as_actor().get(timeout=60)
+        assert ours.find_and_call.call_one("embedder").get(timeout=30) == 21
+        ours.stop_it.call_one(pickle.loads(blob)).get(timeout=30)
+        wait_gone(pids, 20, "the detached service's procs")
+        with pytest.raises(zmesh.NameNotFoundError):
+            zmesh.lookup("embedder").get(timeout=30)
+        ours.stop().get(timeout=30)
 
 
 class Plain(zmesh.Actor):
