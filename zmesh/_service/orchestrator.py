@@ -122,12 +122,6 @@ class Orchestrator(Actor):
         except Exception as exc:
             raise SpawnError(f"service {self.plan.name!r}: {exc!r}", mesh=self.plan.name) from exc
 
-    @endpoint
-    async def stop_service(self) -> None:
-        """Stop every replica (the orchestrator's proc is stopped by its agent next)."""
-        if self.svc is not None:
-            await self.svc.stop()
-
     def __supervise__(self, failure: MeshFailure) -> bool:
         return True  # the supervisor replaces failed replicas: nothing to escalate
 
@@ -248,11 +242,10 @@ def stop_detached(svc: Service) -> Future[None]:
     name, orch = svc._detached  # type: ignore[misc]
 
     async def go(rt: Runtime) -> None:
-        try:
-            current = await _current(orch)
-            await current.stop_service.options(timeout=LOOKUP_TIMEOUT).call_one()  # cleanly
-        except ZmeshError as exc:  # gone, restarting, or not ours: the agents decide
-            log.info("orchestrator of %s: %s", name, exc)
+        # Only by name: the agents check that we act for the keys that made it
+        # (an endpoint of the orchestrator could not: any key that reaches a
+        # proc may call it). They stop the orchestrator, whose cleanup stops
+        # the replicas, and the replicas filed under the name.
         client = svc._client_now()
         replicas = {r.agent for m in client.meshes if m is not None for r in m._refs}
         await stop_name(rt, name, sorted({r.agent for r in orch._refs} | replicas))
