@@ -146,7 +146,9 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
             if mesh.name not in rec.meshes:
                 rec.meshes.append(mesh.name)
         return w.Ack(msg.id)
-    if taken is not None and set(taken.meshes) != set(msg.meshes):
+    # Replicas an orchestrator filed first (they have no handle) join the name.
+    joined = taken.meshes if taken is not None and not taken.handle else []
+    if taken is not None and taken.handle and set(taken.meshes) != set(msg.meshes):
         error = (
             f"{msg.name!r} on {agent.label} is a detached {taken.kind} already: "
             f"'zmesh stop {msg.name}' first, or choose another name"
@@ -155,9 +157,8 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
     for mesh in meshes:
         mesh.detached = msg.name
     boot = {m: list(msg.boot) for m in msg.meshes} if msg.boot else {}
-    book.records[key] = Record(
-        msg.principal, msg.kind, msg.handle, list(msg.meshes), boot, msg.service
-    )
+    meshes_kept = list(msg.meshes) + [m for m in joined if m not in msg.meshes]
+    book.records[key] = Record(msg.principal, msg.kind, msg.handle, meshes_kept, boot, msg.service)
     log.info("keeping %s %s (meshes %s) past its owner", msg.kind, msg.name, msg.meshes)
     return w.Ack(msg.id)
 
