@@ -346,6 +346,19 @@ def test_kill9_of_the_orchestrator_loses_no_call_and_its_agent_restarts_it(
         victim, healed = asyncio.run(heal())
         assert not pid_alive(victim) and pid_alive(healed)
 
+        # Both at once: the restarted orchestrator (adopted, restarted again)
+        # and a replica. The next orchestrator respawns the dead replica.
+        async def both() -> tuple[int, int]:
+            victim = await svc.replica(0).pid.call_one()
+            (orch_now,) = _mesh_pids(agent, "embedder")[orch_mesh]
+            os.kill(orch_now, signal.SIGKILL)
+            os.kill(victim, signal.SIGKILL)
+            return victim, await _respawned(svc, victim, 0)
+
+        victim, healed = asyncio.run(both())
+        assert pid_alive(healed) and svc.embed(3).get(timeout=10) == 9
+        assert zmesh.lookup("embedder").get(timeout=30).embed(4).get(timeout=10) == 12
+
 
 def test_zmesh_stop_ends_the_orchestrator_and_every_replica(
     agent: dict[str, str], service: list[int]
