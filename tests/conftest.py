@@ -8,8 +8,10 @@ the run.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,6 +49,29 @@ def cluster() -> Iterator[list[AgentProcess]]:
     """Two loopback agents, as two hosts."""
     with local_cluster(2) as agents:
         yield agents
+
+
+# A test that times out leaves anyio's runner task inside the stuck test, so
+# the teardown of its async fixtures then waits for that task forever, and
+# pytest-timeout fires once per test. pytest also cancels faulthandler's timer
+# (``faulthandler_timeout``) when a test fails. So each teardown gets a timer
+# of its own: past it, every thread's stack is printed and the run ends (red,
+# in minutes, with the stacks) instead of hanging until CI's budget is gone.
+TEARDOWN_LIMIT = 150.0
+_stderr_fd: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _stderr_fd.append(os.dup(sys.stderr.fileno()))  # as pytest's faulthandler plugin does
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    faulthandler.dump_traceback_later(TEARDOWN_LIMIT, exit=True, file=_stderr_fd[0])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -255,14 +255,21 @@ class Producers:
         if p.cancelled:
             return
         frames = [p.ident, *self.server.codec.encode(w.StreamAlive(p.id))]
+        router = self.server.router
         try:
-            self.server.router.sock.send_multipart(frames, zmq.NOBLOCK)
+            # Straight on the socket, to see ROUTER_MANDATORY's refusal.
+            router.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             pass  # there, and busy
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 log.info("the consumer of stream %d is gone: closing its generator", p.id)
                 p.cancel()
+        finally:
+            # That send may have taken the wake-up of a message that arrived
+            # meanwhile (ZMQ_FD is edge-triggered): without a second look the
+            # proc stays deaf to it until something else arrives.
+            router.recheck()
 
 
 class _Unsendable(Exception):

@@ -304,6 +304,16 @@ class AsyncSocket:
         """Handle whatever has arrived now, without waiting for the loop's turn."""
         self._on_ready()
 
+    def recheck(self) -> None:
+        """Look at the socket's events again in this loop turn.
+
+        For code that used ``sock`` directly (a send or a getsockopt may
+        consume the edge of input that arrived meanwhile, and the loop would
+        not wake for it).
+        """
+        if not self._reading:
+            self._schedule()
+
     def _on_ready(self) -> None:
         self._scheduled = False
         if self.closed:
