@@ -11,6 +11,15 @@ Names are per key pair: ``principal()`` is a token derived from this
 client's CURVE secret key (``""`` without keys, where only this user can
 reach the agent at all: ipc://). It goes to the agents only, over the
 encrypted control connection; without the secret key nobody can make it.
+
+An actor acts for the key pair of the script that spawned its proc (or
+spawned the actor that spawned it, and so on): the script hands its token to
+the procs it starts (``PRINCIPAL_VAR`` in their environment, which the
+agents never publish), so inside an actor ``zmesh.lookup`` finds that
+script's names, a handle passed in may stop them, and what the actor makes
+``detached`` is filed for the same keys, not for the agents' key pair that
+its proc connects with. A handle that reaches an actor of other keys may
+call the service but not stop it (``NameNotFoundError``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import asyncio
 import functools
 import hashlib
 import hmac
+import os
 import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,12 +40,23 @@ from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import AgentError, DetachError, NameNotFoundError, SecurityError, ZmeshError
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
+from zmesh._wire.boundary import PROC_ENV_VAR
 
 LOOKUP_TIMEOUT = 10.0
+# The principal of the script a proc works for, set by the script in its procs'
+# environment (``zmesh._client.procstart.proc_spec``).
+PRINCIPAL_VAR = "ZMESH_PRINCIPAL"
 
 
 def principal() -> str:
-    """Whose names this client's are: a token of its CURVE secret key (``""``: no keys)."""
+    """Whose names this client's are: a token of its CURVE secret key (``""``: no keys).
+
+    In a proc (an actor), the token of the script it works for.
+    """
+    if os.environ.get(PROC_ENV_VAR):
+        inherited = os.environ.get(PRINCIPAL_VAR)
+        if inherited is not None:
+            return inherited
     keys = _security.active()
     if keys is None:
         return ""
@@ -68,8 +89,19 @@ def on_home(work: Callable[[Runtime], Awaitable[Any]]) -> Future[Any]:
     return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))  # type: ignore[arg-type]
 
 
-async def detach(rt: Runtime, name: str, kind: str, handle: Any, refs: list[ProcRef]) -> None:
+async def detach(
+    rt: Runtime,
+    name: str,
+    kind: str,
+    handle: Any,
+    refs: list[ProcRef],
+    boot: list[bytes] | None = None,
+    service: str = "",
+) -> None:
     """File the proc meshes of ``refs`` under ``name`` on their agents, with ``handle``.
+
+    ``boot``: the frames of the ``SpawnActor`` the agent restarts a failed
+    rank with (a service's orchestrator); ``service``: its id.
 
     Raises:
         DetachError: an agent refused (an embedded agent, the name is taken).
@@ -81,7 +113,7 @@ async def detach(rt: Runtime, name: str, kind: str, handle: Any, refs: list[Proc
     for addr, meshes in sorted(by_agent.items()):
         make = functools.partial(
             w.Detach, name=name, meshes=sorted(meshes), principal=principal(), kind=kind,
-            handle=blob, secret=_local.owner_secret(),
+            handle=blob, secret=_local.owner_secret(), boot=boot or [], service=service,
         )  # fmt: skip
         try:
             await rt.controller.agent(addr).request(make, timeout=LOOKUP_TIMEOUT)
@@ -193,7 +225,30 @@ def lookup(name: str) -> Future[Any]:
             from zmesh._service.orchestrator import attach
 
             return await attach(name, handle, addr)
+        handle._detached = name  # its stop() stops it by name (its procs too)
         return handle
+
+    return on_home(go)
+
+
+def stop_detached_mesh(mesh: Any) -> Future[None]:
+    """``mesh.stop()`` of a detached mesh: its procs, by name, for our keys.
+
+    The agents stop what is filed under the name (every proc of the mesh)
+    only for the key pair that filed it, so a handle that reached other keys
+    cannot stop it.
+
+    Raises (from the future):
+        NameNotFoundError: not ours (other keys), or stopped already.
+    """
+    from zmesh._shared.state import Status
+
+    async def go(rt: Runtime) -> None:
+        await stop_name(rt, mesh._detached, sorted({r.agent for r in mesh._refs}))
+        ctl = rt.controller
+        for ref in mesh._refs:  # calls after this fail at once, as after an owner's stop
+            ctl.watch(ref)
+            ctl.judge(ctl.agent(ref.agent), ref.mesh, ref.rank, Status.STOPPING, "")
 
     return on_home(go)
 

@@ -342,6 +342,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         self._shape = shape
         self._refs = refs
         self._owns_procs = owns_procs
+        self._detached = ""  # the name it is kept under past its creator (stop() by name)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -402,6 +403,10 @@ class ActorMesh(_MeshBase, Generic[A]):
         """
         from zmesh._client import spawning
 
+        if self._detached:  # by name, as its keys' (zmesh._client.lookup): every proc of it
+            from zmesh._client.lookup import stop_detached_mesh
+
+            return stop_detached_mesh(self)
         return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=self._owns_procs))
 
     def __reduce__(self) -> Any:
@@ -411,7 +416,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
              self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
-             self.modes),
+             self.modes, self._detached),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -428,8 +433,11 @@ def _rebuild_actor_mesh(
     refs: list[bytes],
     full: dict[str, int],
     modes: dict[str, int] | None = None,
+    detached: str = "",
 ) -> ActorMesh[Any]:
-    return ActorMesh(
+    mesh: ActorMesh[Any] = ActorMesh(
         actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
         [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
+    mesh._detached = detached
+    return mesh

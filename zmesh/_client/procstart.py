@@ -90,6 +90,11 @@ def proc_spec(dims: dict[str, int]) -> Callable[[int, list[int]], w.ProcSpec]:
     agents = _local.configured_agents()
     if agents is not None:  # zmesh.connect(): procs spawn on the same agents
         env["ZMESH_AGENTS"] = ",".join(agents)
+    from zmesh._client import lookup as _lookup
+
+    principal = _lookup.principal()  # whose detached names its actors act for
+    if principal:
+        env[_lookup.PRINCIPAL_VAR] = principal
     return lambda h, ranks: w.ProcSpec(
         owner=_local.owner_id(), ranks=ranks, dims=dims, host_index=h, main=prep, env=env
     )

@@ -127,6 +127,7 @@ def spawn_actor_mesh(
             from zmesh._client import lookup as _lookup
 
             await _lookup.detach_mesh(rt, base, up)
+            mesh._detached = base  # its stop() and a copy's, in an actor: by name
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
 

@@ -2,8 +2,9 @@
 
 * ``agent``: the host agent (spawns, watches and reaps procs; speaks the
   control protocol), with ``agentops`` (its read-only requests: state,
-  stats, logs, health, stacks) and ``detached`` (meshes kept past their
-  owner, by name);
+  stats, logs, health, stacks), ``detached`` (meshes kept past their
+  owner, by name) and ``restarter`` (a detached service's orchestrator
+  started again when its proc dies);
 * ``forkserver``: a warm interpreter the agent forks procs from, with
   ``forking`` (forks that are the agent's children: ``clone(CLONE_PARENT)``
   or a middle child) and ``forklaunch`` (its start, before the agent's imports);

@@ -261,6 +261,7 @@ class HostAgent:
                 self.statsbook.record_proc(st)
         elif isinstance(msg, w.ServiceReport):
             self.statsbook.record_service(msg.summary)
+            _detached.reported(self, msg.summary)  # a detached service's table is kept
         elif isinstance(msg, _detached.REQUESTS):
             _detached.answer(self, ident, msg)  # detach, lookup, stop a detached name
         elif isinstance(msg, _agentops.REQUESTS):
@@ -320,6 +321,8 @@ class HostAgent:
             state=_agentops.rank_report(rank, state), time=time.time(),
         )  # fmt: skip
         self._pub.send(self._codec.encode(event))
+        if mesh.detached:  # a detached service's orchestrator is restarted
+            _detached.transition(self, mesh, rank, state)
         if state.status.failure:
             log.warning(
                 "mesh %s rank %d %s: %s (log: %s)",

@@ -16,6 +16,16 @@ same agents) neither finds nor stops the name, and its own ``embedder`` is
 another one. The agent's own user, on its machine, may stop any name with
 the operator secret from its registry entry (as ``zmesh stop`` does for
 meshes). Used from the agent's loop.
+
+A detached service files more here than its orchestrator's mesh: the
+orchestrator adds each replica it spawns (``Detach(join=True)``), so a
+replica outlives the orchestrator too; the creator files the frames that
+start the orchestrator (``boot``), so the agent restarts it when its proc
+dies (``zmesh._host.restarter``); and the agent keeps the service's last
+replica table (``ServiceReport``), which a restarted orchestrator gets back
+when it takes the replicas over (``Adopt``: they are its meshes from then
+on). So a ``kill -9`` of the orchestrator loses no replica and no call
+(callers go straight to the replicas).
 """
 
 from __future__ import annotations
@@ -24,7 +34,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from zmesh._host.owners import not_owner
+from zmesh._host.procs import Mesh
+from zmesh._host.restarter import Restarts
+from zmesh._shared.state import Rank
 from zmesh._wire import messages as w
 from zmesh._wire.security import same_secret as _same_secret
 
@@ -33,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zmesh.agent")
 
-REQUESTS = (w.Detach, w.Lookup, w.StopDetached)
+REQUESTS = (w.Detach, w.Lookup, w.StopDetached, w.Adopt)
 
 
 @dataclass
@@ -42,8 +57,11 @@ class Record:
 
     principal: str
     kind: str
-    handle: bytes
+    handle: bytes  # b"": replicas filed by their orchestrator only (lookup goes elsewhere)
     meshes: list[str] = field(default_factory=list)
+    boot: dict[str, list[bytes]] = field(default_factory=dict)  # mesh -> its SpawnActor
+    service: str = ""  # a service's id
+    table: bytes = b""  # its last replica table (``ServiceReport``)
 
 
 class DetachedBook:
@@ -51,6 +69,7 @@ class DetachedBook:
 
     def __init__(self) -> None:
         self.records: dict[tuple[str, str], Record] = {}
+        self.restarts = Restarts()
 
     def live(self, agent: HostAgent, principal: str) -> dict[str, Record]:
         """``principal``'s names whose meshes still run (the others are forgotten)."""
@@ -70,7 +89,7 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
     if isinstance(msg, w.Detach):
         agent._reply(ident, _detach(agent, book, msg))
     elif isinstance(msg, w.Lookup):
-        names = book.live(agent, msg.principal)
+        names = {n: r for n, r in book.live(agent, msg.principal).items() if r.handle}
         rec = names.get(msg.name)
         if rec is None:
             error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
@@ -79,6 +98,26 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
             agent._reply(ident, w.LookupReply(msg.id, kind=rec.kind, handle=rec.handle))
     elif isinstance(msg, w.StopDetached):
         agent._reply(ident, _stop(agent, book, msg))
+    elif isinstance(msg, w.Adopt):
+        agent._reply(ident, _adopt(agent, book, msg))
+
+
+def transition(agent: HostAgent, mesh: Mesh, rank: int, state: Rank) -> None:
+    """A rank of a detached mesh changed: an orchestrator's is restarted if it failed."""
+    for rec in agent.detached.records.values():
+        boot = rec.boot.get(mesh.name)
+        if boot and mesh.name in rec.meshes:
+            agent.detached.restarts.transition(agent, mesh, rank, state, boot)
+            return
+
+
+def reported(agent: HostAgent, summary: Any) -> None:
+    """A service's orchestrator reported its table: keep it with the service's name."""
+    if not summary.id or not summary.table:
+        return
+    for rec in agent.detached.records.values():
+        if rec.service == summary.id:
+            rec.table = summary.table
 
 
 def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
@@ -99,7 +138,17 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
         meshes.append(mesh)
     key = (msg.principal, msg.name)
     taken = book.live(agent, msg.principal).get(msg.name)
-    if taken is not None and set(taken.meshes) != set(msg.meshes):
+    if msg.join:  # an orchestrator files a replica with its service's name
+        rec = taken or Record(msg.principal, msg.kind, b"", service=msg.service)
+        book.records[key] = rec
+        for mesh in meshes:
+            mesh.detached = msg.name
+            if mesh.name not in rec.meshes:
+                rec.meshes.append(mesh.name)
+        return w.Ack(msg.id)
+    # Replicas an orchestrator filed first (they have no handle) join the name.
+    joined = taken.meshes if taken is not None and not taken.handle else []
+    if taken is not None and taken.handle and set(taken.meshes) != set(msg.meshes):
         error = (
             f"{msg.name!r} on {agent.label} is a detached {taken.kind} already: "
             f"'zmesh stop {msg.name}' first, or choose another name"
@@ -107,7 +156,9 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
         return w.Ack(msg.id, ok=False, error=error)
     for mesh in meshes:
         mesh.detached = msg.name
-    book.records[key] = Record(msg.principal, msg.kind, msg.handle, list(msg.meshes))
+    boot = {m: list(msg.boot) for m in msg.meshes} if msg.boot else {}
+    meshes_kept = list(msg.meshes) + [m for m in joined if m not in msg.meshes]
+    book.records[key] = Record(msg.principal, msg.kind, msg.handle, meshes_kept, boot, msg.service)
     log.info("keeping %s %s (meshes %s) past its owner", msg.kind, msg.name, msg.meshes)
     return w.Ack(msg.id)
 
@@ -132,6 +183,25 @@ def _stop(agent: HostAgent, book: DetachedBook, msg: w.StopDetached) -> w.Ack:
                 log.info("stopping detached %s %s: mesh %s", rec.kind, msg.name, name)
                 agent.procs.stop(mesh)
     return w.Ack(msg.id)
+
+
+def _adopt(agent: HostAgent, book: DetachedBook, msg: w.Adopt) -> w.AdoptReply:
+    rec = book.live(agent, msg.principal).get(msg.name)
+    if rec is None:
+        error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
+        return w.AdoptReply(msg.id, ok=False, error=error)
+    if not msg.secret or not agent.owners.bind(msg.owner, msg.secret):
+        return w.AdoptReply(msg.id, ok=False, error=not_owner(msg.owner))
+    adopted = []
+    for name in rec.meshes:
+        mesh = agent.procs.meshes.get(name)
+        if name in rec.boot or mesh is None or mesh.stopped:
+            continue  # the orchestrator's own mesh stays its creator's
+        mesh.spec = msgspec.structs.replace(mesh.spec, owner=msg.owner)
+        adopted.append(name)
+    agent.owners.track(msg.owner)
+    log.info("%s adopts %s of %s", msg.owner, adopted, msg.name)
+    return w.AdoptReply(msg.id, meshes=adopted, table=rec.table)
 
 
 def _running(agent: HostAgent, name: str) -> bool:

@@ -5,7 +5,8 @@ Runs in the process that owns the service.
 * ``service``: the ``Service`` handle and its orchestrator;
 * ``routing``: settings, statistics, routers and sessions;
 * ``endpoint``: ``svc.endpoint``'s adverbs, from any thread;
-* ``orchestrator``: a detached service's supervisor, in an actor on an agent;
+* ``orchestrator``: a detached service's supervisor, in an actor on an agent,
+  with ``adoption`` (its replicas outlive it; a restarted one takes them over);
 * ``supervisor``: spawns, replaces and health-checks replicas;
 * ``dispatch`` (with its records in ``requests``): where each request goes;
 * ``client``: the dispatcher wired to one runtime, and ``Follower``;

@@ -276,7 +276,7 @@ class Service:
         return (
             _rebuild_service,
             (self.id, self.name, self.cls_name, self.endpoints, self._n, self.config,
-             router_blob, table, agents),
+             router_blob, table, agents, self._detached),
         )  # fmt: skip
 
 
@@ -290,12 +290,14 @@ def _rebuild_service(
     router_blob: bytes,
     table: bytes,
     agents: list[str],
+    detached: tuple[str, ActorMesh[Any]] | None = None,
 ) -> Service:
     svc = Service(
         service_id, name, cls_name, endpoints, replicas, config, pickle.loads(router_blob)
     )
     svc._table = table
     svc._agents = agents
+    svc._detached = detached  # a detached service's name: stop() by name, for its keys
     return svc
 
 

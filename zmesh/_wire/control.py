@@ -331,6 +331,32 @@ class Detach(Message, frozen=True):
     kind: Text  # "service" or "mesh"
     handle: Annotated[bytes, msgspec.Meta(max_length=1 << 20)]  # what lookup gives back
     secret: Text = ""  # the meshes' owner's proof
+    # Add ``meshes`` to the name, which stays as it is (a detached service's
+    # replicas, filed by its orchestrator), instead of filing a new one.
+    join: bool = False
+    # The frames of a ``SpawnActor`` that restarts a failed rank of ``meshes``
+    # (a detached service's orchestrator: zmesh._host.restarter).
+    boot: Annotated[list[bytes], msgspec.Meta(max_length=64)] = []
+    service: Text = ""  # the service's id: the agent keeps its last replica table
+
+
+class Adopt(Message, frozen=True):
+    """A restarted orchestrator takes over the meshes filed under ``name``
+    (but the ones it runs in): ``owner`` owns them from now on."""
+
+    id: int
+    name: Name
+    principal: Text
+    owner: Text
+    secret: Text  # the new owner's proof (bound to it here, as by a CreateOrUpdate)
+
+
+class AdoptReply(Message, frozen=True):
+    id: int
+    ok: bool = True
+    meshes: list[str] = []  # the meshes ``owner`` owns now
+    table: bytes = b""  # the service's last replica table this agent heard
+    error: str = ""
 
 
 class Lookup(Message, frozen=True):

@@ -26,7 +26,7 @@ from zmesh._wire.names import check_name as check_name
 # answer: one that fails to decode is answered with an error naming why.
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
-    | {"Detach", "Lookup", "StopDetached"}
+    | {"Detach", "Lookup", "StopDetached", "Adopt"}
 )
 PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall", "Relay"})
 
@@ -54,10 +54,12 @@ AGENT_INBOX: Any = (
     | Detach
     | Lookup
     | StopDetached
+    | Adopt
 )
 AGENT_REPLIES: Any = (
     Ack | StateReply | AgentInfo | StatsReply | StackReply | HealthReply | LogsReply | LookupReply
 )
+AGENT_REPLIES = AGENT_REPLIES | AdoptReply
 # What a client's log forwarder decodes from an agent's log stream.
 LOG_STREAM: Any = LogLines
 STREAM: Any = Event | Heartbeat
