@@ -11,6 +11,10 @@ relay sends its own host's part and one ``Relay`` to each of its other
 hosts' relays. The request is encoded once, as for the direct path, and
 every relay forwards it unchanged.
 
+A mesh with several actors per proc takes the same path: each proc's part
+is its ``GroupCall`` (``zmesh._client.grouping``), relayed as any request,
+and its ``Gathered`` answer comes back through the relay undecoded.
+
 Which path: ``ZMESH_FANOUT`` (``auto``, ``tree`` or ``direct``; or set
 ``MODE``); in ``auto`` a mesh takes the tree when it spans at least two
 hosts and ``ZMESH_TREE_MIN`` (32) procs or more. The choice is by the size of
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from zmesh._client import grouping as _grouping
 from zmesh._client.connections import (
     BIG,
     MAX_IN_FLIGHT,
@@ -72,10 +77,7 @@ Deliver = Callable[[int, bool, Any], None]
 def wide(mesh: ActorMesh[Any]) -> bool:
     """Whether fan-outs to ``mesh`` take the tree path (see the module docstring)."""
     dims = mesh.full_dims
-    refs = mesh._refs
-    if MODE == "direct" or "actors" in dims or (refs and refs[0].index >= 0):
-        # Several actors per proc go one message per proc (zmesh._client.grouping),
-        # not through relays yet: a relay forwards per-proc requests only.
+    if MODE == "direct":
         return False
     if MODE == "tree":
         return True
@@ -194,6 +196,20 @@ class Tree(Answers):
         self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],
         deliver: Deliver | None, timeout: float | None, block: bool,
     ) -> None:  # fmt: skip
+        if refs and refs[0].index >= 0:
+            # Several actors per proc: one GroupCall per proc (zmesh._client.grouping),
+            # and those go one Relay per host; each proc's Gathered comes back
+            # through its relay and is read into its actors' answers.
+            _grouping.send(self.rt, refs, msg_for, buffers, deliver, timeout, block,
+                           via=self.send_procs)  # fmt: skip
+            return
+        self.send_procs(refs, msg_for, buffers, deliver, timeout, block)
+
+    def send_procs(
+        self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],
+        deliver: Deliver | None, timeout: float | None, block: bool,
+    ) -> None:  # fmt: skip
+        """``send`` to procs (``refs``: one per proc)."""
         rt = self.rt
         req_id = rt.next_id()
         try:

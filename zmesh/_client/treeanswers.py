@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zmesh._client.connections import DISCONNECT_GRACE
+from zmesh._client.grouping import Parts
 from zmesh._client.inflight import OneRequest, outcome, timeout_error
 from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, ZmeshError
 from zmesh._wire import messages as w
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from zmesh._client.connections import ProcConn
     from zmesh._client.runtime import ProcRef, Runtime
+    from zmesh._wire.codec import Codec
 
     Deliver = Callable[[int, bool, Any], None]
 
@@ -133,11 +135,12 @@ class Answers:
             ks = [k for k in msg.acked if k in carrier.unacked]
             self._release_targets(carrier, ks)
         pos = 1
+        codec = self.rt.codec
         for k, answer, nbuf in zip(msg.index, msg.answers, msg.nbufs, strict=False):
             if 0 <= k < len(carrier.refs):
-                sub = [b"", *frames[pos : pos + nbuf]] if nbuf else [b""]
-                ok, value = outcome(self.rt.codec, answer, sub, carrier.refs[k])
-                carrier.settle(k, ok, value)
+                # The proc's own message, as it sent it: its frames numbered from 1.
+                sub = [answer, *frames[pos : pos + nbuf]] if nbuf else [answer]
+                carrier.settle(k, *_read(codec, sub, carrier.refs[k]))
             pos += nbuf
         for k in msg.lost:
             if 0 <= k < len(carrier.refs) and k in carrier.open:
@@ -208,6 +211,18 @@ class Answers:
                     carrier.settle(k, False, error)
             self._release_targets(carrier, [k for k in ks if k in carrier.unacked])
             carrier._maybe_done()
+
+
+def _read(codec: Codec, frames: list[Any], ref: ProcRef) -> tuple[bool, Any]:
+    """``(ok, value)`` of a target's answer (``frames``: as its proc sent them)."""
+    try:
+        msg = codec.decode(frames)
+    except Exception as exc:
+        return False, EncodeError(f"cannot decode the relayed reply: {exc!r}", mesh=ref.mesh,
+                                  rank=ref.rank, host=ref.host)  # fmt: skip
+    if type(msg) is w.Gathered or type(msg) is w.GatheredFrames:
+        return True, Parts(msg, frames)  # several actors' answers (zmesh._client.grouping)
+    return outcome(codec, msg, frames, ref)
 
 
 def count(counts: dict[str, int], addrs: list[str], step: int) -> None:

@@ -5,7 +5,11 @@ of the mesh there (``zmesh._client.tree``). That proc sends the request in
 it, unchanged (its envelope and buffer frames as the direct path would have
 sent them), to each target, and gathers their answers into ``RelayReply``
 messages: every answer that arrived in one turn of the loop goes back as one
-message, so a dead or slow target does not hold the others' answers.
+message, so a dead or slow target does not hold the others' answers. The
+answers are not decoded here: each goes back as the bytes its proc sent
+(``msgspec.Raw``), with its buffer frames, for the sender to decode. That
+carries a fan-out to several actors per proc (a ``GroupCall`` in, one
+``Gathered`` per proc out) as it carries a plain ``Call``.
 
 Two levels: a *top* relay is also given relays of other hosts (``down``);
 it sends each one a ``Relay`` of its targets (with no ``down``: no deeper)
@@ -40,10 +44,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import zmq
 
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
+from zmesh._wire.codec import BATCH_MARK
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -61,6 +66,23 @@ ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
 _PROBE_ACTOR = "\x00relay-probe"
+
+
+class _Head(msgspec.Struct, array_like=True):
+    """The first two fields of any message (a msgpack array ``[kind, id, ...]``)."""
+
+    msg: str
+    id: int
+
+
+_HEAD = msgspec.msgpack.Decoder(_Head)
+_RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])  # a batch, split into its envelopes
+_REPLY = msgspec.msgpack.Decoder(w.RelayReply)
+
+
+def _raw(msg: Any) -> msgspec.Raw:
+    """``msg`` encoded, as an answer a ``RelayReply`` carries."""
+    return msgspec.Raw(msgspec.msgpack.encode(msg))
 
 
 class Forward:
@@ -116,10 +138,6 @@ class RelayServer:
     def __init__(self, server: ProcServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        # Answers pass through: buffer references stay as they are, and an
-        # answer with buffer frames goes back alone, its frames numbered as
-        # the proc numbered them (see _flush).
-        self.codec = Codec(w.CLIENT_INBOX, keep_ext=True)
         self.links: dict[tuple[bytes, str], Link] = {}
         self.known: dict[int, tuple[int, str]] = {}  # rank -> (generation, addr), this host
         self._agent: AgentClient | None = None
@@ -233,23 +251,37 @@ class RelayServer:
         return link
 
     def _on_answer_of(self, link: Link) -> Callable[[list[Any]], int | None]:
+        head_of = _HEAD.decode
+        raws_of = _RAWS.decode
+        reply_of = _REPLY.decode
+
         def on_answer(frames: list[Any]) -> int | None:
+            # Answers pass through undecoded: only each one's kind and id are
+            # read (a batch is split into its envelopes, not decoded).
+            env = frames[0]
             try:
-                msgs = self.codec.decode_frames(frames)
+                if env and env[0] == BATCH_MARK:
+                    raws, bufs = raws_of(memoryview(env)[1:]), []
+                else:
+                    raws, bufs = [msgspec.Raw(env)], frames[1:]
+                heads = [head_of(r) for r in raws]
             except Exception:  # garbled: its call fails by timeout or supervision
                 return None
-            bufs = frames[1:] if len(msgs) == 1 else []
-            for m in msgs:
-                if m.id < 0:  # the answer to our probe: the link is connected
+            for raw, head in zip(raws, heads, strict=True):
+                if head.id < 0:  # the answer to our probe: the link is connected
                     self._proven(link)
                     continue
-                if type(m) is w.RelayReply:
+                if head.msg == "RelayReply":
+                    try:
+                        m = reply_of(raw)
+                    except Exception:
+                        continue
                     self._from_hop(link, m, bufs)
                     continue
-                entry = link.pending.pop(m.id, None)
+                entry = link.pending.pop(head.id, None)
                 if entry is not None:
-                    self._answer(entry[0], entry[1], m, list(bufs))
-            return len(msgs)
+                    self._answer(entry[0], entry[1], raw, list(bufs))
+            return len(raws)
 
         return on_answer
 
@@ -329,6 +361,9 @@ class RelayServer:
     # ------------------------------------------------------------ answers
 
     def _answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
+        """Target ``k``'s answer: as its proc sent it, or a message of ours."""
+        if type(answer) is not msgspec.Raw:
+            answer = _raw(answer)
         fwd.open -= 1
         fwd.out.append((k, answer, bufs))
         self._schedule(fwd)
@@ -347,11 +382,9 @@ class RelayServer:
                     fwd.lingering = True
                     self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
                 continue
-            alone = [o for o in fwd.out if o[2]]  # with buffer frames: one per message
-            gathered = [o for o in fwd.out if not o[2]]
-            fwd.out = []
-            for one in alone:
-                self._send_back(fwd, [one], done=False)
+            # Each answer's buffer frames are numbered within its own
+            # (envelope, frames), so answers with frames travel together too.
+            gathered, fwd.out = fwd.out, []
             while True:
                 out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
                 self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
@@ -390,7 +423,7 @@ class RelayServer:
                 fwd.id, "encode", type(exc).__name__, f"the answer cannot be relayed: {exc}"
             )
             env = self.server.codec.encode(
-                w.RelayReply(fwd.id, [k], [f], [0], [], fwd.forwarded, done)
+                w.RelayReply(fwd.id, [k], [_raw(f)], [0], [], fwd.forwarded, done)
             )
         self.server.router.send([fwd.ident, *env])
 

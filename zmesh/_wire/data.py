@@ -220,8 +220,11 @@ class Relay(Message, frozen=True):
 class RelayReply(Message, frozen=True):
     """What a relay has for a ``Relay``: answers of some targets, gathered.
 
-    ``answers[k]`` is target ``index[k]``'s answer; its buffer frames (``nbufs[k]``
-    of them) follow this envelope in order. ``lost``: targets whose
+    ``answers[k]`` is target ``index[k]``'s answer, the encoded message its
+    proc sent (a ``Reply``, ``Failure``, ``Gathered`` or ``GatheredFrames``),
+    passed on as it came without being decoded; its buffer frames
+    (``nbufs[k]`` of them, numbered as the proc numbered them) follow this
+    envelope in order. ``lost``: targets whose
     connection dropped with the request on it. ``acked``: targets the
     request was sent to since the last ``RelayReply``; ``forwarded``: to
     every target. ``done``: nothing more comes for this id.
@@ -229,7 +232,7 @@ class RelayReply(Message, frozen=True):
 
     id: int
     index: list[int] = []
-    answers: list[Reply | Failure] = []
+    answers: list[msgspec.Raw] = []
     nbufs: list[int] = []
     lost: list[int] = []
     forwarded: bool = False
