@@ -8,6 +8,7 @@ them for ``zmesh top`` (what each relay forwarded, what each actor ran).
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 import zmesh
+from zmesh import Accumulator
 from zmesh._client import runtime as _runtime
 from zmesh._client import tree as _tree
 from zmesh._client.agents import AgentLink
@@ -266,6 +268,48 @@ def test_a_multi_actor_mesh_fans_out_one_message_per_host(
     # A top relay sends to its 2 procs and to the other host's relay; that one to its 2.
     assert sorted(p.forwarded for p in relays) == [fanouts * 2] * 2 + [fanouts * 3] * 2
     assert all(calls_of(p, "note") == M_PER * (rounds + 1) for p in stats.values())
+
+
+def received() -> int:
+    """ZeroMQ messages this runtime's proc connections have received so far."""
+    rt, _ = _runtime.current()
+    return sum(c.sock.received for c in rt.conns.values() if c.sock is not None)
+
+
+def appended(acc: list[int], r: int) -> list[int]:
+    return [*acc, r]
+
+
+def capped_add(a: int, b: int) -> int:
+    if a + b > 50:
+        raise ValueError(f"over 50: {a} + {b}")
+    return a + b
+
+
+def test_accumulate_folds_at_the_relays_one_value_per_top_relay(
+    multi: zmesh.ActorMesh[Wide],
+) -> None:
+    want = sum(range(M_POINTS))
+    before, got0 = tree_stats(), received()
+    # Folding at the client: every actor's value comes back (gathered per proc and host).
+    empty: list[int] = []
+    listed = Accumulator(multi.snooze, empty, appended).accumulate(0)
+    assert sorted(listed.get(timeout=30)) == list(range(M_POINTS))
+    mid, got1 = tree_stats(), received()
+    assert mid.answers - before.answers == M_HOSTS * M_PROCS and mid.folded == before.folded
+    # Folding at the relays: one value per top relay reaches the client.
+    total = Accumulator(multi.snooze, 1000, operator.add, associative=True).accumulate(0)
+    assert total.get(timeout=30) == 1000 + want  # the identity counts once
+    after, got2 = tree_stats(), received()
+    assert after.folded - mid.folded == 2  # 4 hosts: two top relays
+    assert after.answers == mid.answers
+    assert got2 - got1 <= 2 * 2  # per top: its folded value (and, at most, its acknowledgements)
+    assert got2 - got1 < got1 - got0
+    # combine's own error, raised at a relay, is raised as itself.
+    with pytest.raises(ValueError, match="over 50"):
+        Accumulator(multi.snooze, 0, capped_add, associative=True).accumulate(0).get(timeout=30)
+    # The mesh goes on.
+    assert multi.snooze.call(0).get(timeout=30).values() == list(range(M_POINTS))
 
 
 def test_a_proc_killed_under_a_relay_fails_exactly_its_actors(

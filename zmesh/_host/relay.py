@@ -47,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from zmesh._host.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
-from zmesh._wire.codec import BATCH_MARK
+from zmesh._wire.codec import BATCH_MARK, Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -89,7 +90,8 @@ class Forward:
     """One ``Relay`` being served: who asked, and the answers not sent back yet."""
 
     __slots__ = (
-        "acks", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out", "unproven",
+        "acks", "fold", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out",
+        "unproven",
     )  # fmt: skip
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
@@ -103,6 +105,7 @@ class Forward:
         self.local = 0  # its own host's targets (the first indexes)
         self.acks: list[int] = []  # targets acknowledged since the last RelayReply
         self.lingering = False  # acknowledgements wait for answers to ride on (ACK_LINGER)
+        self.fold: Fold | None = None  # a reducing Relay's running value (zmesh._host.relayfold)
 
 
 class Hop:
@@ -145,6 +148,7 @@ class RelayServer:
         self._held: deque[tuple[bytes, w.Relay, list[Any]]] = deque()  # while the agent is asked
         self._asking = False
         self._flush_due: set[Forward] = set()
+        self._reply_codec: Codec | None = None  # decodes answers to fold (reducing Relays)
         self.relayed = 0
         self.forwarded = 0
 
@@ -193,6 +197,8 @@ class RelayServer:
         total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
         fwd = Forward(ident, msg.id, 0 if msg.oneway else total)
         fwd.local = len(msg.targets)
+        if msg.reduce and not msg.oneway:
+            fwd.fold = self._fold(msg.reduce)
         out = [msg.body, *frames[1:]]
         for k, t in enumerate(msg.targets):
             if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
@@ -214,7 +220,7 @@ class RelayServer:
             if msg.mesh != self.server.mesh:
                 break  # (every target was refused above; these are refused below)
             link = self._link(ident, hop.relay.addr)
-            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway)
+            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway, reduce=msg.reduce)
             link.sock.send(self.server.codec.encode(nested, frames[1:]))
             self.forwarded += 1
             link.hops[msg.id] = Hop(fwd, offset, len(hop.targets), msg.oneway)
@@ -293,7 +299,9 @@ class RelayServer:
         fwd = hop.fwd
         pos = 0
         for k, answer, nbuf in zip(m.index, m.answers, m.nbufs, strict=False):
-            if k in hop.remaining:
+            if k == -1 and m.reduced:  # its targets' values, folded there
+                self._from_hop_folded(hop, m.reduced, answer, list(bufs[pos : pos + nbuf]))
+            elif k in hop.remaining:
                 hop.remaining.discard(k)
                 fwd.open -= 1
                 fwd.out.append((hop.offset + k, answer, list(bufs[pos : pos + nbuf])))
@@ -308,6 +316,25 @@ class RelayServer:
         if m.done:
             del link.hops[m.id]
         self._schedule(fwd)
+
+    def _from_hop_folded(self, hop: Hop, reduced: list[int], raw: Any, bufs: list[Any]) -> None:
+        fwd = hop.fwd
+        ks = [j for j in reduced if j in hop.remaining]
+        hop.remaining.difference_update(ks)
+        fwd.open -= len(ks)
+        mine = [hop.offset + j for j in ks]
+        if fwd.fold is None or not fwd.fold.take_folded(mine, raw, bufs):
+            fwd.out.extend((k, None, []) for k in mine)  # unreadable: lost, for the caller
+
+    def _fold(self, blob: bytes) -> Fold:
+        if self._reply_codec is None:
+            self._reply_codec = Codec(w.CLIENT_INBOX)
+        try:
+            return Fold(combine_of(blob), self._reply_codec)
+        except Exception as exc:  # it does not unpickle here: the caller hears why
+            fold = Fold(None, self._reply_codec)
+            fold.error = exc
+            return fold
 
     def _local_acked(self, fwd: Forward) -> None:
         """Our own host's part is on proven links: say so now (a hop may take longer)."""
@@ -364,6 +391,11 @@ class RelayServer:
         """Target ``k``'s answer: as its proc sent it, or a message of ours."""
         if type(answer) is not msgspec.Raw:
             answer = _raw(answer)
+        elif fwd.fold is not None and fwd.fold.take(k, answer, bufs):
+            fwd.open -= 1  # folded: it goes back with the others, once all are in
+            if fwd.open <= 0:
+                self._schedule(fwd)
+            return
         fwd.open -= 1
         fwd.out.append((k, answer, bufs))
         self._schedule(fwd)
@@ -385,10 +417,18 @@ class RelayServer:
             # Each answer's buffer frames are numbered within its own
             # (envelope, frames), so answers with frames travel together too.
             gathered, fwd.out = fwd.out, []
+            reduced: list[int] = []
+            fold = fwd.fold
+            if fold is not None and fwd.open <= 0 and fold.covered:  # all in: the folded value
+                raw, bufs = fold.answer(fwd.id)
+                reduced, fold.covered = fold.covered, []
+                gathered.append((-1, raw, bufs))
             while True:
                 out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
-                self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
-                if not gathered:
+                last = not gathered
+                self._send_back(fwd, out, done=last and fwd.open <= 0 and fwd.forwarded,
+                                reduced=reduced if last else [])  # fmt: skip
+                if last:
                     break
 
     def _linger_over(self, fwd: Forward) -> None:
@@ -396,7 +436,10 @@ class RelayServer:
         if fwd.acks and fwd.open > 0:  # no answer came to carry them
             self._send_back(fwd, [], done=False)
 
-    def _send_back(self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool) -> None:
+    def _send_back(
+        self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool,
+        reduced: list[int] | None = None,
+    ) -> None:  # fmt: skip
         index, answers, nbufs, lost, frames = [], [], [], [], []
         for k, answer, bufs in out:
             if answer is None:
@@ -407,13 +450,14 @@ class RelayServer:
             nbufs.append(len(bufs))
             frames.extend(bufs)
         acks, fwd.acks = fwd.acks, []
-        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks)
+        red = reduced if reduced and -1 in index else []
+        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks, red)
         try:
             env = self.server.codec.encode(msg, frames)
         except Exception as exc:  # too big together: each answer alone
             if len(out) > 1:
                 for one in out:
-                    self._send_back(fwd, [one], done=False)
+                    self._send_back(fwd, [one], done=False, reduced=reduced)
                 if done:
                     self._send_back(fwd, [], done=True)
                 return

@@ -215,6 +215,9 @@ class Relay(Message, frozen=True):
     body: bytes
     oneway: bool = False
     down: Annotated[list[RelayHop], msgspec.Meta(max_length=4096)] = []
+    # A pickled ``combine(a, b)`` (associative, commutative): the relay folds
+    # its targets' values into one and answers that alone (``RelayReply.reduced``).
+    reduce: bytes = b""
 
 
 class RelayReply(Message, frozen=True):
@@ -238,3 +241,6 @@ class RelayReply(Message, frozen=True):
     forwarded: bool = False
     done: bool = False
     acked: list[int] = []  # targets forwarded to (a part of the tree may lag)
+    # A reducing ``Relay``: the answer at index -1 is the folded value of these
+    # targets (a ``Reply``; a ``Failure`` if ``combine`` raised).
+    reduced: list[int] = []
