@@ -9,7 +9,9 @@ every proc), ``tree`` sends one message per host to a relay proc there. For
 each: the p50 of ``call()`` on every proc, of ``broadcast()`` then
 ``call()`` (per-sender order makes the call wait for the broadcast), and the
 ZeroMQ messages the client sent and received per fan-out, counted on its
-sockets.
+sockets. And a reduction, ``Accumulator(mesh.value, 0, operator.add)``:
+folded at the client (flat; tree, gathered) or at the relays (tree,
+``associative=True``), with the messages and bytes that reached the client.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import operator
 import statistics
 import sys
 import time
@@ -42,6 +45,25 @@ class TreeBench(zmesh.Actor):
     async def hit(self, data: bytes) -> None:
         return None
 
+    @zmesh.endpoint
+    async def value(self) -> int:
+        return zmesh.current_rank().rank
+
+
+_bytes = [0]  # bytes the client's proc connections received (see _count_bytes)
+
+
+def _count_bytes() -> None:
+    """Count the bytes of every reply frame this runtime receives from now on."""
+    rt, _ = _runtime.current()
+    inner = rt._on_reply
+
+    def counted(conn: Any, frames: list[Any]) -> int | None:
+        _bytes[0] += sum(len(f) for f in frames)
+        return inner(conn, frames)
+
+    rt._on_reply = counted  # type: ignore[method-assign]
+
 
 def _counts() -> tuple[int, int]:
     """Messages this runtime's proc sockets have sent and received so far."""
@@ -55,6 +77,7 @@ async def _timed(op: Any, n: int) -> tuple[float, float, float, float]:
     client CPU µs, per op."""
     samples = []
     s0, r0 = _counts()
+    b0 = _bytes[0]
     c0 = time.process_time()
     for _ in range(n):
         t = time.perf_counter()
@@ -62,12 +85,26 @@ async def _timed(op: Any, n: int) -> tuple[float, float, float, float]:
         samples.append((time.perf_counter() - t) * 1e6)
     cpu = (time.process_time() - c0) / n * 1e6
     s1, r1 = _counts()
+    _last_bytes[0] = (_bytes[0] - b0) / n
     return statistics.median(samples), (s1 - s0) / n, (r1 - r0) / n, cpu
 
 
+_last_bytes = [0.0]  # bytes received per op in the last _timed
+
+
 async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any]:
+    _count_bytes()
     mesh = await TreeBench.options(hosts=hosts, procs=procs).as_actor()
     res: dict[str, dict[str, list[float]]] = {"flat": {}, "tree": {}}
+    folded = zmesh.Accumulator(mesh.value, 0, operator.add, associative=True)
+    gathered = zmesh.Accumulator(mesh.value, 0, operator.add)
+    want = sum(range(hosts * procs))
+
+    async def fold() -> None:
+        assert await folded.accumulate() == want
+
+    async def gather() -> None:
+        assert await gathered.accumulate() == want
 
     async def bcast_call() -> None:
         mesh.hit.broadcast(PAYLOAD)
@@ -88,12 +125,18 @@ async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any
                 _tree.MODE = mode
                 key = "flat" if mode == "direct" else "tree"
                 row = res[key]
-                for name, op in (("call", mesh.ping.call), ("bcast_call", bcast_call)):
+                ops: list[tuple[str, Any]] = [
+                    ("call", mesh.ping.call), ("bcast_call", bcast_call), ("acc", fold),
+                ]  # fmt: skip
+                if mode == "tree":  # (flat, both fold at the client: the same)
+                    ops.append(("acc_gathered", gather))
+                for name, op in ops:
                     p50, sent, recv, cpu = await _timed(op, n)
                     row.setdefault(f"{name}_p50_us", []).append(p50)
                     row.setdefault(f"{name}_client_cpu_us", []).append(cpu)
                     row.setdefault(f"{name}_sent", []).append(sent)
                     row.setdefault(f"{name}_received", []).append(recv)
+                    row.setdefault(f"{name}_bytes", []).append(_last_bytes[0])
                 _, sent, _, _ = await _timed(bcast, n)
                 await mesh.ping.call()  # the broadcasts have run
                 row.setdefault("bcast_sent", []).append(sent)
@@ -109,6 +152,9 @@ async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any
         "call_sent_flat_over_tree": f["call_sent"] / max(t["call_sent"], 1e-9),
         "call_p50_tree_over_flat": t["call_p50_us"] / f["call_p50_us"],
         "bcast_call_p50_tree_over_flat": t["bcast_call_p50_us"] / f["bcast_call_p50_us"],
+        "acc_received_flat_over_folded": f["acc_received"] / max(t["acc_received"], 1e-9),
+        "acc_bytes_flat_over_folded": f["acc_bytes"] / max(t["acc_bytes"], 1e-9),
+        "acc_p50_tree_over_flat": t["acc_p50_us"] / f["acc_p50_us"],
     }
     out["shape"] = {"hosts": hosts, "procs": procs, "rounds": rounds, "n": n}
     return out
@@ -134,9 +180,15 @@ def render(res: dict[str, Any]) -> None:
         ("call_client_cpu_us", "client CPU per call() µs"),
         ("call_p50_us", "call() p50 µs"),
         ("bcast_call_p50_us", "broadcast+call() p50 µs"),
+        ("acc_received", "client msgs received per accumulate"),
+        ("acc_bytes", "client bytes received per accumulate"),
+        ("acc_p50_us", "accumulate p50 µs"),
     ):
         ratio = f[key] / t[key] if t[key] else float("inf")
         print(f"{label:34} {f[key]:>10.1f} {t[key]:>10.1f} {ratio:>9.2f}x")
+    print("(accumulate, tree: associative=True, folded at the relays; gathered instead: "
+          f"{t['acc_gathered_received']:.1f} msgs, {t['acc_gathered_bytes']:.0f} bytes, "
+          f"p50 {t['acc_gathered_p50_us']:.0f} µs)")  # fmt: skip
 
 
 def main() -> None:
