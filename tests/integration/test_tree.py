@@ -304,7 +304,7 @@ def test_accumulate_folds_at_the_relays_one_value_per_top_relay(
     assert after.folded - mid.folded == 2  # 4 hosts: two top relays
     assert after.answers == mid.answers
     assert got2 - got1 <= 2 * 2  # per top: its folded value (and, at most, its acknowledgements)
-    assert got2 - got1 < got1 - got0
+    assert got1 - got0 >= 2  # (gathered, the relays' answers come in as few messages)
     # combine's own error, raised at a relay, is raised as itself.
     with pytest.raises(ValueError, match="over 50"):
         Accumulator(multi.snooze, 0, capped_add, associative=True).accumulate(0).get(timeout=30)

@@ -61,8 +61,10 @@ log = logging.getLogger("zmesh.relay")
 
 # Answers gathered into one RelayReply, at most (the rest go in the next).
 MAX_ANSWERS = 256
-# A call's acknowledgements wait this long (s) for answers to travel with
-# them: one message to the sender instead of two. A oneway's go at once.
+# A call's answers and acknowledgements wait this long (s) for the rest of
+# its answers: one message back to the sender when its targets answer close
+# together (one wake-up of the sender instead of one per loop turn here),
+# and never more than one per linger. A oneway's acknowledgement goes at once.
 ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
@@ -104,7 +106,7 @@ class Forward:
         self.hops = 0  # relays below it that have not acknowledged yet
         self.local = 0  # its own host's targets (the first indexes)
         self.acks: list[int] = []  # targets acknowledged since the last RelayReply
-        self.lingering = False  # acknowledgements wait for answers to ride on (ACK_LINGER)
+        self.lingering = False  # what is here waits for the rest of the answers (ACK_LINGER)
         self.fold: Fold | None = None  # a reducing Relay's running value (zmesh._host.relayfold)
 
 
@@ -409,32 +411,36 @@ class RelayServer:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
-            if not fwd.out and fwd.open > 0:  # only acknowledgements, and answers to come
+            if fwd.open > 0:  # answers to come: what is here waits a moment for them
                 if not fwd.lingering:
                     fwd.lingering = True
                     self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
                 continue
-            # Each answer's buffer frames are numbered within its own
-            # (envelope, frames), so answers with frames travel together too.
-            gathered, fwd.out = fwd.out, []
-            reduced: list[int] = []
-            fold = fwd.fold
-            if fold is not None and fwd.open <= 0 and fold.covered:  # all in: the folded value
-                raw, bufs = fold.answer(fwd.id)
-                reduced, fold.covered = fold.covered, []
-                gathered.append((-1, raw, bufs))
-            while True:
-                out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
-                last = not gathered
-                self._send_back(fwd, out, done=last and fwd.open <= 0 and fwd.forwarded,
-                                reduced=reduced if last else [])  # fmt: skip
-                if last:
-                    break
+            self._send_all(fwd)
+
+    def _send_all(self, fwd: Forward) -> None:
+        """Send back what ``fwd`` has: its answers, folded value, acknowledgements."""
+        # Each answer's buffer frames are numbered within its own
+        # (envelope, frames), so answers with frames travel together too.
+        gathered, fwd.out = fwd.out, []
+        reduced: list[int] = []
+        fold = fwd.fold
+        if fold is not None and fwd.open <= 0 and fold.covered:  # all in: the folded value
+            raw, bufs = fold.answer(fwd.id)
+            reduced, fold.covered = fold.covered, []
+            gathered.append((-1, raw, bufs))
+        while True:
+            out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
+            last = not gathered
+            self._send_back(fwd, out, done=last and fwd.open <= 0 and fwd.forwarded,
+                            reduced=reduced if last else [])  # fmt: skip
+            if last:
+                break
 
     def _linger_over(self, fwd: Forward) -> None:
         fwd.lingering = False
-        if fwd.acks and fwd.open > 0:  # no answer came to carry them
-            self._send_back(fwd, [], done=False)
+        if fwd.open > 0 and (fwd.out or fwd.acks):  # the rest is late: send what is here
+            self._send_all(fwd)
 
     def _send_back(
         self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool,
