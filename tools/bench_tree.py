@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import operator
+import os
 import statistics
 import sys
 import time
@@ -48,6 +49,10 @@ class TreeBench(zmesh.Actor):
     @zmesh.endpoint
     async def value(self) -> int:
         return zmesh.current_rank().rank
+
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
 
 
 _bytes = [0]  # bytes the client's proc connections received (see _count_bytes)
@@ -160,6 +165,83 @@ async def _measure(hosts: int, procs: int, rounds: int, n: int) -> dict[str, Any
     return out
 
 
+def _proc_use(pid: int) -> tuple[float, int]:
+    """CPU seconds and context switches of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                switches += int(line.split()[1])
+    return cpu, switches
+
+
+async def _profile(hosts: int, procs: int, n: int) -> dict[str, Any]:
+    """Where a ``call()``'s work goes, flat vs tree: CPU µs and context
+    switches (wake-ups) per call, of the client, the top relays, the other
+    hosts' relays and the other procs (summed over each group)."""
+    mesh = await TreeBench.options(hosts=hosts, procs=procs).as_actor()
+    out: dict[str, Any] = {}
+    try:
+        pids = (await mesh.pid.call()).values()
+        me = os.getpid()
+        for mode in ("direct", "tree", "direct", "tree"):
+            _tree.MODE = mode
+            for _ in range(20):
+                await mesh.ping.call()
+            rt, _ = _runtime.current()
+            groups: dict[str, list[int]] = {"procs": [], "host relays": [], "top relays": []}
+            relays = {r.rank for r in rt.tree.relays.values()} if rt.tree else set()
+            tops = set()
+            if rt.tree is not None:
+                for agent in rt.tree.tops.get(mesh.proc_mesh, {}):
+                    relay = rt.tree.relays.get((mesh.proc_mesh, agent))
+                    if relay is not None:
+                        tops.add(relay.rank)
+            for rank, pid in enumerate(pids):
+                if mode == "tree" and rank in tops:
+                    groups["top relays"].append(pid)
+                elif mode == "tree" and rank in relays:
+                    groups["host relays"].append(pid)
+                else:
+                    groups["procs"].append(pid)
+            groups["client"] = [me]
+            before = {p: _proc_use(p) for g in groups.values() for p in g}
+            for _ in range(n):
+                await mesh.ping.call()
+            after = {p: _proc_use(p) for g in groups.values() for p in g}
+            row = out.setdefault("flat" if mode == "direct" else "tree", {})
+            for name, members in groups.items():
+                cpu = sum(after[p][0] - before[p][0] for p in members) / n * 1e6
+                sw = sum(after[p][1] - before[p][1] for p in members) / n
+                row.setdefault(f"{name} cpu_us", []).append(cpu)
+                row.setdefault(f"{name} switches", []).append(sw)
+    finally:
+        _tree.MODE = "auto"
+        await mesh.stop()
+    return {side: {k: statistics.median(v) for k, v in row.items()} for side, row in out.items()}
+
+
+def profile(hosts: int = 16, procs: int = 4, n: int = 200) -> dict[str, Any]:
+    """``_profile`` on ``hosts`` loopback agents."""
+    with local_cluster(hosts):
+        return asyncio.run(_profile(hosts, procs, n))
+
+
+def render_profile(res: dict[str, Any]) -> None:
+    """Print ``profile``'s rows."""
+    print(f"\nper call(): {'':28} {'flat':>10} {'tree':>10}")
+    keys = sorted({k for side in res.values() for k in side})
+    for k in keys:
+        f, t = res["flat"].get(k, 0.0), res["tree"].get(k, 0.0)
+        print(f"{k:40} {f:>10.1f} {t:>10.1f}")
+    for side in ("flat", "tree"):
+        total = sum(v for k, v in res[side].items() if k.endswith("cpu_us"))
+        print(f"{'total CPU µs, ' + side:40} {total:>10.1f}")
+
+
 def measure(hosts: int = 16, procs: int = 4, rounds: int = 3, n: int = 100) -> dict[str, Any]:
     """Start ``hosts`` loopback agents, run the rows, stop them; the results."""
     with local_cluster(hosts):
@@ -198,7 +280,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--profile", action="store_true",
+                    help="only where a call's CPU and wake-ups go, per process group")  # fmt: skip
     args = ap.parse_args()
+    if args.profile:
+        prof = profile(args.hosts, args.procs, 2 * args.n)
+        zmesh.shutdown()
+        render_profile(prof)
+        if args.json:
+            Path(args.json).write_text(json.dumps(prof, indent=2))
+        return
     res = measure(args.hosts, args.procs, args.rounds, args.n)
     zmesh.shutdown()
     render(res)
