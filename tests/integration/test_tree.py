@@ -7,8 +7,11 @@ them for ``zmesh top`` (what each relay forwarded, what each actor ran).
 
 from __future__ import annotations
 
+import asyncio
+import operator
 import os
 import signal
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 
 import zmesh
+from zmesh import Accumulator
 from zmesh._client import runtime as _runtime
 from zmesh._client import tree as _tree
 from zmesh._client.agents import AgentLink
@@ -58,6 +62,11 @@ class Wide(zmesh.Actor):
     @zmesh.endpoint
     def nap(self, seconds: float) -> int:
         time.sleep(seconds)
+        return zmesh.current_rank().rank
+
+    @zmesh.endpoint
+    async def snooze(self, seconds: float) -> int:  # the actors of a proc sleep together
+        await asyncio.sleep(seconds)
         return zmesh.current_rank().rank
 
 
@@ -165,6 +174,210 @@ def test_large_values_come_back_through_relays_as_they_were_sent(
     assert all(type(v) is bytearray and v == big for v in got)
 
 
+# ---------------------------------------------- several actors per proc
+#
+# 4 hosts x 2 procs x 3 actors on the first four agents: each proc's part is
+# one GroupCall, one Relay per top relay carries them (4 hosts: 2 tops of 2),
+# and each proc's Gathered answer comes back through its relays.
+M_HOSTS, M_PROCS, M_PER = 4, 2, 3
+M_POINTS = M_HOSTS * M_PROCS * M_PER
+
+
+@pytest.fixture(scope="module")
+def multi(agents: list[AgentProcess]) -> Iterator[zmesh.ActorMesh[Wide]]:
+    saved = _tree.MIN_PROCS
+    _tree.MIN_PROCS = M_HOSTS * M_PROCS  # 8 procs: wide enough (actors do not count)
+    try:
+        opts = Wide.options(hosts=M_HOSTS, procs=M_PROCS, actors_per_proc=M_PER)
+        m = opts.as_actor().get(timeout=90)
+        yield m
+        m.stop().get(timeout=30)
+    finally:
+        _tree.MIN_PROCS = saved
+
+
+def points_of(host: int, proc: int) -> set[int]:
+    first = (host * M_PROCS + proc) * M_PER
+    return set(range(first, first + M_PER))
+
+
+def each_outcome(
+    m: Any, endpoint: str, *args: Any
+) -> tuple[threading.Event, dict[int, Any], list[int]]:
+    """Start a tree fan-out of ``endpoint`` and record every point's own outcome
+    ``(ok, value)``, and the points that had a second one."""
+    rt, _ = _runtime.current()
+    ep = getattr(m, endpoint)
+    payload, buffers = ep._pack(args, {})
+    refs = m._refs
+    got: dict[int, Any] = {}
+    dupes: list[int] = []
+    done = threading.Event()
+
+    def deliver(i: int, ok: bool, value: Any) -> None:  # on the runtime's loop
+        if i in got:
+            dupes.append(i)
+        got[i] = (ok, value)
+        if len(got) == len(refs):
+            done.set()
+
+    rt.loop.call_soon_threadsafe(
+        _tree.send, rt, refs, ep._call_msg(payload), buffers, deliver, None, True
+    )
+    return done, got, dupes
+
+
+def test_a_multi_actor_mesh_fans_out_one_message_per_host(
+    agents: list[AgentProcess], multi: zmesh.ActorMesh[Wide]
+) -> None:
+    handle: Any = multi
+    assert _tree.wide(handle)  # by its procs: 4 hosts x 2 procs
+    assert "actors" in handle.full_dims
+    before = tree_stats() if _runtime.current()[0].tree is not None else None
+    rounds = 3
+    for n in range(rounds):
+        multi.note.broadcast(n)
+    # Every actor (not just every proc) saw the three, in order, and answered as itself.
+    assert multi.seen.call().get(timeout=30).values() == [list(range(rounds))] * M_POINTS
+    assert multi.snooze.call(0).get(timeout=30).values() == list(range(M_POINTS))
+    multi.note.broadcast(99)  # a call_one to one actor right after does not overtake it
+    last = multi.slice(hosts=3, procs=1, actors=2).seen.call_one().get(timeout=30)
+    assert last[-1] == 99
+
+    after = tree_stats()
+    fanouts = rounds + 3
+    tops = 2  # 4 hosts: two top relays of two hosts each
+    sent = after.relay_messages - (before.relay_messages if before else 0)
+    assert sent == fanouts * tops  # flat: fanouts * 8 procs (one GroupCall each)
+    relayed = after.relayed - (before.relayed if before else 0)
+    assert relayed == fanouts * M_HOSTS * M_PROCS  # the relays reach procs, not actors
+    assert after.direct == (before.direct if before else 0)
+
+    def settled() -> dict[int, ProcStatistics] | None:
+        stats = proc_stats(agents, multi.proc_mesh)
+        if len(stats) < M_HOSTS * M_PROCS:
+            return None
+        if any(calls_of(p, "note") < M_PER * (rounds + 1) for p in stats.values()):
+            return None
+        return stats
+
+    stats = wait_for(settled, 15, "procs to report their counters")
+    relays = [p for p in stats.values() if p.relayed]
+    assert sorted(p.rank // M_PROCS for p in relays) == list(range(M_HOSTS))  # one per host
+    assert all(p.relayed == fanouts for p in relays)
+    # A top relay sends to its 2 procs and to the other host's relay; that one to its 2.
+    assert sorted(p.forwarded for p in relays) == [fanouts * 2] * 2 + [fanouts * 3] * 2
+    assert all(calls_of(p, "note") == M_PER * (rounds + 1) for p in stats.values())
+
+
+def received() -> int:
+    """ZeroMQ messages this runtime's proc connections have received so far."""
+    rt, _ = _runtime.current()
+    return sum(c.sock.received for c in rt.conns.values() if c.sock is not None)
+
+
+def appended(acc: list[int], r: int) -> list[int]:
+    return [*acc, r]
+
+
+def capped_add(a: int, b: int) -> int:
+    if a + b > 50:
+        raise ValueError(f"over 50: {a} + {b}")
+    return a + b
+
+
+def test_accumulate_folds_at_the_relays_one_value_per_top_relay(
+    multi: zmesh.ActorMesh[Wide],
+) -> None:
+    want = sum(range(M_POINTS))
+    before, got0 = tree_stats(), received()
+    # Folding at the client: every actor's value comes back (gathered per proc and host).
+    empty: list[int] = []
+    listed = Accumulator(multi.snooze, empty, appended).accumulate(0)
+    assert sorted(listed.get(timeout=30)) == list(range(M_POINTS))
+    mid, got1 = tree_stats(), received()
+    assert mid.answers - before.answers == M_HOSTS * M_PROCS and mid.folded == before.folded
+    # Folding at the relays: one value per top relay reaches the client.
+    total = Accumulator(multi.snooze, 1000, operator.add, associative=True).accumulate(0)
+    assert total.get(timeout=30) == 1000 + want  # the identity counts once
+    after, got2 = tree_stats(), received()
+    assert after.folded - mid.folded == 2  # 4 hosts: two top relays
+    assert after.answers == mid.answers
+    assert got2 - got1 <= 2 * 2  # per top: its folded value (and, at most, its acknowledgements)
+    assert got1 - got0 >= 2  # (gathered, the relays' answers come in as few messages)
+    # combine's own error, raised at a relay, is raised as itself.
+    with pytest.raises(ValueError, match="over 50"):
+        Accumulator(multi.snooze, 0, capped_add, associative=True).accumulate(0).get(timeout=30)
+    # The mesh goes on.
+    assert multi.snooze.call(0).get(timeout=30).values() == list(range(M_POINTS))
+
+
+def test_a_proc_killed_under_a_relay_fails_exactly_its_actors(
+    multi: zmesh.ActorMesh[Wide],
+) -> None:
+    host, proc = 1, 1  # not its host's relay (that is the first proc there)
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    assert rt.tree.relays[(multi.proc_mesh, multi._refs[host * M_PROCS * M_PER].agent)].rank == (
+        host * M_PROCS
+    )
+    pid = multi.slice(hosts=host, procs=proc, actors=0).pid.call_one().get(timeout=30)
+    t0 = time.monotonic()
+    done, got, dupes = each_outcome(multi, "snooze", 1.0)  # in flight on every actor
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    assert done.wait(15), f"only {len(got)} of {M_POINTS} points answered"
+    assert time.monotonic() - t0 < 5.0
+    assert not dupes
+    failed = {i for i, (ok, _) in got.items() if not ok}
+    assert failed == points_of(host, proc)
+    for i in failed:
+        err = got[i][1]
+        assert isinstance(err, zmesh.SupervisionError) and err.rank == i, err
+    assert all(got[i] == (True, i) for i in range(M_POINTS) if i not in failed)
+    # The public call fails with one of them; the rest of the mesh goes on.
+    with pytest.raises(zmesh.SupervisionError) as info:
+        multi.snooze.call(0).get(timeout=20)
+    assert info.value.rank in points_of(host, proc)
+    alive = multi.slice(hosts=slice(2, 4)).snooze.call(0).get(timeout=20).values()
+    assert alive == list(range(2 * M_PROCS * M_PER, M_POINTS))
+
+
+def test_a_top_relay_killed_mid_call_fails_its_hosts_points_never_hangs(
+    multi: zmesh.ActorMesh[Wide],
+) -> None:
+    host = 2  # the top relay of hosts 2 and 3
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    agent_of = multi._refs[host * M_PROCS * M_PER].agent
+    assert rt.tree.top_of[(multi.proc_mesh, multi._refs[3 * M_PROCS * M_PER].agent)] == agent_of
+    relay = rt.tree.relays[(multi.proc_mesh, agent_of)]
+    proc = relay.rank % M_PROCS
+    pid = multi.slice(hosts=host, procs=proc, actors=0).pid.call_one().get(timeout=30)
+    below = multi.slice(hosts=slice(2, 4))
+    t0 = time.monotonic()
+    done, got, dupes = each_outcome(below, "snooze", 1.0)
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    n = len(below._refs)
+    assert done.wait(15), f"only {len(got)} of {n} points answered"
+    assert time.monotonic() - t0 < 5.0
+    assert not dupes
+    # Every point behind the dead relay fails (its own actors died; the others'
+    # calls may or may not have run), each with its own rank.
+    base = 2 * M_PROCS * M_PER
+    assert all(not got[i][0] for i in range(n))
+    assert {got[i][1].rank for i in range(n)} == set(range(base, M_POINTS))
+    assert all(isinstance(got[i][1], zmesh.SupervisionError) for i in range(n))
+    # Through a new relay on the same host: its other proc, and the host below.
+    other = 1 - proc
+    got_other = multi.slice(hosts=host, procs=other).snooze.call(0).get(timeout=20).values()
+    assert got_other == sorted(points_of(host, other))
+    assert multi.slice(hosts=3).snooze.call(0).get(timeout=20).values() == list(
+        range(3 * M_PROCS * M_PER, M_POINTS)
+    )
+
+
 def test_a_dead_proc_behind_a_relay_fails_its_rank_fast(mesh: zmesh.ActorMesh[Wide]) -> None:
     victim = 5 * PROCS + 1  # not its host's relay (the first rank there)
     os.kill(mesh.slice(hosts=5, procs=1).pid.call_one().get(timeout=30), signal.SIGKILL)
@@ -252,8 +465,9 @@ def test_a_relay_forwards_only_to_procs_of_its_mesh_on_its_host(
         while len(answers) < len(refused) and time.monotonic() < deadline:
             if sock.poll(500):
                 for msg in codec.decode_frames(sock.recv_multipart()):
-                    if isinstance(msg, w.RelayReply):
-                        answers.update(zip(msg.index, msg.answers, strict=False))  # type: ignore[arg-type]
+                    if isinstance(msg, w.RelayReply):  # each answer: the bytes sent
+                        for k, raw in zip(msg.index, msg.answers, strict=False):
+                            answers[k] = codec.decode([raw])
     finally:
         sock.close()
     assert sorted(answers) == [0, 1, 2]

@@ -42,17 +42,16 @@ def test_branch_one_is_one_level(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plan(new_tree(), [0, 1, 2]) == {"h0": ["h0"], "h1": ["h1"], "h2": ["h2"]}
 
 
-@pytest.mark.parametrize("mode", ["auto", "tree"])
-def test_several_actors_per_proc_keep_the_grouped_path(
-    monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
-    # A relay forwards per-proc requests; a multi-actor mesh sends one grouped
-    # message per proc instead (zmesh._client.grouping), whatever the mode.
-    monkeypatch.setattr(_tree, "MODE", mode)
+def test_several_actors_per_proc_are_wide_by_their_procs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A multi-actor mesh's fan-out is one GroupCall per proc, and those go
+    # through the relays like any per-proc request: the procs count, not the actors.
+    monkeypatch.setattr(_tree, "MODE", "auto")
     ref: Any = types.SimpleNamespace(index=0)
     grouped: Any = types.SimpleNamespace(
         full_dims={"hosts": 16, "procs": 8, "actors": 32}, _refs=[ref]
     )
+    assert _tree.wide(grouped)  # 128 procs on 16 hosts
+    few: Any = types.SimpleNamespace(full_dims={"hosts": 2, "procs": 2, "actors": 64}, _refs=[ref])
+    assert not _tree.wide(few)  # 4 procs, however many actors
+    monkeypatch.setattr(_tree, "MODE", "direct")
     assert not _tree.wide(grouped)
-    flat: Any = types.SimpleNamespace(full_dims={"a": 4096}, _refs=[ref])  # flattened
-    assert not _tree.wide(flat)

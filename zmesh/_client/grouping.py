@@ -181,8 +181,14 @@ def send(
     deliver: Deliver | None,
     timeout: float | None,
     block: bool,
+    via: Callable[..., Any] | None = None,
 ) -> int:
-    """``Runtime.send`` to several actors per proc: one message per proc."""
+    """``Runtime.send`` to several actors per proc: one message per proc.
+
+    ``via``: what sends a fan-out's per-proc messages (``Runtime.send``'s
+    signature without the runtime; default ``rt.send``): the tree path's
+    ``Tree.send_procs`` sends them one per host, through relays.
+    """
     template = msg_for(0)
     groups = plan(refs)
     req_id = 0
@@ -201,7 +207,7 @@ def send(
                 )
 
             d = _expand(rt, gs, deliver) if deliver is not None else None
-            req_id = rt.send([g.proc for g in gs], group_call, buffers, d, timeout, block)
+            req_id = (via or rt.send)([g.proc for g in gs], group_call, buffers, d, timeout, block)
         return req_id
     # Anything else (StopActor): to each actor, by its own name.
     for g in groups:

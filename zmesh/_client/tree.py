@@ -11,6 +11,10 @@ relay sends its own host's part and one ``Relay`` to each of its other
 hosts' relays. The request is encoded once, as for the direct path, and
 every relay forwards it unchanged.
 
+A mesh with several actors per proc takes the same path: each proc's part
+is its ``GroupCall`` (``zmesh._client.grouping``), relayed as any request,
+and its ``Gathered`` answer comes back through the relay undecoded.
+
 Which path: ``ZMESH_FANOUT`` (``auto``, ``tree`` or ``direct``; or set
 ``MODE``); in ``auto`` a mesh takes the tree when it spans at least two
 hosts and ``ZMESH_TREE_MIN`` (32) procs or more. The choice is by the size of
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from zmesh._client import grouping as _grouping
 from zmesh._client.connections import (
     BIG,
     MAX_IN_FLIGHT,
@@ -67,15 +72,13 @@ MIN_PROCS = int(os.environ.get("ZMESH_TREE_MIN", "32"))
 BRANCH = int(os.environ.get("ZMESH_TREE_BRANCH", "0"))
 
 Deliver = Callable[[int, bool, Any], None]
+Reduce = tuple[bytes, Callable[[bool, Any], None]]
 
 
 def wide(mesh: ActorMesh[Any]) -> bool:
     """Whether fan-outs to ``mesh`` take the tree path (see the module docstring)."""
     dims = mesh.full_dims
-    refs = mesh._refs
-    if MODE == "direct" or "actors" in dims or (refs and refs[0].index >= 0):
-        # Several actors per proc go one message per proc (zmesh._client.grouping),
-        # not through relays yet: a relay forwards per-proc requests only.
+    if MODE == "direct":
         return False
     if MODE == "tree":
         return True
@@ -92,6 +95,9 @@ class TreeStatistics(msgspec.Struct, frozen=True):
         relayed: targets reached through a relay.
         direct: targets of tree fan-outs sent directly (they had direct calls in flight).
         deferred: direct messages that waited for a relay's acknowledgement.
+        answers: targets' answers that came back through relays, one by one.
+        folded: values relays folded (a reducing fan-out), each standing for
+            several targets' answers.
     """
 
     fanouts: int
@@ -99,6 +105,8 @@ class TreeStatistics(msgspec.Struct, frozen=True):
     relayed: int
     direct: int
     deferred: int
+    answers: int = 0
+    folded: int = 0
 
 
 def send(
@@ -109,16 +117,24 @@ def send(
     deliver: Deliver | None,
     timeout: float | None = None,
     block: bool = True,
+    reduce: Reduce | None = None,
 ) -> None:
-    """``Runtime.send`` on the tree path: one ``Relay`` per host. On ``rt``'s loop."""
+    """``Runtime.send`` on the tree path: one ``Relay`` per host. On ``rt``'s loop.
+
+    ``reduce``: ``(pickled combine, folder)``: the relays fold their targets'
+    values (``zmesh._host.relayfold``); each folded value goes to
+    ``folder(ok, value)`` and its targets to ``deliver`` as ``FOLDED``.
+    """
     tree = rt.tree
     if tree is None:
         tree = rt.tree = Tree(rt)
     if tree.queue:  # direct messages wait for acknowledgements: keep the order
-        again = functools.partial(tree.send, refs, msg_for, buffers, deliver, timeout, block)
+        again = functools.partial(
+            tree.send, refs, msg_for, buffers, deliver, timeout, block, reduce
+        )
         tree.queue_thunk([r.addr for r in refs], again)
         return
-    tree.send(refs, msg_for, buffers, deliver, timeout, block)
+    tree.send(refs, msg_for, buffers, deliver, timeout, block, reduce)
 
 
 class Tree(Answers):
@@ -141,12 +157,14 @@ class Tree(Answers):
         self.targets: dict[ProcRef, w.RelayTarget] = {}
         self.watched: set[ProcRef] = set()
         self._fanouts = self._relay_messages = self._relayed = self._direct = self._deferred = 0
+        self._answers = self._folded = 0
 
     def statistics(self) -> TreeStatistics:
         """Counters of this runtime's tree fan-outs, as a frozen record."""
         return TreeStatistics(
-            self._fanouts, self._relay_messages, self._relayed, self._direct, self._deferred
-        )
+            self._fanouts, self._relay_messages, self._relayed, self._direct, self._deferred,
+            self._answers, self._folded,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ order
 
@@ -193,7 +211,23 @@ class Tree(Answers):
     def send(
         self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],
         deliver: Deliver | None, timeout: float | None, block: bool,
+        reduce: Reduce | None = None,
     ) -> None:  # fmt: skip
+        if refs and refs[0].index >= 0:
+            # Several actors per proc: one GroupCall per proc (zmesh._client.grouping),
+            # and those go one Relay per host; each proc's Gathered comes back
+            # through its relay and is read into its actors' answers.
+            via = functools.partial(self.send_procs, reduce=reduce)
+            _grouping.send(self.rt, refs, msg_for, buffers, deliver, timeout, block, via=via)
+            return
+        self.send_procs(refs, msg_for, buffers, deliver, timeout, block, reduce)
+
+    def send_procs(
+        self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],
+        deliver: Deliver | None, timeout: float | None, block: bool,
+        reduce: Reduce | None = None,
+    ) -> None:  # fmt: skip
+        """``send`` to procs (``refs``: one per proc)."""
         rt = self.rt
         req_id = rt.next_id()
         try:
@@ -230,7 +264,9 @@ class Tree(Answers):
                 self.bypass = False
         oneway = deliver is None
         for top, parts in self._plan(refs[0].mesh, groups).items():
-            self._send_part(req_id, refs, top, parts, frames, oneway, deliver, timeout, block)
+            self._send_part(
+                req_id, refs, top, parts, frames, oneway, deliver, timeout, block, reduce
+            )
 
     def _plan(
         self, mesh: str, groups: dict[str, list[int]]
@@ -256,7 +292,7 @@ class Tree(Answers):
     def _send_part(
         self, req_id: int, refs: list[ProcRef], top: str, parts: list[tuple[str, list[int]]],
         frames: list[Any], oneway: bool, deliver: Deliver | None, timeout: float | None,
-        block: bool,
+        block: bool, reduce: Reduce | None = None,
     ) -> None:  # fmt: skip
         rt = self.rt
         mesh = refs[parts[0][1][0]].mesh
@@ -266,8 +302,9 @@ class Tree(Answers):
             for a, idx in parts:  # the top host has no relay: each host on its own
                 if a != top:
                     self._send_part(
-                        req_id, refs, a, [(a, idx)], frames, oneway, deliver, timeout, block
-                    )
+                        req_id, refs, a, [(a, idx)], frames, oneway, deliver, timeout, block,
+                        reduce,
+                    )  # fmt: skip
             for i in own:  # every candidate there is broken
                 if deliver is not None:
                     r = refs[i]
@@ -290,8 +327,11 @@ class Tree(Answers):
                 self.watched.add(r)
         carrier = Carrier(self, relay, targets, idx, deliver, timeout)
         where = [self._target(refs[i]) for i in own]
+        blob = b""
+        if reduce is not None and not oneway:
+            blob, carrier.folder = reduce
         # The same id as the request in it: the relay matches answers by it.
-        msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway, down)
+        msg = w.Relay(req_id, relay.mesh, where, bytes(frames[0]), oneway, down, blob)
         try:
             out = rt.codec.encode(msg, frames[1:])
         except EncodeError as exc:

@@ -13,8 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zmesh._client.connections import DISCONNECT_GRACE
+from zmesh._client.grouping import Parts
 from zmesh._client.inflight import OneRequest, outcome, timeout_error
-from zmesh._errors import CallTimeoutError, ConnectionLostError, EncodeError, ZmeshError
+from zmesh._errors import (
+    ActorError,
+    CallTimeoutError,
+    ConnectionLostError,
+    EncodeError,
+    ZmeshError,
+)
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
@@ -22,6 +29,7 @@ if TYPE_CHECKING:
 
     from zmesh._client.connections import ProcConn
     from zmesh._client.runtime import ProcRef, Runtime
+    from zmesh._wire.codec import Codec
 
     Deliver = Callable[[int, bool, Any], None]
 
@@ -47,7 +55,9 @@ class Carrier:
     call (``set_exception``), and the relay's messages come to ``on_message``.
     """
 
-    __slots__ = ("deliver", "index", "open", "refs", "relay", "req", "timeout", "tree", "unacked")
+    __slots__ = (
+        "deliver", "folder", "index", "open", "refs", "relay", "req", "timeout", "tree", "unacked",
+    )  # fmt: skip
 
     def __init__(
         self, tree: Answers, relay: ProcRef, refs: list[ProcRef], index: list[int],
@@ -63,6 +73,8 @@ class Carrier:
         # Targets whose forwarding the relay has not acknowledged (see Tree.defer).
         self.unacked: set[int] = set(range(len(refs)))
         self.req: OneRequest | None = None
+        # A reducing fan-out's: takes ``(ok, value)`` of a relay's folded value.
+        self.folder: Callable[[bool, Any], None] | None = None
 
     # The part of a future the runtime uses (zmesh._client.inflight.Sink).
 
@@ -116,6 +128,8 @@ class Answers:
         relays: dict[tuple[str, str], ProcRef]
         by_addr: dict[str, set[Carrier]]
         unacked: dict[str, int]
+        _answers: int
+        _folded: int
 
         def _run_queue(self) -> None: ...
 
@@ -133,11 +147,15 @@ class Answers:
             ks = [k for k in msg.acked if k in carrier.unacked]
             self._release_targets(carrier, ks)
         pos = 1
+        codec = self.rt.codec
+        if msg.reduced:  # the relay folded these targets' values into one
+            self._on_folded(carrier, msg, frames)
         for k, answer, nbuf in zip(msg.index, msg.answers, msg.nbufs, strict=False):
             if 0 <= k < len(carrier.refs):
-                sub = [b"", *frames[pos : pos + nbuf]] if nbuf else [b""]
-                ok, value = outcome(self.rt.codec, answer, sub, carrier.refs[k])
-                carrier.settle(k, ok, value)
+                # The proc's own message, as it sent it: its frames numbered from 1.
+                sub = [answer, *frames[pos : pos + nbuf]] if nbuf else [answer]
+                self._answers += 1
+                carrier.settle(k, *_read(codec, sub, carrier.refs[k]))
             pos += nbuf
         for k in msg.lost:
             if 0 <= k < len(carrier.refs) and k in carrier.open:
@@ -147,6 +165,29 @@ class Answers:
             for k in list(carrier.open):
                 self.rt.loop.call_later(DISCONNECT_GRACE, self._lost, carrier, k)
         carrier._maybe_done()
+
+    def _on_folded(self, carrier: Carrier, msg: w.RelayReply, frames: list[Any]) -> None:
+        """The folded value (index -1) goes to the folder, then its targets
+        settle as ``FOLDED`` (so the caller counts them, but once)."""
+        if -1 not in msg.index:
+            return
+        at = msg.index.index(-1)
+        if at >= len(msg.answers) or at >= len(msg.nbufs):
+            return
+        pos = 1 + sum(msg.nbufs[:at])
+        nbuf = msg.nbufs[at]
+        sub = [msg.answers[at], *frames[pos : pos + nbuf]]
+        ks = [k for k in msg.reduced if 0 <= k < len(carrier.refs) and k in carrier.open]
+        if not ks:
+            return
+        self._folded += 1
+        ok, value = _read(self.rt.codec, sub, carrier.refs[ks[0]])
+        if not ok and isinstance(value, ActorError) and value.endpoint == "combine":
+            value = value.cause or value  # the caller's own combine raised: as itself
+        if carrier.folder is not None:
+            carrier.folder(ok, value)
+        for k in ks:
+            carrier.settle(k, True, FOLDED)
 
     def _lost(self, carrier: Carrier, k: int) -> None:
         ref = carrier.refs[k]
@@ -208,6 +249,30 @@ class Answers:
                     carrier.settle(k, False, error)
             self._release_targets(carrier, [k for k in ks if k in carrier.unacked])
             carrier._maybe_done()
+
+
+class _Folded:
+    """The answer of a target whose value a relay folded into another's (``FOLDED``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "FOLDED"
+
+
+FOLDED = _Folded()
+
+
+def _read(codec: Codec, frames: list[Any], ref: ProcRef) -> tuple[bool, Any]:
+    """``(ok, value)`` of a target's answer (``frames``: as its proc sent them)."""
+    try:
+        msg = codec.decode(frames)
+    except Exception as exc:
+        return False, EncodeError(f"cannot decode the relayed reply: {exc!r}", mesh=ref.mesh,
+                                  rank=ref.rank, host=ref.host)  # fmt: skip
+    if type(msg) is w.Gathered or type(msg) is w.GatheredFrames:
+        return True, Parts(msg, frames)  # several actors' answers (zmesh._client.grouping)
+    return outcome(codec, msg, frames, ref)
 
 
 def count(counts: dict[str, int], addrs: list[str], step: int) -> None:

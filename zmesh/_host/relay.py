@@ -5,7 +5,11 @@ of the mesh there (``zmesh._client.tree``). That proc sends the request in
 it, unchanged (its envelope and buffer frames as the direct path would have
 sent them), to each target, and gathers their answers into ``RelayReply``
 messages: every answer that arrived in one turn of the loop goes back as one
-message, so a dead or slow target does not hold the others' answers.
+message, so a dead or slow target does not hold the others' answers. The
+answers are not decoded here: each goes back as the bytes its proc sent
+(``msgspec.Raw``), with its buffer frames, for the sender to decode. That
+carries a fan-out to several actors per proc (a ``GroupCall`` in, one
+``Gathered`` per proc out) as it carries a plain ``Call``.
 
 Two levels: a *top* relay is also given relays of other hosts (``down``);
 it sends each one a ``Relay`` of its targets (with no ``down``: no deeper)
@@ -40,10 +44,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import zmq
 
+from zmesh._host.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
+from zmesh._wire.codec import BATCH_MARK, Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
@@ -55,19 +61,39 @@ log = logging.getLogger("zmesh.relay")
 
 # Answers gathered into one RelayReply, at most (the rest go in the next).
 MAX_ANSWERS = 256
-# A call's acknowledgements wait this long (s) for answers to travel with
-# them: one message to the sender instead of two. A oneway's go at once.
+# A call's answers and acknowledgements wait this long (s) for the rest of
+# its answers: one message back to the sender when its targets answer close
+# together (one wake-up of the sender instead of one per loop turn here),
+# and never more than one per linger. A oneway's acknowledgement goes at once.
 ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
 _PROBE_ACTOR = "\x00relay-probe"
 
 
+class _Head(msgspec.Struct, array_like=True):
+    """The first two fields of any message (a msgpack array ``[kind, id, ...]``)."""
+
+    msg: str
+    id: int
+
+
+_HEAD = msgspec.msgpack.Decoder(_Head)
+_RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])  # a batch, split into its envelopes
+_REPLY = msgspec.msgpack.Decoder(w.RelayReply)
+
+
+def _raw(msg: Any) -> msgspec.Raw:
+    """``msg`` encoded, as an answer a ``RelayReply`` carries."""
+    return msgspec.Raw(msgspec.msgpack.encode(msg))
+
+
 class Forward:
     """One ``Relay`` being served: who asked, and the answers not sent back yet."""
 
     __slots__ = (
-        "acks", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out", "unproven",
+        "acks", "fold", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out",
+        "unproven",
     )  # fmt: skip
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
@@ -80,7 +106,8 @@ class Forward:
         self.hops = 0  # relays below it that have not acknowledged yet
         self.local = 0  # its own host's targets (the first indexes)
         self.acks: list[int] = []  # targets acknowledged since the last RelayReply
-        self.lingering = False  # acknowledgements wait for answers to ride on (ACK_LINGER)
+        self.lingering = False  # what is here waits for the rest of the answers (ACK_LINGER)
+        self.fold: Fold | None = None  # a reducing Relay's running value (zmesh._host.relayfold)
 
 
 class Hop:
@@ -116,10 +143,6 @@ class RelayServer:
     def __init__(self, server: ProcServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        # Answers pass through: buffer references stay as they are, and an
-        # answer with buffer frames goes back alone, its frames numbered as
-        # the proc numbered them (see _flush).
-        self.codec = Codec(w.CLIENT_INBOX, keep_ext=True)
         self.links: dict[tuple[bytes, str], Link] = {}
         self.known: dict[int, tuple[int, str]] = {}  # rank -> (generation, addr), this host
         self._agent: AgentClient | None = None
@@ -127,6 +150,7 @@ class RelayServer:
         self._held: deque[tuple[bytes, w.Relay, list[Any]]] = deque()  # while the agent is asked
         self._asking = False
         self._flush_due: set[Forward] = set()
+        self._reply_codec: Codec | None = None  # decodes answers to fold (reducing Relays)
         self.relayed = 0
         self.forwarded = 0
 
@@ -175,6 +199,8 @@ class RelayServer:
         total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
         fwd = Forward(ident, msg.id, 0 if msg.oneway else total)
         fwd.local = len(msg.targets)
+        if msg.reduce and not msg.oneway:
+            fwd.fold = self._fold(msg.reduce)
         out = [msg.body, *frames[1:]]
         for k, t in enumerate(msg.targets):
             if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
@@ -196,7 +222,7 @@ class RelayServer:
             if msg.mesh != self.server.mesh:
                 break  # (every target was refused above; these are refused below)
             link = self._link(ident, hop.relay.addr)
-            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway)
+            nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway, reduce=msg.reduce)
             link.sock.send(self.server.codec.encode(nested, frames[1:]))
             self.forwarded += 1
             link.hops[msg.id] = Hop(fwd, offset, len(hop.targets), msg.oneway)
@@ -233,23 +259,37 @@ class RelayServer:
         return link
 
     def _on_answer_of(self, link: Link) -> Callable[[list[Any]], int | None]:
+        head_of = _HEAD.decode
+        raws_of = _RAWS.decode
+        reply_of = _REPLY.decode
+
         def on_answer(frames: list[Any]) -> int | None:
+            # Answers pass through undecoded: only each one's kind and id are
+            # read (a batch is split into its envelopes, not decoded).
+            env = frames[0]
             try:
-                msgs = self.codec.decode_frames(frames)
+                if env and env[0] == BATCH_MARK:
+                    raws, bufs = raws_of(memoryview(env)[1:]), []
+                else:
+                    raws, bufs = [msgspec.Raw(env)], frames[1:]
+                heads = [head_of(r) for r in raws]
             except Exception:  # garbled: its call fails by timeout or supervision
                 return None
-            bufs = frames[1:] if len(msgs) == 1 else []
-            for m in msgs:
-                if m.id < 0:  # the answer to our probe: the link is connected
+            for raw, head in zip(raws, heads, strict=True):
+                if head.id < 0:  # the answer to our probe: the link is connected
                     self._proven(link)
                     continue
-                if type(m) is w.RelayReply:
+                if head.msg == "RelayReply":
+                    try:
+                        m = reply_of(raw)
+                    except Exception:
+                        continue
                     self._from_hop(link, m, bufs)
                     continue
-                entry = link.pending.pop(m.id, None)
+                entry = link.pending.pop(head.id, None)
                 if entry is not None:
-                    self._answer(entry[0], entry[1], m, list(bufs))
-            return len(msgs)
+                    self._answer(entry[0], entry[1], raw, list(bufs))
+            return len(raws)
 
         return on_answer
 
@@ -261,7 +301,9 @@ class RelayServer:
         fwd = hop.fwd
         pos = 0
         for k, answer, nbuf in zip(m.index, m.answers, m.nbufs, strict=False):
-            if k in hop.remaining:
+            if k == -1 and m.reduced:  # its targets' values, folded there
+                self._from_hop_folded(hop, m.reduced, answer, list(bufs[pos : pos + nbuf]))
+            elif k in hop.remaining:
                 hop.remaining.discard(k)
                 fwd.open -= 1
                 fwd.out.append((hop.offset + k, answer, list(bufs[pos : pos + nbuf])))
@@ -276,6 +318,25 @@ class RelayServer:
         if m.done:
             del link.hops[m.id]
         self._schedule(fwd)
+
+    def _from_hop_folded(self, hop: Hop, reduced: list[int], raw: Any, bufs: list[Any]) -> None:
+        fwd = hop.fwd
+        ks = [j for j in reduced if j in hop.remaining]
+        hop.remaining.difference_update(ks)
+        fwd.open -= len(ks)
+        mine = [hop.offset + j for j in ks]
+        if fwd.fold is None or not fwd.fold.take_folded(mine, raw, bufs):
+            fwd.out.extend((k, None, []) for k in mine)  # unreadable: lost, for the caller
+
+    def _fold(self, blob: bytes) -> Fold:
+        if self._reply_codec is None:
+            self._reply_codec = Codec(w.CLIENT_INBOX)
+        try:
+            return Fold(combine_of(blob), self._reply_codec)
+        except Exception as exc:  # it does not unpickle here: the caller hears why
+            fold = Fold(None, self._reply_codec)
+            fold.error = exc
+            return fold
 
     def _local_acked(self, fwd: Forward) -> None:
         """Our own host's part is on proven links: say so now (a hop may take longer)."""
@@ -329,6 +390,14 @@ class RelayServer:
     # ------------------------------------------------------------ answers
 
     def _answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
+        """Target ``k``'s answer: as its proc sent it, or a message of ours."""
+        if type(answer) is not msgspec.Raw:
+            answer = _raw(answer)
+        elif fwd.fold is not None and fwd.fold.take(k, answer, bufs):
+            fwd.open -= 1  # folded: it goes back with the others, once all are in
+            if fwd.open <= 0:
+                self._schedule(fwd)
+            return
         fwd.open -= 1
         fwd.out.append((k, answer, bufs))
         self._schedule(fwd)
@@ -342,28 +411,41 @@ class RelayServer:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
-            if not fwd.out and fwd.open > 0:  # only acknowledgements, and answers to come
+            if fwd.open > 0:  # answers to come: what is here waits a moment for them
                 if not fwd.lingering:
                     fwd.lingering = True
                     self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
                 continue
-            alone = [o for o in fwd.out if o[2]]  # with buffer frames: one per message
-            gathered = [o for o in fwd.out if not o[2]]
-            fwd.out = []
-            for one in alone:
-                self._send_back(fwd, [one], done=False)
-            while True:
-                out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
-                self._send_back(fwd, out, done=not gathered and fwd.open <= 0 and fwd.forwarded)
-                if not gathered:
-                    break
+            self._send_all(fwd)
+
+    def _send_all(self, fwd: Forward) -> None:
+        """Send back what ``fwd`` has: its answers, folded value, acknowledgements."""
+        # Each answer's buffer frames are numbered within its own
+        # (envelope, frames), so answers with frames travel together too.
+        gathered, fwd.out = fwd.out, []
+        reduced: list[int] = []
+        fold = fwd.fold
+        if fold is not None and fwd.open <= 0 and fold.covered:  # all in: the folded value
+            raw, bufs = fold.answer(fwd.id)
+            reduced, fold.covered = fold.covered, []
+            gathered.append((-1, raw, bufs))
+        while True:
+            out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
+            last = not gathered
+            self._send_back(fwd, out, done=last and fwd.open <= 0 and fwd.forwarded,
+                            reduced=reduced if last else [])  # fmt: skip
+            if last:
+                break
 
     def _linger_over(self, fwd: Forward) -> None:
         fwd.lingering = False
-        if fwd.acks and fwd.open > 0:  # no answer came to carry them
-            self._send_back(fwd, [], done=False)
+        if fwd.open > 0 and (fwd.out or fwd.acks):  # the rest is late: send what is here
+            self._send_all(fwd)
 
-    def _send_back(self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool) -> None:
+    def _send_back(
+        self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool,
+        reduced: list[int] | None = None,
+    ) -> None:  # fmt: skip
         index, answers, nbufs, lost, frames = [], [], [], [], []
         for k, answer, bufs in out:
             if answer is None:
@@ -374,13 +456,14 @@ class RelayServer:
             nbufs.append(len(bufs))
             frames.extend(bufs)
         acks, fwd.acks = fwd.acks, []
-        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks)
+        red = reduced if reduced and -1 in index else []
+        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks, red)
         try:
             env = self.server.codec.encode(msg, frames)
         except Exception as exc:  # too big together: each answer alone
             if len(out) > 1:
                 for one in out:
-                    self._send_back(fwd, [one], done=False)
+                    self._send_back(fwd, [one], done=False, reduced=reduced)
                 if done:
                     self._send_back(fwd, [], done=True)
                 return
@@ -390,7 +473,7 @@ class RelayServer:
                 fwd.id, "encode", type(exc).__name__, f"the answer cannot be relayed: {exc}"
             )
             env = self.server.codec.encode(
-                w.RelayReply(fwd.id, [k], [f], [0], [], fwd.forwarded, done)
+                w.RelayReply(fwd.id, [k], [_raw(f)], [0], [], fwd.forwarded, done)
             )
         self.server.router.send([fwd.ident, *env])
 

@@ -215,13 +215,19 @@ class Relay(Message, frozen=True):
     body: bytes
     oneway: bool = False
     down: Annotated[list[RelayHop], msgspec.Meta(max_length=4096)] = []
+    # A pickled ``combine(a, b)`` (associative, commutative): the relay folds
+    # its targets' values into one and answers that alone (``RelayReply.reduced``).
+    reduce: bytes = b""
 
 
 class RelayReply(Message, frozen=True):
     """What a relay has for a ``Relay``: answers of some targets, gathered.
 
-    ``answers[k]`` is target ``index[k]``'s answer; its buffer frames (``nbufs[k]``
-    of them) follow this envelope in order. ``lost``: targets whose
+    ``answers[k]`` is target ``index[k]``'s answer, the encoded message its
+    proc sent (a ``Reply``, ``Failure``, ``Gathered`` or ``GatheredFrames``),
+    passed on as it came without being decoded; its buffer frames
+    (``nbufs[k]`` of them, numbered as the proc numbered them) follow this
+    envelope in order. ``lost``: targets whose
     connection dropped with the request on it. ``acked``: targets the
     request was sent to since the last ``RelayReply``; ``forwarded``: to
     every target. ``done``: nothing more comes for this id.
@@ -229,9 +235,12 @@ class RelayReply(Message, frozen=True):
 
     id: int
     index: list[int] = []
-    answers: list[Reply | Failure] = []
+    answers: list[msgspec.Raw] = []
     nbufs: list[int] = []
     lost: list[int] = []
     forwarded: bool = False
     done: bool = False
     acked: list[int] = []  # targets forwarded to (a part of the tree may lag)
+    # A reducing ``Relay``: the answer at index -1 is the folded value of these
+    # targets (a ``Reply``; a ``Failure`` if ``combine`` raised).
+    reduced: list[int] = []
