@@ -43,17 +43,17 @@ class Chatty(zmesh.Actor):
     """Prints SECRET on both streams, from a thread, until told to stop."""
 
     def __init__(self) -> None:
-        self.stop = threading.Event()
+        self.hush = threading.Event()
         threading.Thread(target=self._talk, daemon=True).start()
 
     def _talk(self) -> None:
-        while not self.stop.wait(0.05):
+        while not self.hush.wait(0.05):
             print(f"out {SECRET}", flush=True)
             print(f"err {SECRET}", file=sys.stderr, flush=True)
 
     @zmesh.endpoint
     async def quiet(self) -> None:
-        self.stop.set()
+        self.hush.set()
 
     @zmesh.endpoint
     async def send(self, port: Port[Any], value: Any) -> str:
