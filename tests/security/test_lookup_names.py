@@ -32,7 +32,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             yield control
 
 
-@pytest.mark.parametrize("name", NASTY, ids=repr)
+@pytest.mark.parametrize("name", NASTY, ids=lambda v: repr(v)[:24])
 def test_a_name_that_is_none_is_a_value_error_at_once(agent: str, name: Any) -> None:
     with pytest.raises(ValueError, match="is not a valid name"):
         zmesh.lookup(name)
