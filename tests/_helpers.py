@@ -237,6 +237,26 @@ def read_line(popen: subprocess.Popen[str], timeout: float) -> str:
     raise AssertionError(f"child printed no line within {timeout}s; stdout={out!r} stderr={err!r}")
 
 
+def end_child(popen: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Let a child finish (its stdin closed, its output drained), kill it if it
+    takes over ``timeout`` s, and close its pipes on every path: a pipe left
+    open raises ResourceWarning when a later test's GC finds it."""
+    try:
+        popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.communicate()
+    except ValueError:  # a pipe was closed by hand already: wait, then close the rest
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 @contextlib.contextmanager
 def connected(controls: list[str], keys: str | None = None) -> Iterator[None]:
     """Point zmesh at ``controls`` for the block; stop its meshes and forget them after."""

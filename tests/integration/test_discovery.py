@@ -15,7 +15,7 @@ import pytest
 
 from zmesh._shared import registry
 
-from _helpers import own_runtime_dir, wait_for
+from _helpers import end_child, own_runtime_dir, wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -64,10 +64,7 @@ def other_script(runtime_dir: str, tmp_path: Path) -> Iterator[subprocess.Popen[
         assert p.stdout.readline().strip() == "READY"
         yield p
     finally:
-        assert p.stdin is not None and p.stdout is not None
-        p.stdin.close()
-        p.wait(30)
-        p.stdout.close()
+        end_child(p, 30)
 
 
 def test_ps_status_top_find_the_embedded_agent_of_another_script(
@@ -153,4 +150,4 @@ def test_a_keyed_tcp_cluster_is_found_with_its_keys(runtime_dir: str) -> None:
         assert sorted(a["state"] for a in agents) == ["ok", "ok"]
     finally:
         p.send_signal(2)
-        p.communicate(timeout=30)
+        end_child(p, 30)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import own_runtime_dir, wait_for
+from _helpers import end_child, own_runtime_dir, wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -65,9 +65,7 @@ def run(script: Path, tmp_path: Path, env: dict[str, str], until: str) -> tuple[
     try:
         wait_for(lambda: until in err.read_text() or p.poll() is not None, 60, repr(until))
     finally:
-        assert p.stdin is not None
-        p.stdin.close()
-        p.wait(30)
+        end_child(p, 30)
     return out.read_text(), err.read_text()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import own_runtime_dir, wait_for
+from _helpers import end_child, own_runtime_dir, wait_for
 
 SCRIPT = textwrap.dedent(
     """
@@ -65,7 +65,11 @@ class Script:
             text=True, env={**os.environ, **env},
         )  # fmt: skip
         self.out: list[str] = []
-        self.until("READY")
+        try:
+            self.until("READY")
+        except BaseException:
+            self.close()
+            raise
 
     def until(self, marker: str, timeout: float = 60) -> list[str]:
         assert self.p.stdout is not None
@@ -85,11 +89,7 @@ class Script:
         self.p.stdin.flush()
 
     def close(self) -> None:
-        assert self.p.stdin is not None and self.p.stdout is not None
-        if not self.p.stdin.closed:
-            self.p.stdin.close()
-        self.p.wait(30)
-        self.p.stdout.close()
+        end_child(self.p, 30)
 
 
 @pytest.fixture
@@ -209,7 +209,7 @@ def test_zmesh_logs_by_name_all_ranks_one_rank_since_and_follow(
     finally:
         if follow is not None:
             follow.kill()
-            follow.communicate(timeout=10)
+            end_child(follow, 10)
         s.close()
 
 

@@ -38,7 +38,7 @@ import zmesh
 from zmesh._client import local as _local
 from zmesh._wire import security as _security
 
-from _helpers import live_processes
+from _helpers import end_child, live_processes
 from netns_cluster import Host, NetnsCluster
 
 DEPLOY = Path(__file__).resolve().parents[2] / "examples" / "deploy"
@@ -344,7 +344,10 @@ def test_zmesh_up_attached_prints_one_line_and_its_end_ends_every_agent(
         assert len([p for p in agents if b"agent" in p.cmdline]) >= 3
     finally:
         up.send_signal(signal.SIGTERM)
-        rest, _ = up.communicate(timeout=30)
+        try:
+            rest, _ = up.communicate(timeout=30)
+        finally:
+            end_child(up, 10)  # killed, and its pipe closed, if it did not end
     assert rest == "", "the agents wrote to zmesh up's stdout"
     assert up.returncode == 0
     assert _leftovers(run_env) == []

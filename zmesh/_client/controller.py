@@ -50,6 +50,9 @@ AGENT_TIMEOUT = float(os.environ.get("ZMESH_AGENT_TIMEOUT", "1.2"))
 WATCH_INTERVAL = 0.1
 # A control reply this long after the stream's last message: the agent is alive.
 ANSWERED_SINCE = 0.5
+# An agent that has not answered at all this long after we first needed it
+# (the agent of a handle from elsewhere, gone since): its known ranks are Unknown.
+NEVER_ANSWERED = AGENT_TIMEOUT + 2.0
 # Released meshes remembered (how each rank ended), for calls on stale handles.
 # Older ones are forgotten; their agents still know (or say they do not).
 TOMBSTONES = 1024
@@ -264,6 +267,14 @@ class Controller:
             await asyncio.sleep(WATCH_INTERVAL)
             now = time.monotonic()
             for a in list(self.agents.values()):
+                if a.sub is None and now - a.last_heard > NEVER_ANSWERED:
+                    # Never heard (last_heard: when we first asked): the ranks we
+                    # know of there, from handles, cannot be followed (each judged
+                    # once, a later handle's too). Its first message, if it ever
+                    # answers, makes it reachable again.
+                    a.lost = True
+                    self.agent_lost(a)
+                    continue
                 if not a.lost and a.sub is not None and now - a.last_heard > AGENT_TIMEOUT:
                     # Our own loop may have been the slow one: read what the
                     # agent sent meanwhile before calling it lost.

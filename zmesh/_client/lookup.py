@@ -152,6 +152,10 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
         except (AgentError, SecurityError) as exc:
             errors.append(exc)
             continue
+        if not isinstance(reply, w.LookupReply):  # its decoder refused the request (an Ack)
+            why = getattr(reply, "error", "") or f"answered {type(reply).__name__}"
+            errors.append(AgentError(f"agent {addr} cannot look {name!r} up: {why}", host=addr))
+            continue
         if reply.ok:
             return reply.kind, pickle.loads(reply.handle), addr
         names.update(reply.names)
@@ -213,11 +217,16 @@ def lookup(name: str) -> Future[Any]:
     back as a ``Service`` (direct calls, adverbs, sessions, failover, and
     ``svc.stop()``), a mesh as an ``ActorMesh``.
 
+    Raises:
+        ValueError: ``name`` is no valid name (so nothing was filed under it).
+
     Raises (from the future):
         NameNotFoundError: no such name for these keys; its ``names`` are
             the ones that exist.
         SecurityError, AgentError: no configured agent could be asked.
     """
+
+    w.check_name(name, "detached name")  # at once, as spawning it would have
 
     async def go(rt: Runtime) -> Any:
         kind, handle, addr = await find(rt, name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -41,6 +42,7 @@ from zmesh._client.portsockets import _senders, _server
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EncodeError
 from zmesh._wire import messages as w
+from zmesh._wire import pickling as _pickling
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -115,8 +117,18 @@ class Port(Generic[R]):
         return self.tcp, self.key
 
     def exception(self, exc: BaseException) -> None:
-        """Send an exception: the receiver's ``recv()`` raises it."""
-        self.send(_PortError(exc))  # type: ignore[arg-type]
+        """Send an exception: the receiver's ``recv()`` raises it.
+
+        One that cannot be raised there as it is (a ``StopIteration``, which
+        a future refuses, or one that does not unpickle) arrives as an
+        ``EncodeError`` naming it.
+
+        Raises:
+            TypeError: ``exc`` is not an exception.
+        """
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"Port.exception takes an exception, not {type(exc).__name__}")
+        self.send(_PortError(_raisable(exc)))  # type: ignore[arg-type]
 
     def __reduce__(self) -> Any:
         return (Port, (self.addr, self.number, self.once, self.tcp, self.key, self.host))
@@ -130,6 +142,20 @@ class _PortError:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+def _raisable(exc: BaseException) -> BaseException:
+    """``exc`` if a receiver can raise it as it is, else an ``EncodeError`` saying what it was."""
+    if isinstance(exc, StopIteration):
+        why = "a future cannot raise StopIteration"
+    else:
+        try:
+            blob, buffers = _pickling.dumps(exc, lambda _buf: True)
+            pickle.loads(blob, buffers=buffers)
+            return exc
+        except Exception as err:  # what the receiver would meet when unpickling it
+            why = f"it does not travel: {type(err).__name__}: {err}"
+    return EncodeError(f"a port was sent {type(exc).__name__}({exc}), which {why}")
 
 
 class PortReceiver(Generic[R]):
@@ -176,7 +202,10 @@ class PortReceiver(Generic[R]):
 
     def _settle(self, fut: Sink, rank: int, value: Any) -> None:
         if isinstance(value, _PortError):
-            resolve(fut, False, value.exc)
+            exc = value.exc
+            if not isinstance(exc, BaseException) or isinstance(exc, StopIteration):
+                exc = EncodeError(f"a port was sent {exc!r} as an exception")  # (a forged one)
+            resolve(fut, False, exc)
         else:
             resolve(fut, True, (rank, value) if self._ranked else value)
 

@@ -22,13 +22,17 @@ worker thread, in actor order, instead of a thread hand-off per actor, while
 each part is short (``SYNC_SHARE_NS``; a longer one sends the rest to a
 thread each, and later fan-outs to the mailboxes). Each of those actors is
 held busy (``Mailbox.hold``) until its part is done, so its later mail waits
-behind it.
+behind it. Parts not started ``SPREAD_AFTER`` s after the fan-out get a
+thread each too: an actor blocked in its part (a long load, a wait for its
+siblings) holds neither their parts nor their mail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -52,6 +56,9 @@ if TYPE_CHECKING:
 # and the endpoint's later fan-outs go through the mailboxes.
 SYNC_SHARE_NS = 200_000
 _slow: set[tuple[type, str]] = set()  # (class, sync endpoint) that took longer
+# Parts of a sync fan-out that the shared thread has not started by then get
+# a thread each (the part before them is long, or blocked).
+SPREAD_AFTER = 0.005
 
 
 def endpoint_of(boxes: list[Mailbox | None], method: str) -> Endpoint[Any, Any] | None:
@@ -218,22 +225,33 @@ def _run_sync(
 ) -> None:  # fmt: skip
     """Run a sync endpoint for the ``held`` actors in one worker thread, in actor order."""
     method = msg.method
-    jobs = [(box.context, box.instance) for _, box in held]
     if first:
         for _, box in held:
             box.counters[method].begin()
-    fut = asyncio.get_running_loop().run_in_executor(
-        server.pool, _invoke_all, ep.fn, jobs, args, kwargs, msg.request
-    )
+    todo = _Todo(held)
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(server.pool, _invoke_all, ep.fn, todo, args, kwargs, msg.request)
 
-    def done(fut: asyncio.Future[list[tuple[int, Any, int]]]) -> None:
+    def spread() -> None:
+        """The parts not started yet (still) get a thread each (still held)."""
+        rest, long = todo.take_rest()
+        if long and rest:  # one took long: later fan-outs of this endpoint go to the mailboxes
+            _slow.add((type(held[0][1].instance), method))
+        for part in rest:
+            _run_sync(server, gather, [part], ep, msg, args, kwargs, first=False)
+
+    timer = loop.call_later(SPREAD_AFTER, spread) if len(held) > 1 else None
+
+    def done(fut: asyncio.Future[list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]]]) -> None:
+        if timer is not None:
+            timer.cancel()
         try:
             outcomes = fut.result()
         except BaseException as exc:  # the pool is gone (the proc ends): each part says so
             why = f"the endpoint could not run: {exc!r}"
-            outcomes = [(1, RuntimeError(why), 0)] * len(held)
+            outcomes = [(part, (1, RuntimeError(why), 0)) for part in todo.take_rest()[0]]
         now = _now_ns()
-        for (j, box), (err, value, dt) in zip(held, outcomes, strict=False):
+        for (j, box), (err, value, dt) in outcomes:
             counters = box.counters[method]
             counters.end(now - dt, 1 if err else 0)
             box.release()
@@ -249,33 +267,58 @@ def _run_sync(
             gather.raised(j, value, method)
             if isinstance(value, SystemExit):
                 server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
-        if len(outcomes) < len(held):  # one took long: the rest get a thread each (still held)
-            _slow.add((type(held[0][1].instance), method))
-            for part in held[len(outcomes) :]:
-                _run_sync(server, gather, [part], ep, msg, args, kwargs, first=False)
+        spread()  # what the thread left after a long part, if the timer did not take it
 
     fut.add_done_callback(done)
 
 
+class _Todo:
+    """The parts of one sync fan-out not started yet, shared by its thread and the loop."""
+
+    __slots__ = ("lock", "parts", "started")
+
+    def __init__(self, parts: list[tuple[int, Mailbox]]) -> None:
+        self.parts = deque(parts)
+        self.lock = threading.Lock()
+        self.started = 0  # when the part running in the thread started (ns; 0: none)
+
+    def next(self) -> tuple[int, Mailbox] | None:
+        """In the thread: the next part to run (``None``: none left, or taken away)."""
+        with self.lock:
+            if not self.parts:
+                self.started = 0
+                return None
+            self.started = _now_ns()
+            return self.parts.popleft()
+
+    def take_rest(self) -> tuple[list[tuple[int, Mailbox]], bool]:
+        """On the loop: the parts not started, and whether the running one took long."""
+        with self.lock:
+            rest, self.parts = list(self.parts), deque()
+            long = bool(self.started) and _now_ns() - self.started > SYNC_SHARE_NS
+        return rest, long
+
+
 def _invoke_all(
-    fn: Any, jobs: list[tuple[Any, Any]], args: tuple[Any, ...], kwargs: dict[str, Any],
-    request: str,
-) -> list[tuple[int, Any, int]]:  # fmt: skip
-    """In a worker thread: ``fn`` on each actor in turn, in a copy of its context;
-    ``(error, value or exception, nanoseconds)`` each (``handle`` does the same, per
-    actor). It stops after a part that took longer than ``SYNC_SHARE_NS``."""
-    out: list[tuple[int, Any, int]] = []
-    for context, instance in jobs:
-        ctx = context.copy()
+    fn: Any, todo: _Todo, args: tuple[Any, ...], kwargs: dict[str, Any], request: str
+) -> list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]]:
+    """In a worker thread: ``fn`` on each part's actor in turn, in a copy of its
+    context; ``(part, (error, value or exception, nanoseconds))`` each (``handle``
+    does the same, per actor). It stops after a part that took longer than
+    ``SYNC_SHARE_NS``, or when the loop took the parts left (``SPREAD_AFTER``)."""
+    out: list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]] = []
+    while (part := todo.next()) is not None:
+        box = part[1]
         t0 = _now_ns()
         try:
+            ctx = box.context.copy()  # type: ignore[union-attr]  # (idle: its task set it)
             ctx.run(set_current, None, None, request)  # zmesh.current_request()
-            value = ctx.run(invoke_sync, fn, instance, args, kwargs)
+            value = ctx.run(invoke_sync, fn, box.instance, args, kwargs)
             err = 1 if type(value) is Raised else 0
         except Exception as exc:
             value, err = exc, 1
         dt = _now_ns() - t0
-        out.append((err, value, dt))
-        if dt > SYNC_SHARE_NS:
+        out.append((part, (err, value, dt)))
+        if dt > SYNC_SHARE_NS:  # (``started`` stays set: take_rest sees it took long)
             break
     return out

@@ -236,8 +236,26 @@ def _copy_stderr(tail: _Tail) -> None:
         lines.append(tail.err_partial)
         tail.err_partial = b""
     if lines:
+        block = b"".join(ERR_MARK + ln + b"\n" for ln in lines)
+        # A stdout line the proc left open ("loading...", no newline yet) ends
+        # here: glued onto it, the block's first line would lose its mark (and
+        # reach the owner's stdout, the mark inside).
+        if _ends_open(tail.path):
+            block = b"\n" + block
         with contextlib.suppress(OSError), open(tail.path, "ab") as f:
-            f.write(b"".join(ERR_MARK + ln + b"\n" for ln in lines))
+            f.write(block)
+
+
+def _ends_open(path: str) -> bool:
+    """Whether the file at ``path`` ends inside a line (not empty, no final newline)."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 def _offset_since(tail: _Tail, when: float) -> int:

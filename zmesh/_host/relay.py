@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,11 @@ ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
 _PROBE_ACTOR = "\x00relay-probe"
+# A link with nothing in flight, unused for this long (s), is closed when a
+# new link is made. Senders come and go (each client, each reconnection is a
+# new identity here), each link holds a socket and its fds, and a detached
+# mesh's relays serve many scripts: without this their links pile up.
+LINK_IDLE = float(os.environ.get("ZMESH_RELAY_LINK_IDLE", "10"))
 
 
 class _Head(msgspec.Struct, array_like=True):
@@ -126,11 +132,12 @@ class Hop:
 class Link:
     """One sender's DEALER to one local proc, and what waits for answers on it."""
 
-    __slots__ = ("addr", "hops", "pending", "proven", "sock", "waiting_proof")
+    __slots__ = ("addr", "hops", "pending", "proven", "sock", "used", "waiting_proof")
 
-    def __init__(self, addr: str, sock: AsyncSocket) -> None:
+    def __init__(self, addr: str, sock: AsyncSocket, now: float) -> None:
         self.addr = addr
         self.sock = sock
+        self.used = now  # when a request last went on it (loop time)
         self.pending: dict[int, tuple[Forward, int]] = {}  # request id -> (forward, target index)
         self.hops: dict[int, Hop] = {}  # request id -> a Relay sent on (to another relay)
         self.proven = False
@@ -210,6 +217,7 @@ class RelayServer:
                     self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
                 continue
             link = self._link(ident, t.addr)
+            link.used = self.loop.time()
             link.sock.send(out)
             self.forwarded += 1
             if not msg.oneway:
@@ -222,6 +230,7 @@ class RelayServer:
             if msg.mesh != self.server.mesh:
                 break  # (every target was refused above; these are refused below)
             link = self._link(ident, hop.relay.addr)
+            link.used = self.loop.time()
             nested = w.Relay(msg.id, msg.mesh, hop.targets, msg.body, msg.oneway, reduce=msg.reduce)
             link.sock.send(self.server.codec.encode(nested, frames[1:]))
             self.forwarded += 1
@@ -246,17 +255,26 @@ class RelayServer:
     def _link(self, ident: bytes, addr: str) -> Link:
         link = self.links.get((ident, addr))
         if link is None:
+            self._close_idle()
             sock = secure_client(configure(zmq.Context.instance().socket(zmq.DEALER), data=True),
                                  addr=addr)  # fmt: skip
             sock.connect(addr)
             a = AsyncSocket(sock, self.loop, None, batch=True)
-            link = Link(addr, a)
+            link = Link(addr, a, self.loop.time())
             a.on_message = self._on_answer_of(link)
             a.watch_disconnects(lambda: self._lost(link))
             self.links[(ident, addr)] = link
             probe = w.Call(-next(self._ids), _PROBE_ACTOR, "", w.Payload())
             a.send(self.server.codec.encode(probe))
         return link
+
+    def _close_idle(self) -> None:
+        """Close the links with nothing in flight that were not used for ``LINK_IDLE`` s."""
+        now = self.loop.time()
+        for key, link in list(self.links.items()):
+            if link.proven and not link.pending and not link.hops and now - link.used >= LINK_IDLE:
+                del self.links[key]
+                link.sock.close()  # (the default linger: what it still holds goes out)
 
     def _on_answer_of(self, link: Link) -> Callable[[list[Any]], int | None]:
         head_of = _HEAD.decode

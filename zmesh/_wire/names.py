@@ -17,14 +17,15 @@ import msgspec
 # it is decoded, so a handler only ever sees values of the right type and
 # range (a message that fails is answered with an error, or dropped). Names
 # end up in file names (a proc's log is ``<mesh>.<rank>.g<gen>.log``), so
-# they are restricted to a safe set of characters, without "..".
+# they are restricted to a safe set of characters, without "..". Anchored
+# with \Z, not $: a regex's $ also matches before a final newline.
 
-NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9_.-]{1,128}$"
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9_.-]{1,128}\Z"
 _NAME_RE = re.compile(NAME_PATTERN)
 NAME_RULE = "1-128 letters, digits, '_', '.' or '-', without '..'"
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, description=NAME_RULE)]
 # GetState's name may be empty: every mesh.
-NameOrAll = Annotated[str, msgspec.Meta(pattern=r"^$|" + NAME_PATTERN)]
+NameOrAll = Annotated[str, msgspec.Meta(pattern=r"^\Z|" + NAME_PATTERN)]
 # Text that becomes a path, an argument or an environment entry: no NUL.
 Text = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", max_length=4096)]
 Id = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$", min_length=1, max_length=256)]
