@@ -254,7 +254,7 @@ async def test_a_fan_out_waits_for_a_busy_actor_and_not_for_the_idle_ones(
 
 
 def test_sync_code_and_streams_batching_and_buffers(sims: zmesh.ActorMesh[Sim]) -> None:
-    # From plain code (.get(), the I/O thread), per actor and fanned out.
+    # From plain code (.get(); one actor: on the thread's lane), per actor and fanned out.
     assert sims.slice(procs=0, actors=4).where.call_one().get(timeout=30)["rank"] == 4
     assert sorted(sims.fail_at.stream(-1)) == list(range(PROCS * PER))
     # A generator endpoint streams per actor.

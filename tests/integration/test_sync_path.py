@@ -1,16 +1,18 @@
 """The sync path without hops: ``call_one(...).get()`` from plain threads.
 
 A thread with no event loop sends on its own lane (zmesh._client.lanes) and
-polls for the reply itself. These check that it is used, and that it keeps
-every guarantee of the I/O path: order per caller (also mixed with other
-adverbs), typed errors, timeouts, a killed proc failing the call at once,
-many threads at once, and no call lost.
+polls for the reply itself. These check that it is used (also for one actor
+of several in a proc), and that it keeps every guarantee of the I/O path:
+order per caller (also mixed with other adverbs), typed errors, timeouts,
+replies of every shape, a killed proc failing the call at once, many threads
+at once, a fork, and no call lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 import threading
 import time
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 
 import zmesh
+from zmesh._client.lanes import SyncCall
 
 from _actors import Journal, Pid
 from _helpers import (
@@ -34,9 +37,24 @@ class Log(Journal, Pid):
         raise KeyError(message)
 
     @zmesh.endpoint
+    async def shape(self, k: int) -> Any:
+        return SHAPES[k]
+
+    @zmesh.endpoint
     async def sleep(self, seconds: float) -> float:
         await asyncio.sleep(seconds)
         return seconds
+
+
+# Replies of every shape the lane reads (made in the actor: arguments with
+# buffers would take the I/O path).
+SHAPES: list[Any] = [
+    b"x" * 200_000,  # a buffer frame after the envelope
+    [1, pickle.PickleBuffer(b"y" * 300_000)],  # pickled, with an out-of-band buffer
+    {"a": 1, "b": (2, 3)},  # pickled, in the envelope
+    "text",
+    None,
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +69,7 @@ def _fresh() -> zmesh.ActorMesh[Log]:
 def test_sync_calls_take_the_lane_and_keep_their_order(log_actor: zmesh.ActorMesh[Log]) -> None:
     log_actor.take.call_one().get(timeout=10)  # the first call connects (the I/O path)
     futs = [log_actor.append.call_one(i) for i in range(2000)]
-    assert all(f._sync is not None for f in futs), "sync calls did not take the lane"
+    assert all(isinstance(f, SyncCall) for f in futs), "sync calls did not take the lane"
     assert [f.get(timeout=30) for f in futs] == list(range(2000))
     assert log_actor.take.call_one().get(timeout=10) == list(range(2000))
 
@@ -76,7 +94,7 @@ def test_lane_calls_and_other_adverbs_keep_their_relative_order(
 def test_lane_errors_are_typed(log_actor: zmesh.ActorMesh[Log]) -> None:
     log_actor.take.call_one().get(timeout=10)
     fut: zmesh.Future[Any] = log_actor.boom.call_one("nope")
-    assert fut._sync is not None
+    assert isinstance(fut, SyncCall)
     with pytest.raises(zmesh.ActorError) as info:
         fut.get(timeout=10)
     assert info.value.remote_type == "KeyError"
@@ -104,7 +122,7 @@ def test_a_lane_future_can_be_awaited_and_got_from_another_thread(
 ) -> None:
     log_actor.take.call_one().get(timeout=10)
     fut = log_actor.sleep.call_one(0.2)
-    assert fut._sync is not None
+    assert isinstance(fut, SyncCall)
     got: list[float] = []
     t = threading.Thread(target=lambda: got.append(fut.get(timeout=10)))
     t.start()
@@ -123,7 +141,7 @@ def test_kill_9_of_the_proc_fails_the_lane_call_quickly() -> None:
     m = _fresh()
     pid = m.pid.call_one().get(timeout=10)
     fut = m.sleep.call_one(60.0)
-    assert fut._sync is not None
+    assert isinstance(fut, SyncCall)
     time.sleep(0.2)  # the call is running in the proc
     t = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -166,3 +184,85 @@ def test_ten_thousand_sync_calls_none_lost(log_actor: zmesh.ActorMesh[Log]) -> N
     for i in range(10_000):
         assert log_actor.append.call_one(i).get(timeout=30) == i
     assert log_actor.take.call_one().get(timeout=10) == list(range(10_000))
+
+
+def test_replies_of_every_shape_come_back_on_the_lane(log_actor: zmesh.ActorMesh[Log]) -> None:
+    log_actor.take.call_one().get(timeout=10)
+    futs = [log_actor.shape.call_one(k) for k in range(len(SHAPES))] * 2
+    assert all(isinstance(f, SyncCall) for f in futs)
+    got = [f.get(timeout=30) for f in futs]
+    for k in (1, 6):  # the out-of-band buffer arrives as a buffer of the frame
+        pickled, buffer = got[k]
+        assert pickled == 1 and bytes(memoryview(buffer)) == b"y" * 300_000
+    assert [v for k, v in enumerate(got) if k not in (1, 6)] == [
+        SHAPES[k] for k in (0, 2, 3, 4)
+    ] * 2
+
+
+def test_one_actor_of_several_in_a_proc_is_called_on_the_lane() -> None:
+    procs, per = 2, 3
+    m = Log.options(procs=procs, actors_per_proc=per).as_actor().get(timeout=60)
+    try:
+        actors = [m.slice(procs=p, actors=a) for p in range(procs) for a in range(per)]
+        for one in actors:  # the first call to a proc connects (the I/O path)
+            one.take.call_one().get(timeout=10)
+        futs: list[list[zmesh.Future[Any]]] = [[] for _ in actors]
+        for i in range(300):  # interleaved across the actors of both procs
+            for k, one in enumerate(actors):
+                futs[k].append(one.append.call_one(k * 1000 + i))
+        assert all(isinstance(f, SyncCall) for fs in futs for f in fs), "not on the lane"
+        for k, fs in enumerate(futs):
+            assert [f.get(timeout=30) for f in fs] == [k * 1000 + i for i in range(300)]
+        for k, one in enumerate(actors):  # each actor got its own calls, in order
+            assert one.take.call_one().get(timeout=10) == [k * 1000 + i for i in range(300)]
+        # Errors name the actor's rank, not its proc's.
+        with pytest.raises(zmesh.ActorError) as info:
+            m.slice(procs=1, actors=2).boom.call_one("nope").get(timeout=10)
+        assert info.value.rank == 1 * per + 2 and info.value.remote_type == "KeyError"
+        # A killed proc fails its actors' lane calls, each with its rank.
+        pid = m.slice(procs=1, actors=0).pid.call_one().get(timeout=10)
+        slow = [m.slice(procs=1, actors=a).sleep.call_one(60.0) for a in range(per)]
+        assert all(isinstance(f, SyncCall) for f in slow)
+        time.sleep(0.2)  # the calls are running in the proc
+        t = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        for a, f in enumerate(slow):
+            with pytest.raises(zmesh.SupervisionError) as sup:
+                f.get(timeout=20)
+            assert sup.value.rank == 1 * per + a
+        assert time.monotonic() - t < 3.0, "the killed proc's calls did not fail fast"
+        assert m.slice(procs=0, actors=1).append.call_one(5).get(timeout=10) == 5
+    finally:
+        m.stop().get(timeout=30)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_call_in_flight_when_the_process_forks_fails_in_the_child(
+    log_actor: zmesh.ActorMesh[Log],
+) -> None:
+    log_actor.take.call_one().get(timeout=10)
+    fut = log_actor.sleep.call_one(0.5)
+    assert isinstance(fut, SyncCall)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its reply goes to the parent, so it fails here at once
+        code = 1
+        try:
+            t = time.monotonic()
+            try:
+                fut.get(timeout=5)
+            except zmesh.ConnectionLostError:
+                code = 0 if time.monotonic() - t < 1.0 else 2
+            except BaseException:
+                code = 3
+            os.write(w, bytes([code]))
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        got = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert got == b"\x00", f"the child's .get() did not fail at once: {got!r}"
+    assert fut.get(timeout=10) == 0.5  # the parent has its reply

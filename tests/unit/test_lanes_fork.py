@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 # Run in a fresh interpreter: forking the test process (with its threads)
-# is not what is tested. The lane's runtime is only a key here.
+# is not what is tested. The lane's runtime is only a key here (with a loop).
 _CHILD = r"""
-import json, os
+import json, os, types
 from zmesh._client import lanes
 
-rt = object()
+rt = types.SimpleNamespace(loop=None)
 ln = lanes.lane(rt)
 parent_sock = object()
 ln.socks["ipc://parent"] = parent_sock

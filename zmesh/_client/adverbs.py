@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from zmesh._client.values import ValueMesh
 
 R = TypeVar("R")
+_get_running_loop = asyncio._get_running_loop
 F = TypeVar("F", bound=Callable[..., Any])
 _rotation = itertools.count()
 
@@ -288,6 +289,12 @@ class EndpointRef(Generic[R]):
 
                     return explicit_call(self, args, kwargs, whole=False)
                 return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
+            if not kwargs and self._block and _get_running_loop() is None:
+                # A thread with no loop, the common call: on the thread's own
+                # lane, in one step (zmesh._client.lanes).
+                sync = _lanes.call_one(self, refs[0], args)
+                if sync is not None:
+                    return sync
             return self._one(refs[0], args, kwargs)
         except NotReady:  # a mesh in the arguments is still spawning
             if _pending.draining():
@@ -337,12 +344,13 @@ class EndpointRef(Generic[R]):
         payload, buffers = self._pack(args, kwargs)
         timeout = self._timeout
         deadline = time.time() + timeout if timeout is not None else 0.0
-        if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it
-            return _grouping.call_one(
-                ref, self._mesh.actor, self._name, payload, buffers, deadline, timeout, self._block
-            )
         rt, here = _runtime.current()
         if here:
+            if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it
+                return _grouping.call_one(
+                    ref, self._mesh.actor, self._name, payload, buffers, deadline, timeout,
+                    self._block,
+                )  # fmt: skip
             fut: asyncio.Future[R] = rt.loop.create_future()
             rt.call(
                 ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
@@ -352,17 +360,19 @@ class EndpointRef(Generic[R]):
         # From a thread without a loop: on the thread's own lane (no hop), or
         # else one callback on the runtime's loop, scheduled in call order
         # like every other adverb (see on_runtime).
+        actor = _grouping.member(self._mesh.actor, ref)
         lane = _lanes.lane(rt)
         if not buffers and self._block:
-            sync = lane.call(ref, self._mesh.actor, self._name, payload, deadline, timeout)
+            sync = lane.call(ref, actor, self._name, payload, timeout)
             if sync is not None:
-                return Future(sync=sync, about=(ref, self._name))
+                return sync
         seq = lane.before_io((ref.addr,))
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
         cfut.add_done_callback(functools.partial(lane.answered, ref.addr, seq))
+        sink: Any = cfut if ref.index < 0 else _grouping.ActorSink(cfut, ref)
         rt.dispatch(
-            rt.call_threadsafe, ref, self._mesh.actor, self._name, payload, buffers, deadline,
-            cfut, timeout, self._block, here=False, targets=(),
+            rt.call_threadsafe, ref, actor, self._name, payload, buffers, deadline, sink,
+            timeout, self._block, here=False, targets=(),
         )  # fmt: skip
         return Future(cfut=cfut, about=(ref, self._name))
 

@@ -24,6 +24,7 @@ import asyncio
 import functools
 import os
 import threading
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
     from zmesh._client.controller import Controller
-    from zmesh._client.lanes import SyncCall
+    from zmesh._client.lanes import Lane, SyncCall
     from zmesh._client.runtime import ProcRef
     from zmesh._client.tree import Tree
 
@@ -186,7 +187,7 @@ class Connections:
         conns: dict[str, ProcConn]
         controller: Controller
         sync_lock: threading.Lock
-        sync_calls: dict[str, set[SyncCall]]
+        lanes: weakref.WeakSet[Lane]
         tree: Tree | None
 
         def _on_reply(self, conn: ProcConn, frames: list[Any]) -> int | None: ...
@@ -246,7 +247,7 @@ class Connections:
 
     def _fail_all(self, c: ProcConn, error: ZmeshError) -> None:
         """Fail everything on ``c``, sent or waiting, with ``error``."""
-        if self.sync_calls:
+        if self.lanes:
             for call in self._sync_calls_to(c):
                 call.settle(False, error)
         failed = list(c.pending.values())
@@ -302,7 +303,7 @@ class Connections:
         """A connection of ``c``'s socket dropped: its calls are lost."""
         if c.sock is not sock or c.broken is not None:
             return
-        if self.sync_calls:
+        if self.lanes:
             sync = self._sync_calls_to(c)
             if sync:
                 self.loop.call_later(DISCONNECT_GRACE, self._fail_lost_sync, c, sync)
@@ -317,8 +318,9 @@ class Connections:
 
     def _sync_calls_to(self, c: ProcConn) -> list[SyncCall]:
         with self.sync_lock:
-            calls = self.sync_calls.get(c.ref.addr, ())
-            return [call for call in calls if call.ref.mesh == c.mesh]
+            lanes = list(self.lanes)
+        addr, mesh = c.ref.addr, c.mesh
+        return [call for lane in lanes for call in lane.calls_to(addr, mesh)]
 
     def _fail_lost_sync(self, c: ProcConn, lost: list[SyncCall]) -> None:
         err = ConnectionLostError(

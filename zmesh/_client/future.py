@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from zmesh._errors import CallTimeoutError
 
 if TYPE_CHECKING:
-    from zmesh._client.lanes import SyncCall
     from zmesh._client.runtime import ProcRef
 
 T = TypeVar("T")
@@ -21,22 +20,22 @@ class Future(Generic[T]):
 
     ``await fut`` inside asyncio (any loop), or ``fut.get(timeout=...)`` from
     synchronous code. The operation is already under way when you hold it.
+
+    A call from a thread with no loop on the thread's own lane is a
+    subclass, ``zmesh._client.lanes.SyncCall``, whose ``.get()`` drives the
+    lane's socket itself, with no thread in between.
     """
 
-    __slots__ = ("_about", "_afut", "_cfut", "_sync")
+    __slots__ = ("_about", "_afut", "_cfut")
 
     def __init__(
         self,
         afut: asyncio.Future[T] | None = None,
         cfut: concurrent.futures.Future[T] | None = None,
         about: tuple[ProcRef | str, str] | None = None,
-        sync: SyncCall | None = None,
     ) -> None:
         self._afut = afut
         self._cfut = cfut
-        # A call on a thread's own lane (zmesh._client.lanes): ``.get()``
-        # drives the lane's socket itself, with no thread in between.
-        self._sync = sync
         # What the result comes from, for the context of a timeout: the
         # proc (one target) or the mesh name (many), and the endpoint.
         self._about = about
@@ -47,8 +46,6 @@ class Future(Generic[T]):
         afut = self._afut
         if afut is not None and afut.get_loop() is asyncio._get_running_loop():
             return afut.__await__()
-        if self._sync is not None:  # its lane's sockets are driven by a blocking wait
-            return asyncio.get_running_loop().run_in_executor(None, self.get).__await__()
         return asyncio.wrap_future(self._concurrent()).__await__()
 
     def get(self, timeout: float | None = None) -> T:
@@ -62,14 +59,6 @@ class Future(Generic[T]):
             RuntimeError: called from the thread of the loop that must
                 produce the result (use ``await`` there).
         """
-        sync = self._sync
-        if sync is not None:
-            try:
-                return sync.result(timeout)
-            except TimeoutError:
-                if sync.done:  # the call's own timeout, or an error that is one
-                    raise
-                raise self._timeout_error(timeout) from None
         if self._afut is not None:
             try:
                 running = asyncio.get_running_loop()
@@ -106,8 +95,6 @@ class Future(Generic[T]):
 
     def done(self) -> bool:
         """Whether the result (or error) is ready."""
-        if self._sync is not None:
-            return self._sync.poll()
         f = self._afut if self._afut is not None else self._cfut
         return f is not None and f.done()
 

@@ -7,18 +7,27 @@ reply comes back through it: two thread hops (a wake-up each) per call. A
 ``recv`` on it. No other thread is woken. (A blocking ``recv`` costs about
 half the CPU of ``zmq_poll`` then ``recv``, measured.)
 
+The common call (one actor, scalar arguments, no keywords) takes
+``call_one`` below straight from the adverb: one function encodes the
+message and sends it, and the ``SyncCall`` it returns is the user's future
+itself. A reply is received as bytes (a ``zmq.Frame`` costs more) and
+decoded in the same function that received it. Per call the lane allocates
+the message, the future and the reply's value, and touches two dicts of its
+own; nothing is created per call in the runtime's structures.
+
 What the lane cannot do it leaves to the I/O thread (the *I/O path*): a first
 call to a proc (the runtime must connect to it and follow its supervision),
 a proc that is broken or released, buffers, a full in-flight window, and
 every other adverb. The guarantees stay those of the I/O path:
 
-* **Failures.** Every lane call is registered with the runtime
-  (``Runtime.sync_calls``) before it is sent. Supervision runs on the I/O
-  thread; when it breaks a proc's connection it fails that proc's lane calls
-  too (``SyncCall.settle``). The caller's ``recv`` gives up every
-  ``SLICE_MS`` to look, so a killed proc fails ``.get()`` with
-  ``SupervisionError`` at most that much later than on the I/O path. A
-  dropped connection fails them after the same grace
+* **Failures.** A lane registers with its runtime (``Runtime.lanes``) when
+  it opens its first socket, and every call is in the lane's ``calls``
+  before it is sent. Supervision runs on the I/O thread; when it breaks a
+  proc's connection it asks each lane for its calls to that proc
+  (``Lane.calls_to``) and fails them too (``SyncCall.settle``). The caller's
+  ``recv`` gives up every ``SLICE_MS`` to look, so a killed proc fails
+  ``.get()`` with ``SupervisionError`` at most that much later than on the
+  I/O path. A dropped connection fails them after the same grace
   (``ConnectionLostError``); a per-call timeout is kept by the wait.
 * **Order per caller.** A thread's messages to one proc must arrive in the
   order it sent them, but a lane and the runtime's socket are two
@@ -27,95 +36,126 @@ every other adverb. The guarantees stay those of the I/O path:
   procs; and (2) a call goes on the lane only when every earlier I/O-path
   message of the thread to that proc is known to have arrived: the thread's
   last I/O-path message to it was a ``call_one`` that was answered.
+* **Fork.** A forked child does not inherit the lane: it makes its own, and
+  a call the parent had in flight on it fails in the child at once (its
+  reply goes to the parent).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import threading
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from zmesh._client import runtime as _runtime
 from zmesh._client.connections import MAX_IN_FLIGHT
+from zmesh._client.future import Future
+from zmesh._client.grouping import SEP, for_actor
 from zmesh._client.inflight import outcome, timeout_error
 from zmesh._client.runtime import ProcRef
-from zmesh._errors import ActorError, EncodeError
+from zmesh._errors import ActorError, CallTimeoutError, ConnectionLostError, EncodeError
 from zmesh._wire import messages as w
-from zmesh._wire.codec import BATCH_MARK, Codec
+from zmesh._wire.codec import BATCH_MARK, BIG_BUFFER, MAX_MSG_SIZE, Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import configure
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from zmesh._client.adverbs import EndpointRef
     from zmesh._client.runtime import Runtime
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _RCVTIMEO = int(zmq.RCVTIMEO)
+_RCVMORE = int(zmq.RCVMORE)
 # The Cython methods under pyzmq's Python wrappers (see zmesh._wire.zsock).
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
 _monotonic = time.monotonic
+_time = time.time
+_Call = w.Call
+_Payload = w.Payload
+_Reply = w.Reply
+# Argument types that travel in the envelope as they are (Codec.pack's fast case).
+_INLINE = frozenset((type(None), bool, int, float, str))
 # A blocked .get() looks up at least this often (ms): for a failure that
 # supervision delivered meanwhile, and to let another waiter drive the lane.
 SLICE_MS = 20
 _SLICE_S = SLICE_MS / 1000
 
 
-class SyncCall:
-    """One call in flight on a lane; settled once, by a reply or a failure."""
+class SyncCall(Future[Any]):
+    """One call in flight on a lane, and the ``zmesh.Future`` of its result.
 
-    __slots__ = ("done", "expires", "id", "lane", "ok", "ref", "timeout", "value")
+    Settled once, by a reply or a failure (the first wins), from any thread;
+    ``.get()`` drives the lane's socket until then.
+    """
 
-    def __init__(self, lane: Lane, ref: ProcRef, req_id: int, timeout: float | None) -> None:
+    __slots__ = ("expires", "id", "lane", "method", "ok", "ref", "settled", "timeout", "value")
+
+    def __init__(
+        self, lane: Lane, ref: ProcRef, req_id: int, method: str, timeout: float | None
+    ) -> None:
         self.lane = lane
         self.ref = ref
         self.id = req_id
+        self.method = method
         self.timeout = timeout
-        self.expires = time.monotonic() + timeout if timeout is not None else 0.0
-        self.done = False
+        self.expires = _monotonic() + timeout if timeout is not None else 0.0
+        self.settled = False
         self.ok = False
         self.value: Any = None
 
     def settle(self, ok: bool, value: Any) -> None:
         """Give the call its outcome (the first one wins), from any thread."""
-        lane = self.lane
-        rt = lane.rt
-        with rt.sync_lock:
-            if self.done:
-                return
-            self.ok, self.value, self.done = ok, value, True
-            by_addr = rt.sync_calls
-            calls = by_addr.get(addr := self.ref.addr)
-            if calls is not None:
-                calls.discard(self)
-                if not calls:
-                    del by_addr[addr]
-        lane.calls.pop(self.id, None)
+        # Whoever takes the call out of its lane's ``calls`` settles it: a
+        # reply (its lane's thread, or a waiter driving the lane), supervision
+        # (the I/O thread) or the call's timeout. One dict operation on int
+        # keys, atomic under the GIL: no lock on the path of every reply.
+        if self.lane.calls.pop(self.id, None) is None:
+            return
+        if not ok and self.ref.index >= 0:  # one of several actors of its proc
+            value = for_actor(value, self.ref)
+        self.ok = ok
+        self.value = value
+        self.settled = True  # last: a reader that sees it sees the outcome
 
-    def result(self, timeout: float | None) -> Any:
-        """Wait (``None``: as long as it takes) and return the value or raise the error.
+    def get(self, timeout: float | None = None) -> Any:
+        """Block until the result is ready and return it (or raise its error).
+
+        Args:
+            timeout: seconds to wait; ``None`` waits as long as it takes.
 
         Raises:
-            TimeoutError: ``timeout`` passed first (the call goes on).
+            CallTimeoutError: the timeout passed first (the call goes on).
         """
-        if not self.done:
+        if not self.settled:
             self.lane.wait(self, timeout)
-            if not self.done:
-                raise TimeoutError
+            if not self.settled:
+                ref = self.ref
+                raise CallTimeoutError(
+                    f"{self.method!r}: no result within {timeout}s (the call goes on)",
+                    mesh=ref.mesh, rank=ref.rank, host=ref.host, log_path=ref.log_path or None,
+                )  # fmt: skip
         if self.ok:
             return self.value
         raise self.value
 
-    def poll(self) -> bool:
-        """Whether it is done, reading what has arrived (never blocks)."""
-        if not self.done:
+    def done(self) -> bool:
+        """Whether the result (or error) is ready, reading what has arrived (never blocks)."""
+        if not self.settled:
             self.lane.wait(self, 0.0)
-        return self.done
+        return self.settled
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        # Its lane's socket is driven by a blocking wait: in another thread.
+        return asyncio.get_running_loop().run_in_executor(None, self.get).__await__()
 
 
 class Lane:
@@ -123,25 +163,32 @@ class Lane:
 
     Used by its thread; another thread waiting on one of its calls takes
     ``lock`` to drive the sockets for a moment (a ZeroMQ socket may change
-    threads behind a lock).
+    threads behind a lock). ``calls`` is also read (``calls_to``) and
+    settled from the I/O thread: only with single dict operations.
     """
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.loop = rt.loop  # the fast path checks it is still the home loop
         self.thread = threading.get_ident()
         self.codec = Codec(w.CLIENT_INBOX)
+        self.encode = self.codec.encode_envelope
+        self.decode = self.codec.decode_envelope
         self.lock = threading.Lock()
-        self.socks: dict[str, Any] = {}
+        self.socks: dict[str, Any] = {}  # each with RCVTIMEO SLICE_MS, but in a shorter wait
         self.calls: dict[int, SyncCall] = {}
         self._ids = itertools.count(1)
-        self._timeo: dict[str, int] = {}  # each socket's RCVTIMEO now (ms)
         # Order with the I/O path (see the module docstring): the sequence
         # number of the thread's last I/O-path message to each proc (and to
-        # procs unknown: ``io_all``), and of its last answered I/O call_one.
+        # procs unknown: ``io_all``), and of its last answered I/O call_one
+        # (``proven``, written by the I/O thread). ``clear``: the procs for
+        # which that was found to cover the first two, since the thread last
+        # sent on the I/O path to them (only this thread changes it).
         self.io_seq = 0
         self.io_all = 0
         self.io_to: dict[str, int] = {}
         self.proven: dict[str, int] = {}
+        self.clear: set[str] = set()
 
     # ------------------------------------------------------------ sending
 
@@ -151,10 +198,10 @@ class Lane:
         actor: str,
         method: str,
         payload: w.Payload,
-        deadline: float,
         timeout: float | None,
     ) -> SyncCall | None:
-        """Send a call on the lane; ``None``: it must take the I/O path.
+        """Send a call to ``actor`` (its name in the proc) on the lane;
+        ``None``: it must take the I/O path.
 
         Raises:
             EncodeError: the message is over the size limit.
@@ -162,41 +209,37 @@ class Lane:
         addr = ref.addr
         rt = self.rt
         c = rt.conns.get(addr)
-        proven = self.proven.get(addr, -1)
-        if (
-            c is None
-            or c.mesh != ref.mesh
-            or c.broken is not None
-            or proven < self.io_all
-            or proven < self.io_to.get(addr, 0)
-            or len(self.calls) >= MAX_IN_FLIGHT
-        ):
+        calls = self.calls
+        if c is None or c.mesh != ref.mesh or c.broken is not None or len(calls) >= MAX_IN_FLIGHT:
             return None
+        if addr not in self.clear:
+            proven = self.proven.get(addr, -1)
+            if proven < self.io_all or proven < self.io_to.get(addr, 0):
+                return None
+            self.clear.add(addr)
         req_id = next(self._ids)
-        try:
-            frames = self.codec.encode(w.Call(req_id, actor, method, payload, deadline))
-        except EncodeError as exc:
-            raise EncodeError(
-                f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
-            ) from exc
-        call = SyncCall(self, ref, req_id, timeout)
-        with rt.sync_lock:
-            # Registered before the check: a break from now on fails it; one
-            # before shows in the connection (broken is set before calls fail).
-            calls = rt.sync_calls.get(addr)
-            if calls is None:
-                rt.sync_calls[addr] = {call}
-            else:
-                calls.add(call)
+        deadline = _time() + timeout if timeout is not None else 0.0
+        msg = _Call(req_id, actor, method, payload, deadline)
+        env = self.encode(msg)
+        if len(env) > MAX_MSG_SIZE:
+            try:  # the codec says what is wrong
+                self.codec.encode(msg)
+            except EncodeError as exc:
+                raise EncodeError(
+                    f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
+                ) from exc
+        call = SyncCall(self, ref, req_id, method, timeout)
+        # In ``calls`` before the check: a break from now on fails it; one
+        # before shows in the connection (broken is set before calls fail).
+        calls[req_id] = call
         if rt.conns.get(addr) is not c or c.broken is not None:
             call.settle(False, None)  # unregister; the I/O path says why
             return None
-        self.calls[req_id] = call
         with self.lock:
             sock = self.socks.get(addr)
             if sock is None:
-                sock = self.socks[addr] = self._connect(addr)
-            _send(sock, frames[0], _NOBLOCK)  # the HWM is far above MAX_IN_FLIGHT
+                sock = self._connect(addr)
+            _send(sock, env, _NOBLOCK)  # the HWM is far above MAX_IN_FLIGHT
         return call
 
     def _connect(self, addr: str) -> Any:
@@ -204,19 +247,32 @@ class Lane:
             configure(zmq.Context.instance().socket(zmq.DEALER), data=True), addr=addr
         )
         sock.setsockopt(zmq.RCVTIMEO, SLICE_MS)
-        self._timeo[addr] = SLICE_MS
         sock.connect(addr)
+        if not self.socks:  # the first socket: supervision may now ask for its calls
+            rt = self.rt
+            with rt.sync_lock:
+                rt.lanes.add(self)
+        self.socks[addr] = sock
         return sock
+
+    def calls_to(self, addr: str, mesh: str) -> list[SyncCall]:
+        """The calls in flight on the lane to ``mesh``'s proc at ``addr`` (any thread)."""
+        # list() of the values is one C call, atomic under the GIL, while
+        # the lane's thread adds and removes calls.
+        calls = list(self.calls.values())
+        return [k for k in calls if k.ref.addr == addr and k.ref.mesh == mesh]
 
     # ------------------------------------------------------------ waiting
 
     def wait(self, call: SyncCall, timeout: float | None) -> None:
-        """Drive the lane until ``call`` is done, ``timeout`` passes, or it expires."""
+        """Drive the lane until ``call`` is settled, ``timeout`` passes, or it expires."""
         now = _monotonic()
         until = now + timeout if timeout is not None else None
-        addr = call.ref.addr
+        sock = self.socks.get(call.ref.addr)
+        if sock is None:  # pragma: no cover - a lane call has its socket
+            return
         lock = self.lock
-        while not call.done:
+        while not call.settled:
             expires = call.expires
             if expires and now >= expires:
                 assert call.timeout is not None
@@ -234,48 +290,59 @@ class Lane:
                     return
                 continue  # another thread drives the lane: it may settle ours
             try:
-                if not call.done:
-                    self._receive(addr, ms)
+                if not call.settled:
+                    self._receive(sock, ms)
             finally:
                 lock.release()
             now = _monotonic()
             if until is not None and now >= until:
                 return
 
-    def _receive(self, addr: str, ms: int) -> None:
-        """Wait up to ``ms`` for a message on ``addr``'s socket (0: do not
-        wait); settle its calls. The lock is held."""
-        sock = self.socks.get(addr)
-        if sock is None:
-            return
+    def _receive(self, sock: Any, ms: int) -> None:
+        """Wait up to ``ms`` for a message on ``sock`` (0: do not wait); settle
+        its calls. The lock is held."""
         try:
-            if ms <= 0:
-                frame = _recv(sock, _NOBLOCK, False)
+            if ms == SLICE_MS:  # the socket's RCVTIMEO
+                env = _recv(sock, 0)
+            elif ms <= 0:
+                env = _recv(sock, _NOBLOCK)
             else:
-                if self._timeo[addr] != ms:
-                    sock.setsockopt(_RCVTIMEO, ms)
-                    self._timeo[addr] = ms
-                frame = _recv(sock, 0, False)
+                sock.setsockopt(_RCVTIMEO, ms)
+                try:
+                    env = _recv(sock, 0)
+                finally:
+                    sock.setsockopt(_RCVTIMEO, SLICE_MS)
         except zmq.Again:
             return
-        # A zmq.Frame: its ``more`` is cheaper than getsockopt(RCVMORE)
-        # (measured); the envelope is copied out, the buffers stay frames.
-        env = frame.bytes
-        if not frame.more and env and env[0] != BATCH_MARK:
-            # The usual reply: one message, no buffers, settled right here.
-            try:
-                msg = self.codec.decode_envelope(env)
-            except Exception:  # garbled: dropped; its call times out or fails
-                return
-            call = self.calls.get(msg.id)
-            if call is not None:
-                ok, value = outcome(self.codec, msg, [env], call.ref)
-                call.settle(ok, value)
+        # Received as bytes: whether frames follow is read from the message
+        # itself (a zmq.Frame's ``more`` costs a Frame per reply, measured).
+        # A message that decodes alone and needs no buffer frame had none:
+        # the proc sends ``[envelope, *buffers]`` with each buffer referred
+        # to (an Ext, or ``nbuf``); a batch has none. Anything else asks the socket.
+        if not env:
+            pass
+        elif env[0] == BATCH_MARK:
+            self._on_reply([env])
             return
+        else:
+            try:
+                msg = self.decode(env)
+            except Exception:  # a reference to a buffer frame, or garbled
+                msg = None
+            else:
+                if type(msg) is _Reply and msg.payload.blob is None:
+                    call = self.calls.get(msg.id)
+                    if call is not None:  # the usual reply, settled right here
+                        call.settle(True, msg.payload.args[0])
+                    return
+                if type(msg) is not _Reply or not msg.payload.nbuf:  # a Failure, a pickled value
+                    call = self.calls.get(msg.id)
+                    if call is not None:
+                        call.settle(*outcome(self.codec, msg, [env], call.ref))
+                    return
         frames: list[Any] = [env]
-        while frame.more:
-            frame = _recv(sock, _NOBLOCK, False)
-            frames.append(frame)
+        while sock.get(_RCVMORE):
+            frames.append(_recv(sock, _NOBLOCK, False))
         self._on_reply(frames)
 
     def _on_reply(self, frames: list[Any]) -> None:
@@ -286,8 +353,7 @@ class Lane:
         for msg in msgs:
             call = self.calls.get(msg.id)
             if call is not None:
-                ok, value = outcome(self.codec, msg, frames, call.ref)
-                call.settle(ok, value)
+                call.settle(*outcome(self.codec, msg, frames, call.ref))
 
     # ------------------------------------------------------------ the I/O path
 
@@ -305,9 +371,11 @@ class Lane:
         self.io_seq += 1
         if addrs is None:
             self.io_all = self.io_seq
+            self.clear.clear()
         else:
             for addr in addrs:
                 self.io_to[addr] = self.io_seq
+            self.clear -= addrs
         return self.io_seq
 
     def answered(self, addr: str, seq: int, fut: Any) -> None:
@@ -327,15 +395,49 @@ class Lane:
         self.close()
 
 
+# ---------------------------------------------------------------- the fast path
+
+
+def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncCall | None:
+    """``ep.call_one(*args)`` to ``ref`` from a thread with no loop, on its lane.
+
+    The common case only: scalar (or small ``bytes``) arguments, a lane made
+    already for the home runtime. ``None``: take the general path
+    (``EndpointRef._one``), which also makes the lane.
+    """
+    ln: Lane | None = getattr(_local, "lane", None)
+    if ln is None or ln.loop is not _runtime._home:
+        return None
+    for v in args:
+        t = type(v)
+        if t not in _INLINE and (t is not bytes or len(v) >= BIG_BUFFER):
+            return None
+    actor = ep._mesh.actor
+    if ref.index >= 0:  # one of several actors of its proc: addressed to it
+        actor = f"{actor}{SEP}{ref.index}"
+    return ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+
+
+# ---------------------------------------------------------------- per thread
+
 _local = threading.local()
 
 
 def _forget_after_fork() -> None:
     # In a forked child the lane of the thread that forked is the parent's:
-    # its sockets are neither used nor closed there. (A hook, not a pid test
-    # per call: getpid is a system call.)
+    # its sockets are neither used nor closed there, and the replies of its
+    # calls go to the parent. (A hook, not a pid test per call: getpid is a
+    # system call.) The child has one thread: no lock is taken.
     ln: Lane | None = getattr(_local, "lane", None)
     if ln is not None:
+        for call in ln.calls.values():
+            ref = call.ref
+            call.ok, call.settled = False, True
+            call.value = ConnectionLostError(
+                "the call was sent before this process forked: its reply goes to the parent",
+                reason="forked", mesh=ref.mesh, rank=ref.rank, host=ref.host,
+                log_path=ref.log_path or None,
+            )  # fmt: skip
         ln.socks.clear()
         ln.calls.clear()
         _local.lane = None

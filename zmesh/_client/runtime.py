@@ -26,6 +26,7 @@ import concurrent.futures
 import functools
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from zmesh._client.controller import Controller
-    from zmesh._client.lanes import SyncCall
+    from zmesh._client.lanes import Lane
     from zmesh._client.tree import Tree
 
 
@@ -90,10 +91,11 @@ class Runtime(Connections):
         self.controller: Controller = Controller(loop, self.ctx, self.break_conn, self.release)
         self.closed = False
         self.closers: list[Callable[[], None]] = []  # more sockets to close (ports)
-        # Calls in flight on threads' own lanes (zmesh._client.lanes), by proc
-        # address: supervision fails them with the connection's calls.
+        # Threads' own lanes (zmesh._client.lanes) with sockets open, held
+        # weakly (a lane goes with its thread): supervision fails their calls
+        # to a proc with the connection's calls.
         self.sync_lock = threading.Lock()
-        self.sync_calls: dict[str, set[SyncCall]] = {}
+        self.lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
         # Tree fan-out (zmesh._client.tree), made on first use; ``held``: the
         # proc addresses whose direct messages must wait for it (usually none).
         self.tree: Tree | None = None

@@ -85,6 +85,9 @@ class Codec:
         # An envelope of a message that came with no buffer frames (and is
         # no batch), decoded with no wrapper call: the sync path's reply.
         self.decode_envelope = self._decoder.decode
+        # A message with no buffers encoded with no wrapper call (the sync
+        # path's call); the caller checks the size against MAX_MSG_SIZE.
+        self.encode_envelope = self._encoder.encode
 
     # -- encoding
 
