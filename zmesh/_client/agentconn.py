@@ -12,6 +12,7 @@ sees a restart on the same control address (a new epoch and stream).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -243,5 +244,10 @@ def cancel_task(task: asyncio.Task[Any]) -> None:
         return
     if task.get_loop().is_closed():
         task._log_destroy_pending = False  # type: ignore[attr-defined]
+        coro = task.get_coro()
+        if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            # Made just before its loop ended, never started: closed now, or
+            # its collection warns that it "was never awaited".
+            coro.close()
     else:
         task.cancel()
