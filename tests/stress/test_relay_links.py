@@ -79,7 +79,8 @@ def one_sender(mesh: zmesh.ActorMesh[Any], codec: Codec, i: int) -> None:
             if sock.poll(200):
                 for msg in codec.decode_frames(sock.recv_multipart()):
                     if isinstance(msg, w.RelayReply) and msg.answers:
-                        (answer,) = msg.answers
+                        (raw,) = msg.answers  # the proc's envelope, passed on undecoded
+                        answer = codec.decode([bytes(raw)])
                         assert isinstance(answer, w.Reply), answer
                         return
         raise AssertionError(f"sender {i}: no answer through the relay")

@@ -44,6 +44,7 @@ from zmesh._client.lookup import (
     detach,
     ensure_free,
     external_agents,
+    find,
     on_home,
     stop_name,
 )
@@ -184,6 +185,7 @@ async def attach(name: str, orch: ActorMesh[Orchestrator], addr: str) -> Service
 
     Raises:
         ServiceError: the orchestrator did not answer in time (the last error says why).
+        NameNotFoundError: the service was stopped meanwhile.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 3 * LOOKUP_TIMEOUT
@@ -198,6 +200,10 @@ async def attach(name: str, orch: ActorMesh[Orchestrator], addr: str) -> Service
                     f"the orchestrator of detached service {name!r} does not answer: {exc.message}",
                     mesh=name, host=addr,
                 ) from exc  # fmt: skip
+            # Not running: being restarted, or the service was stopped meanwhile
+            # (then its name is gone, and waiting would only run into the deadline).
+            _, handle, addr = await find(_runtime.home(), name)  # NameNotFoundError: stopped
+            orch = handle
         await asyncio.sleep(0.2)
 
 
