@@ -617,3 +617,30 @@ def test_an_event_lost_while_a_snapshot_is_in_flight_is_read_again() -> None:
         assert sorted((e.rank, e.generation) for e in m.obs.reports) == [(0, 1), (1, 1)]
     finally:
         m._close()
+
+
+def test_a_snapshot_from_before_our_create_fails_no_rank_that_another_host_started() -> None:
+    """A 3-host spawn: host0 reports its rank Running while host1's snapshot,
+    asked for before our CreateOrUpdate reached host1, does not list the mesh.
+    That rank is being created, not forgotten: it must stay as it is (this
+    failed a CI run with "agent no longer knows it")."""
+    loop = asyncio.new_event_loop()
+    rt = Runtime(loop)
+    try:
+        ctl = rt.controller
+        host0: Any = SimpleNamespace(label="host0")
+        host1: Any = SimpleNamespace(label="host1")
+        ctl.track("m", host0, [0])
+        ctl.track("m", host1, [1])
+        running = Rank(Status.RUNNING, 1, "", 100, "ipc://x", "", None)
+        ctl.apply(host0, "m", rank_state(0, running))
+        ctl.forget_missing(host1, known=set(), asked=set())  # the early snapshot of host1
+        assert ctl.views["m"].ranks[1].status is Status.NOT_EXIST
+        # What host1 did know of the mesh and no longer does is still a failure.
+        ctl.apply(host1, "m", rank_state(1, replace(running, pid=101)))
+        ctl.forget_missing(host1, known=set(), asked=set())
+        assert ctl.views["m"].ranks[1].status is Status.FAILED
+        assert ctl.views["m"].ranks[0].status is Status.RUNNING
+    finally:
+        rt.close()
+        loop.close()

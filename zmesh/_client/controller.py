@@ -231,18 +231,26 @@ class Controller:
             cur = view.ranks.get(rank)
             if cur is None:
                 continue
-            if cur.generation > 0 or self._begun(mesh):
-                # The agent told us of it (or of another rank of its mesh: it
-                # had the mesh) once, and no longer knows it.
+            if cur.generation > 0 or self._begun(mesh, agent):
+                # The agent told us of it (or of another rank of its mesh on
+                # it: it had the mesh) once, and no longer knows it.
                 self.judge(agent, mesh, rank, Status.FAILED, "agent no longer knows it")
             elif mesh in asked:
                 # (Others not heard of are being created: the request may not be sent yet.)
                 self.judge(agent, mesh, rank, Status.FAILED, "agent lost the request to create it")
 
-    def _begun(self, mesh: str) -> bool:
-        """Whether an agent reported any rank of ``mesh`` (so it had the mesh)."""
+    def _begun(self, mesh: str, agent: AgentConn) -> bool:
+        """Whether ``agent`` reported any rank of ``mesh`` (so it had the mesh).
+
+        Only its own ranks count: other agents of a multi-host mesh may have
+        started theirs while this one's snapshot was taken before our
+        request to create its part reached it.
+        """
         view = self.views.get(mesh)
-        return view is not None and any(r.generation > 0 for r in view.ranks.values())
+        return view is not None and any(
+            r.generation > 0 and self.hosts.get((mesh, rank)) is agent
+            for rank, r in view.ranks.items()
+        )
 
     def agent_restarted(self, agent: AgentConn, epoch: str) -> None:
         """``agent`` is a new incarnation: what we knew of the old one is gone.
