@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -316,3 +317,26 @@ def keyed_loopback_agent(keys: str, logs: Path, label: str) -> Iterator[str]:
     finally:
         popen.terminate()
         popen.wait(timeout=20)
+
+
+ZMTP_ATTACKER = Path(__file__).parent / "integration" / "zmtp_attacker.py"
+
+
+def run_attacker_as_nobody(
+    py: str, attack_dir: str, plan: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run ``tests/integration/zmtp_attacker.py`` as user ``nobody`` on ``plan``
+    (from ``attack_dir``, which ``nobody`` can read); one result per target, in order."""
+    script = os.path.join(attack_dir, "attacker.py")
+    shutil.copy(ZMTP_ATTACKER, script)
+    plan_path = os.path.join(attack_dir, "plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(plan, f)
+    for p in (script, plan_path):
+        os.chmod(p, 0o644)
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", py, script, plan_path],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]

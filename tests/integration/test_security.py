@@ -28,7 +28,7 @@ from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 from zmesh.testing import local_cluster
 
-from _helpers import pid_alive, wait_for, wait_gone
+from _helpers import pid_alive, run_attacker_as_nobody, wait_for, wait_gone
 
 
 def test_keygen_writes_a_private_secret_and_authorises_the_public_key(tmp_path: Path) -> None:
@@ -131,8 +131,6 @@ def test_ps_reaches_a_keyed_agent_only_with_its_keys(keyed_agent: tuple[str, str
 
 # ------------------------------------------------------------ other local users
 
-ATTACKER = Path(__file__).with_name("zmtp_attacker.py")
-
 
 def _python_for(user: str) -> str | None:
     """A Python interpreter ``user`` can run (the venv's may sit in root's home)."""
@@ -202,22 +200,6 @@ def _describe(control: str) -> w.AgentInfo:
     return info
 
 
-def _run_attacker(py: str, attack_dir: str, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    script = os.path.join(attack_dir, "attacker.py")
-    shutil.copy(ATTACKER, script)
-    plan_path = os.path.join(attack_dir, "plan.json")
-    with open(plan_path, "w") as f:
-        json.dump(plan, f)
-    for p in (script, plan_path):
-        os.chmod(p, 0o644)
-    done = subprocess.run(
-        ["runuser", "-u", "nobody", "--", py, script, plan_path],
-        capture_output=True, text=True, timeout=120, cwd="/",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
 def _attack_succeeded(attack_dir: str, results: list[dict[str, Any]]) -> str:
     """What the attack got done: empty if nothing (a failure message otherwise)."""
     got_in = [r for r in results if r["result"] not in ("refused", "closed")]
@@ -251,7 +233,7 @@ def test_another_local_user_gets_nothing_from_the_embedded_agent(attack_dir: str
     control = _local.agents(1)[0]
     info = _describe(control)
     plan = _plan(attack_dir, control, info.stream, mesh._refs[0].addr, mesh._refs[0].mesh)
-    results = _run_attacker(py, attack_dir, plan)
+    results = run_attacker_as_nobody(py, attack_dir, plan)
     assert [r["name"] for r in results] == ["control", "stream", "proc"]
     assert not (failed := _attack_succeeded(attack_dir, results)), failed
     # The agent knows nothing of the attacker's mesh, and ours still works.
@@ -274,7 +256,7 @@ def test_another_local_user_gets_nothing_from_a_keyed_tcp_agent(
     mesh = Echo.options().as_actor().get(timeout=60)
     info = _describe(control)
     plan = _plan(attack_dir, control, info.stream, mesh._refs[0].addr, mesh._refs[0].mesh)
-    results = _run_attacker(py, attack_dir, plan)
+    results = run_attacker_as_nobody(py, attack_dir, plan)
     assert not (failed := _attack_succeeded(attack_dir, results)), failed
     # A NULL-mechanism peer is dropped at the handshake by a CURVE server.
     assert {r["result"] for r in results} <= {"closed", "refused"}, results

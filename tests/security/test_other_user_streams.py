@@ -12,7 +12,6 @@ port value must never arrive.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -33,9 +32,8 @@ from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 
-from _helpers import connected, keyed_loopback_agent
+from _helpers import connected, keyed_loopback_agent, run_attacker_as_nobody
 
-ATTACKER = Path(__file__).parent.parent / "integration" / "zmtp_attacker.py"
 SECRET = "s3cret-" + os.urandom(4).hex()
 
 
@@ -95,19 +93,7 @@ def attack_dir() -> Iterator[str]:
 
 def attack(py: str, attack_dir: str, plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Run the attacker as ``nobody`` on ``plan``; one result per target."""
-    script = os.path.join(attack_dir, "attacker.py")
-    shutil.copy(ATTACKER, script)
-    plan_path = os.path.join(attack_dir, "plan.json")
-    with open(plan_path, "w") as f:
-        json.dump(plan, f)
-    for p in (script, plan_path):
-        os.chmod(p, 0o644)
-    done = subprocess.run(
-        ["runuser", "-u", "nobody", "--", py, script, plan_path],
-        capture_output=True, text=True, timeout=120, cwd="/",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    results = [json.loads(line) for line in done.stdout.splitlines()]
+    results = run_attacker_as_nobody(py, attack_dir, plan)
     assert [r["name"] for r in results] == [t["name"] for t in plan]
     return results
 
