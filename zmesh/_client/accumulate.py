@@ -83,33 +83,30 @@ class Accumulator(Generic[P, R, A]):
             acc = self._identity
             remaining = len(refs)
 
-            def deliver(i: int, ok: bool, value: Any) -> None:
-                nonlocal acc, remaining
+            def take(ok: bool, value: Any) -> bool:
+                """Fold one answer in; ``False`` once the result is settled."""
+                nonlocal acc
                 if fut.done():
-                    return
+                    return False
                 if not ok:
                     fut.set_exception(value)
-                    return
+                    return False
                 try:
                     acc = combine(acc, value)
                 except Exception as exc:  # the caller's own function: its error, as is
                     fut.set_exception(exc)
-                    return
-                remaining -= 1
-                if remaining == 0:
-                    fut.set_result(acc)
+                    return False
+                return True
+
+            def deliver(i: int, ok: bool, value: Any) -> None:
+                nonlocal remaining
+                if take(ok, value):
+                    remaining -= 1
+                    if remaining == 0:
+                        fut.set_result(acc)
 
             def fold(ok: bool, value: Any) -> None:  # a relay's folded value
-                nonlocal acc
-                if fut.done():
-                    return
-                if not ok:
-                    fut.set_exception(value)
-                    return
-                try:
-                    acc = combine(acc, value)
-                except Exception as exc:
-                    fut.set_exception(exc)
+                take(ok, value)
 
             def counted(i: int, ok: bool, value: Any) -> None:
                 nonlocal remaining
