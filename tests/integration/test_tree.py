@@ -69,6 +69,13 @@ class Wide(zmesh.Actor):
         await asyncio.sleep(seconds)
         return zmesh.current_rank().rank
 
+    @zmesh.endpoint
+    def fail_at(self, *points: int) -> int:
+        rank = zmesh.current_rank().rank
+        if rank in points:
+            raise ValueError(f"point {rank} fails")
+        return rank
+
 
 @pytest.fixture(scope="module")
 def agents() -> Iterator[list[AgentProcess]]:
@@ -164,6 +171,50 @@ def test_broadcast_and_call_send_one_message_per_host(
     assert forwarded == want
     assert all(calls_of(p, "note") == rounds + 1 for p in stats.values())
     assert all(calls_of(p, "seen") == 1 for p in stats.values() if p.rank != len(stats) - 1)
+
+
+def test_a_senders_calls_to_a_relays_own_proc_keep_their_order(
+    mesh: zmesh.ActorMesh[Wide],
+) -> None:
+    """A relay runs its own proc's part itself: through the tree or directly,
+    one sender's messages to that proc arrive in the order they were sent."""
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    mesh.nap.call(0).get(timeout=30)  # (the relays are known)
+    relays = [rt.tree.relays[(mesh.proc_mesh, mesh._refs[h * PROCS].agent)] for h in (0, 1)]
+    assert [r.rank // PROCS for r in relays] == [0, 1]  # host 0's is a top relay; host 1's not
+    sent: list[int] = []
+    pending = []
+    for n in range(6):
+        mesh.note.broadcast(1000 + n)  # through the tree, to every proc
+        sent.append(1000 + n)
+        for r in relays:  # then directly to each relay's own proc, not waiting
+            one = mesh.slice(hosts=r.rank // PROCS, procs=r.rank % PROCS)
+            pending.append(one.note.call_one(2000 + n))
+        sent.append(2000 + n)
+    for f in pending:
+        f.get(timeout=30)
+    for r in relays:
+        one = mesh.slice(hosts=r.rank // PROCS, procs=r.rank % PROCS)
+        seen = one.seen.call_one().get(timeout=30)
+        assert seen[-len(sent) :] == sent, f"relay {r.rank}: {seen}"
+
+
+def test_a_relays_own_actor_that_raises_fails_exactly_its_point(
+    mesh: zmesh.ActorMesh[Wide],
+) -> None:
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    top, host = (rt.tree.relays[(mesh.proc_mesh, mesh._refs[h * PROCS].agent)].rank for h in (0, 1))
+    done, got, dupes = each_outcome(mesh, "fail_at", top, host)
+    assert done.wait(30), f"only {len(got)} of {HOSTS * PROCS} points answered"
+    assert not dupes
+    assert {i for i, (ok, _) in got.items() if not ok} == {top, host}
+    for i in (top, host):
+        err = got[i][1]
+        assert isinstance(err, zmesh.ActorError) and isinstance(err.cause, ValueError), err
+        assert f"point {i} fails" in str(err)
+    assert all(got[i] == (True, i) for i in range(HOSTS * PROCS) if i not in (top, host))
 
 
 def test_large_values_come_back_through_relays_as_they_were_sent(
@@ -268,6 +319,23 @@ def test_a_multi_actor_mesh_fans_out_one_message_per_host(
     # A top relay sends to its 2 procs and to the other host's relay; that one to its 2.
     assert sorted(p.forwarded for p in relays) == [fanouts * 2] * 2 + [fanouts * 3] * 2
     assert all(calls_of(p, "note") == M_PER * (rounds + 1) for p in stats.values())
+
+
+def test_a_multi_actor_relays_own_actor_that_raises_fails_exactly_its_point(
+    multi: zmesh.ActorMesh[Wide],
+) -> None:
+    """The relay's own proc's GroupCall runs in the relay: one of its actors
+    fails alone, the others' answers are gathered with the rest."""
+    rt, _ = _runtime.current()
+    assert rt.tree is not None
+    relay = rt.tree.relays[(multi.proc_mesh, multi._refs[0].agent)]
+    assert relay.rank == 0  # host 0's relay is proc 0: points 0-2
+    done, got, dupes = each_outcome(multi, "fail_at", 1)
+    assert done.wait(30), f"only {len(got)} of {M_POINTS} points answered"
+    assert not dupes
+    assert {i for i, (ok, _) in got.items() if not ok} == {1}
+    assert isinstance(got[1][1], zmesh.ActorError) and isinstance(got[1][1].cause, ValueError)
+    assert all(got[i] == (True, i) for i in range(M_POINTS) if i != 1)
 
 
 def received() -> int:

@@ -24,7 +24,7 @@ import asyncio
 import contextvars
 import functools
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -70,12 +70,18 @@ def intercept(router: AsyncSocket) -> None:
     router.send = send  # type: ignore[method-assign]  # (instance attribute wins)
 
 
+class Gathers(Protocol):
+    """What gathers answers sent to a ``Slot`` (a group's, or a relay's own part)."""
+
+    def put(self, index: int, frames: list[Any]) -> None: ...
+
+
 class Slot:
     """The "identity" of one actor's part of a gathered call."""
 
     __slots__ = ("gather", "index")
 
-    def __init__(self, gather: Gather | _groupfast.FastGather, index: int) -> None:
+    def __init__(self, gather: Gathers, index: int) -> None:
         self.gather = gather
         self.index = index
 

@@ -33,6 +33,10 @@ them, whether they come through the relay or not: the client only sends a
 message directly to a proc once the relay has acknowledged (``forwarded``)
 the earlier ones, and a link acknowledges only after it has proved itself
 connected (one round trip when it is made).
+
+The relay's own proc is no link's target: its part is run in this process
+(``zmesh._host.relayown``), in its mailbox before the sender's next message
+is read, its answer gathered with the others'.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from zmesh._host import relayown as _own
 from zmesh._host.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BATCH_MARK, Codec
@@ -112,7 +117,9 @@ class Forward:
         self.hops = 0  # relays below it that have not acknowledged yet
         self.local = 0  # its own host's targets (the first indexes)
         self.acks: list[int] = []  # targets acknowledged since the last RelayReply
-        self.lingering = False  # what is here waits for the rest of the answers (ACK_LINGER)
+        # What is here waits for the rest of the answers (ACK_LINGER): the
+        # timer, cancelled when they are all in (else it would wake the loop).
+        self.lingering: asyncio.TimerHandle | None = None
         self.fold: Fold | None = None  # a reducing Relay's running value (zmesh._host.relayfold)
 
 
@@ -197,10 +204,16 @@ class RelayServer:
         except Exception as exc:  # the agent did not answer: unknown targets fail below
             log.warning("cannot ask the agent which procs run here: %r", exc)
         finally:
-            self._asking = False
-            held, self._held = self._held, deque()
-            for ident, msg, frames in held:
-                self._forward(ident, msg, frames)
+            # Served outside this task: a relay's own part starts its actor's
+            # call at once, as the actor's task, which cannot be entered from
+            # inside another task (``Mailbox.step``).
+            self.loop.call_soon(self._serve_held)
+
+    def _serve_held(self) -> None:
+        self._asking = False
+        held, self._held = self._held, deque()
+        for ident, msg, frames in held:
+            self._forward(ident, msg, frames)
 
     def _forward(self, ident: bytes, msg: w.Relay, frames: list[Any]) -> None:
         total = len(msg.targets) + sum(len(h.targets) for h in msg.down)
@@ -209,12 +222,16 @@ class RelayServer:
         if msg.reduce and not msg.oneway:
             fwd.fold = self._fold(msg.reduce)
         out = [msg.body, *frames[1:]]
+        me = (self.server.rank, self.server.generation)
         for k, t in enumerate(msg.targets):
             if msg.mesh != self.server.mesh or self.known.get(t.rank) != (t.generation, t.addr):
                 if not msg.oneway:
                     why = f"rank {t.rank} (generation {t.generation}) of {msg.mesh} is not a proc "
                     why += f"this relay may reach (it serves {self.server.mesh} on its host)"
                     self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+                continue
+            if (t.rank, t.generation) == me and _own.dispatch(self, fwd, k, out, msg.oneway):
+                self.forwarded += 1  # this proc's own part, run here (zmesh._host.relayown)
                 continue
             link = self._link(ident, t.addr)
             link.used = self.loop.time()
@@ -407,6 +424,10 @@ class RelayServer:
 
     # ------------------------------------------------------------ answers
 
+    def own_answer(self, fwd: Forward, k: int, answer: msgspec.Raw, bufs: list[Any]) -> None:
+        """This proc's answer to its own part (``zmesh._host.relayown``)."""
+        self._answer(fwd, k, answer, bufs)
+
     def _answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
         """Target ``k``'s answer: as its proc sent it, or a message of ours."""
         if type(answer) is not msgspec.Raw:
@@ -430,10 +451,12 @@ class RelayServer:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
             if fwd.open > 0:  # answers to come: what is here waits a moment for them
-                if not fwd.lingering:
-                    fwd.lingering = True
-                    self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
+                if fwd.lingering is None:
+                    fwd.lingering = self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
                 continue
+            if fwd.lingering is not None:  # all in: its timer has nothing left to do
+                fwd.lingering.cancel()
+                fwd.lingering = None
             self._send_all(fwd)
 
     def _send_all(self, fwd: Forward) -> None:
@@ -456,7 +479,7 @@ class RelayServer:
                 break
 
     def _linger_over(self, fwd: Forward) -> None:
-        fwd.lingering = False
+        fwd.lingering = None
         if fwd.open > 0 and (fwd.out or fwd.acks):  # the rest is late: send what is here
             self._send_all(fwd)
 
