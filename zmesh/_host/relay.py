@@ -206,8 +206,10 @@ class RelayServer:
         finally:
             # Served outside this task: a relay's own part starts its actor's
             # call at once, as the actor's task, which cannot be entered from
-            # inside another task (``Mailbox.step``).
-            self.loop.call_soon(self._serve_held)
+            # inside another task (``Mailbox.step``). (Not once the proc's
+            # loop is closed: this task was cancelled as the proc ended.)
+            if not self.loop.is_closed():
+                self.loop.call_soon(self._serve_held)
 
     def _serve_held(self) -> None:
         self._asking = False
