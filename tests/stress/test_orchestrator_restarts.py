@@ -1,0 +1,163 @@
+"""A detached service's orchestrator under kill -9: many callers, and the restart limit.
+
+The promises (docs/services.md, "When the orchestrator dies"): the
+orchestrator is not in the calls' path, so killing it fails no call, loses
+none and runs none twice (no replica died, so nothing is re-sent); its agent
+restarts it at most ``ZMESH_ORCHESTRATOR_MAX_RESTARTS`` times within
+``ZMESH_ORCHESTRATOR_RESTART_WINDOW`` seconds, then it stays down and the
+replicas keep serving the handles that have them until ``zmesh stop``. A
+``zmesh.lookup`` of a service whose orchestrator stays down says so at once,
+with a typed error naming the service and what to do, rather than waiting.
+
+One keyed agent for the module, started with a limit of one restart so
+that the second kill hits it; each test makes its own service (restarts are
+counted per orchestrator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import zmesh
+from zmesh._client import lookup as _lookup
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+
+from _helpers import connected, keyed_loopback_agent, replica_pids, wait_for, wait_gone
+
+CALLERS = 64
+
+
+class Counter(zmesh.Actor):
+    """Counts every request id it runs: a call run twice shows up here."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @zmesh.endpoint(concurrent=True)
+    async def work(self, x: int) -> int:
+        self.ran.append(zmesh.current_request())
+        await asyncio.sleep(0.002)
+        return x + 1
+
+    @zmesh.endpoint
+    async def ran_ids(self) -> list[str]:
+        return self.ran
+
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("orch-restarts")
+    keys = str(root / "keys")
+    _security.keygen(keys)
+    saved = {k: os.environ.get(k) for k in ("ZMESH_ORCHESTRATOR_MAX_RESTARTS",)}
+    os.environ["ZMESH_ORCHESTRATOR_MAX_RESTARTS"] = "1"  # the agent reads it at start
+    try:
+        with keyed_loopback_agent(keys, root / "logs", "orch") as control:
+            with connected([control], keys=keys):
+                yield control
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _orchestrator(control: str, svc: Any) -> tuple[int, int]:
+    """``(pid, generation)`` of the service's orchestrator now, as its agent tells (0: not running)."""
+    mesh = svc._detached[1].proc_mesh
+    reply = _lookup.on_home(
+        lambda rt: rt.controller.agent(control).request(lambda i: w.GetState(i, mesh), timeout=10)
+    ).get(timeout=15)
+    for m in reply.meshes:
+        for r in m.ranks:
+            if r.status.value == "Running":
+                return r.pid, r.generation
+    return 0, 0
+
+
+def _kill_and_wait_restart(control: str, svc: Any) -> tuple[int, int]:
+    pid, gen = _orchestrator(control, svc)
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    return wait_for(lambda: (o := _orchestrator(control, svc))[1] > gen and o, 30,
+                    "the orchestrator restarted")  # fmt: skip
+
+
+@pytest.mark.stress
+def test_many_callers_lose_and_repeat_no_call_while_the_orchestrator_is_killed(
+    agent: str,
+) -> None:
+    svc = Counter.options(name="crowd", replicas=2, detached=True).spawn().get(timeout=60)
+    try:
+        replicas = asyncio.run(replica_pids(svc))
+        stop = threading.Event()
+        made: list[int] = [0] * CALLERS
+        errors: list[BaseException] = []
+        slowest = [0.0]
+
+        def caller(k: int) -> None:
+            i = 0
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    got = svc.work(k * 1_000_000 + i).get(timeout=15)
+                except BaseException as exc:  # any error is a call the kill cost
+                    errors.append(exc)
+                    return
+                slowest[0] = max(slowest[0], time.monotonic() - t0)
+                assert got == k * 1_000_000 + i + 1
+                made[k] += 1
+                i += 1
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(CALLERS)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: all(made), 30, "every caller under way")
+        before = sum(made)
+        _kill_and_wait_restart(agent, svc)
+        zmesh.lookup("crowd").get(timeout=30)  # answered by the new orchestrator
+        wait_for(lambda: sum(made) > before + 2 * CALLERS, 30, "calls after the restart")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a caller hangs"
+        assert not errors, errors[:3]
+        ran = [i for m in svc.ran_ids.call().get(timeout=30) for i in m]
+        assert len(ran) == len(set(ran)), "a call ran twice"
+        assert len(ran) == sum(made), (len(ran), sum(made))
+        assert sorted(asyncio.run(replica_pids(svc))) == sorted(replicas)  # adopted, not re-made
+        print(f"\n{sum(made)} calls by {CALLERS} threads, slowest {slowest[0] * 1000:.0f} ms")
+        assert slowest[0] < 10, slowest
+    finally:
+        svc.stop().get(timeout=30)
+
+
+def test_stop_after_the_handle_was_used_in_an_ended_asyncio_run(agent: str) -> None:
+    # Plain code that once awaited the service in asyncio.run() (which made
+    # a client of it on that loop, now closed) still stops it.
+    svc = Counter.options(name="onerun", replicas=1, detached=True).spawn().get(timeout=60)
+
+    async def use() -> int:
+        result: int = await svc.work(1)
+        return result
+
+    replicas = asyncio.run(replica_pids(svc))
+    assert asyncio.run(use()) == 2
+    svc.stop().get(timeout=30)
+    wait_gone(replicas, 20, "the replica")
+    with pytest.raises(zmesh.ActorStoppedError):
+        svc.work(1).get(timeout=10)
