@@ -31,7 +31,7 @@ from zmesh._client import lookup as _lookup
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 
-from _helpers import connected, keyed_loopback_agent, replica_pids, wait_for, wait_gone
+from _helpers import connected, keyed_loopback_agent, pid_alive, replica_pids, wait_for, wait_gone
 
 CALLERS = 64
 
@@ -77,7 +77,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _orchestrator(control: str, svc: Any) -> tuple[int, int]:
-    """``(pid, generation)`` of the service's orchestrator now, as its agent tells (0: not running)."""
+    """``(pid, generation)`` of the service's orchestrator, as its agent tells (0s: down)."""
     mesh = svc._detached[1].proc_mesh
     reply = _lookup.on_home(
         lambda rt: rt.controller.agent(control).request(lambda i: w.GetState(i, mesh), timeout=10)
@@ -144,6 +144,34 @@ def test_many_callers_lose_and_repeat_no_call_while_the_orchestrator_is_killed(
         assert slowest[0] < 10, slowest
     finally:
         svc.stop().get(timeout=30)
+
+
+def test_past_its_restart_limit_the_orchestrator_stays_down_and_lookup_says_so(
+    agent: str,
+) -> None:
+    svc = Counter.options(name="limited", replicas=2, detached=True).spawn().get(timeout=60)
+    replicas = asyncio.run(replica_pids(svc))
+    _kill_and_wait_restart(agent, svc)  # the one restart allowed
+    pid, _ = _orchestrator(agent, svc)
+    os.kill(pid, signal.SIGKILL)  # one more: it stays down
+    wait_gone([pid], 10, "the orchestrator")
+    # The replicas keep serving the handles that have them.
+    assert [svc.work(i).get(timeout=10) for i in range(4)] == [1, 2, 3, 4]
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.ServiceError, match=r"'limited'.*stays down.*zmesh stop limited") as e:
+        zmesh.lookup("limited").get(timeout=60)
+    took = time.monotonic() - t0
+    assert took < 5, f"lookup took {took:.1f}s to say the orchestrator stays down"
+    assert e.value.mesh == "limited" and e.value.log_path, e.value
+    assert _orchestrator(agent, svc) == (0, 0)  # not restarted meanwhile
+    assert all(pid_alive(p) for p in replicas)
+    with pytest.raises(zmesh.DetachError, match=r"is a detached service already.*stays down"):
+        Counter.options(name="limited", replicas=1, detached=True).spawn().get(timeout=30)
+    # zmesh stop (here: svc.stop()) still ends every replica.
+    svc.stop().get(timeout=30)
+    wait_gone(replicas, 20, "the replicas")
+    with pytest.raises(zmesh.NameNotFoundError):
+        zmesh.lookup("limited").get(timeout=30)
 
 
 def test_stop_after_the_handle_was_used_in_an_ended_asyncio_run(agent: str) -> None:

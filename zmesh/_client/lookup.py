@@ -37,7 +37,14 @@ from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import AgentError, DetachError, NameNotFoundError, SecurityError, ZmeshError
+from zmesh._errors import (
+    AgentError,
+    DetachError,
+    NameNotFoundError,
+    SecurityError,
+    ServiceError,
+    ZmeshError,
+)
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR
@@ -128,6 +135,9 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
     Raises:
         NameNotFoundError: no agent has ``name`` for our keys (the message
             lists the names that exist).
+        ServiceError: ``name`` is a service whose orchestrator its agent no
+            longer restarts (past its restart limit): nothing can hand out
+            its handle until ``zmesh stop`` and a new spawn.
         AgentError, SecurityError: no agent could be asked (the first error).
     """
     agents = _local.configured_agents()
@@ -156,6 +166,11 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
             why = getattr(reply, "error", "") or f"answered {type(reply).__name__}"
             errors.append(AgentError(f"agent {addr} cannot look {name!r} up: {why}", host=addr))
             continue
+        if reply.ok and reply.down:
+            raise ServiceError(
+                f"detached service {name!r} cannot be attached to: {reply.down}",
+                mesh=name, host=addr, log_path=reply.log_path or None,
+            )  # fmt: skip
         if reply.ok:
             return reply.kind, pickle.loads(reply.handle), addr
         names.update(reply.names)
@@ -179,6 +194,9 @@ async def ensure_free(rt: Runtime, name: str, what: str) -> None:
         kind, _handle, addr = await find(rt, name)
     except NameNotFoundError:
         return
+    except ServiceError as exc:  # ours, with its orchestrator down: taken all the same
+        raise DetachError(f"{what}: {name!r} is a detached service already: {exc.message}",
+                          mesh=name, host=exc.host) from exc  # fmt: skip
     raise DetachError(
         f"{what}: {name!r} is a detached {kind} already (on {addr}): use "
         f"zmesh.lookup({name!r}), or 'zmesh stop {name}' first, or choose another name",
@@ -223,6 +241,8 @@ def lookup(name: str) -> Future[Any]:
     Raises (from the future):
         NameNotFoundError: no such name for these keys; its ``names`` are
             the ones that exist.
+        ServiceError: a service whose orchestrator stays down (its agent
+            restarted it too often): at once, with its log path.
         SecurityError, AgentError: no configured agent could be asked.
     """
 

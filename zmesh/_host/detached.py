@@ -95,7 +95,11 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
             error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
             agent._reply(ident, w.LookupReply(msg.id, ok=False, names=sorted(names), error=error))
         else:
-            agent._reply(ident, w.LookupReply(msg.id, kind=rec.kind, handle=rec.handle))
+            down = [book.restarts.down[m] for m in rec.meshes if m in book.restarts.down]
+            why, log_path = down[0] if down else ("", "")
+            agent._reply(ident, w.LookupReply(
+                msg.id, kind=rec.kind, handle=rec.handle, down=why, log_path=log_path
+            ))  # fmt: skip
     elif isinstance(msg, w.StopDetached):
         agent._reply(ident, _stop(agent, book, msg))
     elif isinstance(msg, w.Adopt):
@@ -178,6 +182,7 @@ def _stop(agent: HostAgent, book: DetachedBook, msg: w.StopDetached) -> w.Ack:
     for key, rec in found:
         del book.records[key]
         for name in rec.meshes:
+            book.restarts.down.pop(name, None)
             mesh = agent.procs.meshes.get(name)
             if mesh is not None and not mesh.stopped:
                 log.info("stopping detached %s %s: mesh %s", rec.kind, msg.name, name)

@@ -374,6 +374,8 @@ class LookupReply(Message, frozen=True):
     handle: bytes = b""
     names: list[str] = []  # the names this principal has here (when ``name`` is not one)
     error: str = ""
+    down: str = ""  # why a service's orchestrator stays down (its agent no longer restarts it)
+    log_path: str = ""  # that orchestrator's log
 
 
 class StopDetached(Message, frozen=True):
