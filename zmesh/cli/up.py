@@ -299,10 +299,12 @@ def run_down(args: argparse.Namespace) -> int:
     for h in read_hosts(args.hostfile):
         control = h.control(args.port)
         cmd = f"{args.zmesh} down --local {shlex.quote(control)}"
-        done = subprocess.run(
-            _launch(args.launcher, h, cmd), capture_output=True, text=True, timeout=args.timeout
-        )
-        err = (done.stderr or done.stdout).strip()
+        try:  # a launcher that hangs is stopped with all it started; the next host goes on
+            done = _run(_launch(args.launcher, h, cmd), args.timeout, "stop the agent", h)
+        except AgentError as exc:
+            rows.append({"host": h.name, "agent": control, "ok": False, "error": exc.message})
+            continue
+        err = (done.stderr or done.stdout).decode(errors="replace").strip()
         rows.append({"host": h.name, "agent": control, "ok": done.returncode == 0, "error": err})
     if args.json:
         print_json(rows)
