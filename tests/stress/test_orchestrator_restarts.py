@@ -189,3 +189,19 @@ def test_stop_after_the_handle_was_used_in_an_ended_asyncio_run(agent: str) -> N
     wait_gone(replicas, 20, "the replica")
     with pytest.raises(zmesh.ActorStoppedError):
         svc.work(1).get(timeout=10)
+
+
+def test_stop_while_the_orchestrator_is_being_restarted_leaves_nothing(agent: str) -> None:
+    # svc.stop() lands while the agent waits to restart the orchestrator
+    # (its backoff), or while the new one boots: nothing comes back.
+    svc = Counter.options(name="racing", replicas=2, detached=True).spawn().get(timeout=60)
+    replicas = asyncio.run(replica_pids(svc))
+    pid, _ = _orchestrator(agent, svc)
+    os.kill(pid, signal.SIGKILL)
+    wait_gone([pid], 10, "the orchestrator")
+    svc.stop().get(timeout=30)
+    wait_gone(replicas, 20, "the replicas")
+    time.sleep(0.5)  # past the restart's backoff (0.1 s): a restart would run by now
+    assert _orchestrator(agent, svc) == (0, 0)
+    with pytest.raises(zmesh.NameNotFoundError):
+        zmesh.lookup("racing").get(timeout=30)
