@@ -205,3 +205,22 @@ def test_stop_while_the_orchestrator_is_being_restarted_leaves_nothing(agent: st
     assert _orchestrator(agent, svc) == (0, 0)
     with pytest.raises(zmesh.NameNotFoundError):
         zmesh.lookup("racing").get(timeout=30)
+
+
+def test_a_stopped_orchestrator_sigstop_is_replaced_and_adopts_the_replicas(agent: str) -> None:
+    # A hung orchestrator (SIGSTOP: a debugger, a frozen container) is judged
+    # by its agent, killed and restarted as a dead one is; calls never stop.
+    svc = Counter.options(name="frozen", replicas=2, detached=True).spawn().get(timeout=60)
+    try:
+        replicas = asyncio.run(replica_pids(svc))
+        pid, gen = _orchestrator(agent, svc)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        while _orchestrator(agent, svc)[1] <= gen:
+            assert svc.work(1).get(timeout=10) == 2  # served meanwhile
+            assert time.monotonic() - t0 < 30, "the frozen orchestrator was not replaced"
+        assert not pid_alive(pid) or _orchestrator(agent, svc)[0] != pid
+        assert zmesh.lookup("frozen").get(timeout=30).work(2).get(timeout=10) == 3
+        assert sorted(asyncio.run(replica_pids(svc))) == sorted(replicas)
+    finally:
+        svc.stop().get(timeout=30)
