@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,3 +150,33 @@ def test_kill9_of_the_orchestrator_keeps_and_re_adopts_the_replica_on_the_other_
         pids = [p for p in (_orchestrator(host0.control, svc._detached[1].proc_mesh)[0],) if p]
         svc.stop().get(timeout=30)
         wait_gone(pids, 20, "the orchestrator")
+
+
+def test_when_the_orchestrators_host_is_lost_lookup_says_where_the_replicas_serve(
+    netns2: NetnsCluster,
+) -> None:
+    # host0's agent dies (and the orchestrator with it: nobody restarts it).
+    # The handles that have the service keep calling the replica on host1; a
+    # lookup says at once what happened and where the replicas are, instead
+    # of "no such name" after a timeout; svc.stop() still ends them.
+    from zmesh._client import runtime as _runtime
+
+    host0, host1 = netns2.hosts
+    svc: Any = Kept.options(name="orphan", replicas=2, detached=True).spawn().get(timeout=90)
+    survivor = svc.replica(1).pid.call_one().get(timeout=15)
+    assert host0.agent is not None
+    host0.agent.kill()
+    host0.agent.wait(10)
+    wait_for(lambda: _runtime.home().controller.agent(host0.control).lost, 15, "host0 lost")
+    assert [svc.work(i).get(timeout=15) for i in range(4)] == [0, 2, 4, 6]
+    t0 = time.monotonic()
+    with pytest.raises(
+        zmesh.ServiceError, match=rf"'orphan'.*replicas on {host1.control}.*zmesh stop orphan"
+    ):
+        zmesh.lookup("orphan").get(timeout=60)
+    took = time.monotonic() - t0
+    assert took < 5, f"lookup took {took:.1f}s"
+    svc.stop().get(timeout=60)  # waits out host0's request timeout (10 s): it may be alive
+    wait_gone([survivor], 20, "the replica on host1")
+    with pytest.raises(zmesh.NameNotFoundError):
+        zmesh.lookup("orphan").get(timeout=60)

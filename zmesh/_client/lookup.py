@@ -50,6 +50,7 @@ from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR
 
 LOOKUP_TIMEOUT = 10.0
+LOST_TIMEOUT = 1.0  # for an agent this client has found silent (its host lost)
 # The principal of the script a proc works for, set by the script in its procs'
 # environment (``zmesh._client.procstart.proc_spec``).
 PRINCIPAL_VAR = "ZMESH_PRINCIPAL"
@@ -136,8 +137,9 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
         NameNotFoundError: no agent has ``name`` for our keys (the message
             lists the names that exist).
         ServiceError: ``name`` is a service whose orchestrator its agent no
-            longer restarts (past its restart limit): nothing can hand out
-            its handle until ``zmesh stop`` and a new spawn.
+            longer restarts (past its restart limit), or whose replicas run
+            but whose orchestrator's agent does not answer (its host is
+            lost): nothing can hand out its handle.
         AgentError, SecurityError: no agent could be asked (the first error).
     """
     agents = _local.configured_agents()
@@ -151,13 +153,15 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
 
     names: set[str] = set()
     errors: list[ZmeshError] = []
+    holders: list[str] = []  # agents that keep replicas of ``name`` (its orchestrator is elsewhere)
     for addr in agents:
         conn = rt.controller.agent(addr)
         try:
             await agent_ready(rt, conn.ready, addr)
             reply = await conn.client.request(
                 functools.partial(w.Lookup, name=name, principal=principal()),
-                timeout=LOOKUP_TIMEOUT, check=False,
+                # One whose heartbeats stopped gets a moment, not the whole wait.
+                timeout=LOST_TIMEOUT if conn.lost else LOOKUP_TIMEOUT, check=False,
             )  # fmt: skip
         except (AgentError, SecurityError) as exc:
             errors.append(exc)
@@ -174,6 +178,16 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
         if reply.ok:
             return reply.kind, pickle.loads(reply.handle), addr
         names.update(reply.names)
+        if reply.replicas:
+            holders.append(addr)
+    if holders:  # the replicas run, but the agent that keeps the orchestrator does not answer
+        why = f" ({errors[0].message})" if errors else ""
+        raise ServiceError(
+            f"detached service {name!r} cannot be attached to: no agent that answers keeps its "
+            f"orchestrator{why}; its replicas on {', '.join(holders)} keep serving the handles "
+            f"that have them; 'zmesh stop {name}' ends them",
+            mesh=name, host=errors[0].host if errors else holders[0],
+        )  # fmt: skip
     if errors and len(errors) == len(agents):
         raise errors[0]
     known = ", ".join(sorted(names)) or "none"

@@ -89,11 +89,14 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
     if isinstance(msg, w.Detach):
         agent._reply(ident, _detach(agent, book, msg))
     elif isinstance(msg, w.Lookup):
-        names = {n: r for n, r in book.live(agent, msg.principal).items() if r.handle}
+        live = book.live(agent, msg.principal)
+        names = {n: r for n, r in live.items() if r.handle}
         rec = names.get(msg.name)
         if rec is None:
             error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
-            agent._reply(ident, w.LookupReply(msg.id, ok=False, names=sorted(names), error=error))
+            agent._reply(ident, w.LookupReply(
+                msg.id, ok=False, names=sorted(names), error=error, replicas=msg.name in live
+            ))  # fmt: skip
         else:
             down = [book.restarts.down[m] for m in rec.meshes if m in book.restarts.down]
             why, log_path = down[0] if down else ("", "")
