@@ -224,3 +224,57 @@ def test_a_stopped_orchestrator_sigstop_is_replaced_and_adopts_the_replicas(agen
         assert sorted(asyncio.run(replica_pids(svc))) == sorted(replicas)
     finally:
         svc.stop().get(timeout=30)
+
+
+class Fragile(zmesh.Actor):
+    """Starts, unless its flag file exists; notes each start attempt in a file."""
+
+    def __init__(self, flag: str) -> None:
+        with open(flag + ".starts", "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if os.path.exists(flag):
+            raise RuntimeError("cannot load the model")
+
+    @zmesh.endpoint
+    async def work(self, x: int) -> int:
+        return x + 1
+
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.mark.parametrize("then", ["UNHEALTHY", "RECOVERING"])
+def test_an_orchestrator_restart_keeps_the_healthy_replicas_when_another_cannot_start(
+    agent: str, tmp_path: Any, then: str
+) -> None:
+    # Replica 1 crash-loops at start: given up (UNHEALTHY), or waiting for
+    # its next try (RECOVERING); the orchestrator then dies. The new one must
+    # keep replica 0 serving (same process), and not take the whole service
+    # down because replica 1 cannot start; a given-up one is not respawned.
+    flag = str(tmp_path / "broken")
+    starts = tmp_path / "broken.starts"
+    given_up = then == "UNHEALTHY"
+    opts = Fragile.options(
+        name=f"fragile-{then.lower()}", replicas=2, detached=True,
+        max_restarts=1 if given_up else 5, backoff_initial=0.05 if given_up else 0.5,
+    )  # fmt: skip
+    svc = opts.spawn(flag).get(timeout=60)
+    try:
+        healthy, doomed = asyncio.run(replica_pids(svc))
+        open(flag, "w").close()
+        os.kill(doomed, signal.SIGKILL)
+        wait_for(lambda: len(starts.read_text().split()) > 2 and
+                 [r.state for r in svc.statistics().replicas] == ["HEALTHY", then],
+                 30, f"replica 1 {then} after a failed respawn")  # fmt: skip
+        tries = len(starts.read_text().split())
+        _kill_and_wait_restart(agent, svc)
+        zmesh.lookup(f"fragile-{then.lower()}").get(timeout=30)  # the new orchestrator is up
+        assert [svc.work(i).get(timeout=10) for i in range(4)] == [1, 2, 3, 4]
+        assert svc.replica(0).pid.call_one().get(timeout=10) == healthy
+        if given_up:
+            assert len(starts.read_text().split()) == tries, "the given-up replica was respawned"
+        else:  # still tried, with its backoff
+            wait_for(lambda: len(starts.read_text().split()) > tries, 30, "another try")
+    finally:
+        svc.stop().get(timeout=30)
