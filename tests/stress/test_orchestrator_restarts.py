@@ -271,7 +271,8 @@ def test_an_orchestrator_restart_keeps_the_healthy_replicas_when_another_cannot_
         _kill_and_wait_restart(agent, svc)
         zmesh.lookup(f"fragile-{then.lower()}").get(timeout=30)  # the new orchestrator is up
         assert [svc.work(i).get(timeout=10) for i in range(4)] == [1, 2, 3, 4]
-        assert svc.replica(0).pid.call_one().get(timeout=10) == healthy
+        first = svc.replica(0)
+        assert first is not None and first.pid.call_one().get(timeout=10) == healthy
         if given_up:
             assert len(starts.read_text().split()) == tries, "the given-up replica was respawned"
         else:  # still tried, with its backoff
