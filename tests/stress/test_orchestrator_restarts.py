@@ -146,6 +146,57 @@ def test_many_callers_lose_and_repeat_no_call_while_the_orchestrator_is_killed(
         svc.stop().get(timeout=30)
 
 
+@pytest.mark.stress
+def test_100_tasks_on_one_loop_lose_no_call_while_the_orchestrator_is_killed(agent: str) -> None:
+    # The same from async code: the calling loop's own client of the service
+    # (not the I/O loop's) keeps routing while the orchestrator is replaced.
+    svc = Counter.options(name="tasks", replicas=2, detached=True).spawn().get(timeout=60)
+    try:
+
+        async def run() -> tuple[int, float]:
+            loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
+            made, slowest = 0, 0.0
+
+            async def caller(k: int) -> None:
+                nonlocal made, slowest
+                i = 0
+                while not stop.is_set():
+                    t0 = loop.time()
+                    assert await svc.work.options(timeout=15)(k * 1_000_000 + i) == (
+                        k * 1_000_000 + i + 1
+                    )
+                    slowest = max(slowest, loop.time() - t0)
+                    made += 1
+                    i += 1
+
+            tasks = [asyncio.ensure_future(caller(k)) for k in range(100)]
+            try:
+                await asyncio.sleep(0.3)
+                pid, gen = await loop.run_in_executor(None, _orchestrator, agent, svc)
+                os.kill(pid, signal.SIGKILL)
+                deadline = loop.time() + 30
+                while (await loop.run_in_executor(None, _orchestrator, agent, svc))[1] <= gen:
+                    assert loop.time() < deadline, "the orchestrator was not restarted in 30 s"
+                await zmesh.lookup("tasks")
+                after = made
+                while made < after + 200:
+                    assert loop.time() < deadline, "calls stalled after the restart"
+                    await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert not [r for r in results if r is not None], results[:3]
+            return made, slowest
+
+        made, slowest = asyncio.run(run())
+        ran = [i for m in svc.ran_ids.call().get(timeout=30) for i in m]
+        assert len(ran) == len(set(ran)) == made, (len(ran), len(set(ran)), made)
+        assert slowest < 10, slowest
+    finally:
+        svc.stop().get(timeout=30)
+
+
 def test_past_its_restart_limit_the_orchestrator_stays_down_and_lookup_says_so(
     agent: str,
 ) -> None:
