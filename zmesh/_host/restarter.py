@@ -84,7 +84,7 @@ class Restarts:
             times.popleft()
         if len(times) >= MAX_RESTARTS:
             why = (
-                f"its orchestrator {mesh.name}[{rank}] stays down after {len(times)} restarts "
+                f"its orchestrator {mesh.name}[{rank}] stays down after {len(times)} restart(s) "
                 f"within {RESTART_WINDOW:.0f}s (its replicas keep serving the handles that have "
                 f"them; 'zmesh stop {mesh.detached}' ends them)"
             )
