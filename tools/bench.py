@@ -294,25 +294,44 @@ def lat_sync(call: Any, n: int) -> list[float]:
     return out
 
 
-def raw_lat_sync(addr: str, n: int) -> list[float]:
-    """Round trip samples in µs of a blocking DEALER send + recv (the raw sync baseline).
+def lat_sync_pair(
+    addr: str, call: Callable[[], Any] | None, n: int, chunks: int
+) -> tuple[list[float], list[float]]:
+    """Round trip samples in µs of the raw blocking DEALER (the raw sync baseline,
+    ``send`` then ``recv``) and of ``call().get()``,
+    ``n`` each, in ``chunks`` alternating chunks in this one thread (no loop).
 
-    Run in a thread with no event loop, as zmesh's sync ``.get()`` row is."""
+    Each side's p50 drifts 2-4x within seconds on a shared machine (the
+    raw side alone moved 240-980 µs between chunks of 300 calls in one
+    run); measuring the two sides in turns of ~100 ms lets drift hit both.
+    The order flips every chunk."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(addr)
+    pc = time.perf_counter_ns
+    raw: list[float] = []
+    zm: list[float] = []
     try:
         for _ in range(20):  # connect and warm up
             sock.send(PAYLOAD)
             sock.recv()
-        out = []
-        pc = time.perf_counter_ns
-        for _ in range(n):
-            t = pc()
-            sock.send(PAYLOAD)
-            sock.recv()
-            out.append((pc() - t) / 1000)
-        return out
+            if call is not None:
+                call().get(timeout=30)
+        per = max(1, n // chunks)
+        for c in range(chunks):
+            for side in ("raw", "zmesh") if c % 2 == 0 else ("zmesh", "raw"):
+                if side == "raw":
+                    for _ in range(per):
+                        t = pc()
+                        sock.send(PAYLOAD)
+                        sock.recv()
+                        raw.append((pc() - t) / 1000)
+                elif call is not None:
+                    for _ in range(per):
+                        t = pc()
+                        call().get(timeout=30)
+                        zm.append((pc() - t) / 1000)
+        return raw, zm
     finally:
         sock.close(linger=0)
 
@@ -560,19 +579,18 @@ async def run(cfg: dict[str, int], tmpdir: str) -> dict[str, Any]:
             return ref.echo.call_one(BIG_VIEW)
 
         # Each side's async call, and its blocking (.get()) latency run.
-        latency = {
-            "raw": (raw_call, functools.partial(raw_lat_sync, addr, cfg["lat_n"])),
-            "zmesh": (zm_call, functools.partial(lat_sync, zm_call, cfg["lat_n"])),
-        }
+        latency = {"raw": raw_call, "zmesh": zm_call}
+        # The blocking rows: both sides in one thread with no loop, in turns.
+        sync_pair = functools.partial(lat_sync_pair, addr, zm_call, cfg["lat_n"], 10)
         for r in range(cfg["rounds"]):
             log(f"round {r + 1}/{cfg['rounds']}: latency, pipelined, 1 MiB")
             order = ("raw", "zmesh") if r % 2 == 0 else ("zmesh", "raw")
             for side in order:
-                call, sync = latency[side]
-                s = await lat_async(call, cfg["lat_n"])
+                s = await lat_async(latency[side], cfg["lat_n"])
                 keep(f"{side}_p50_us", pct(s, 50))
                 keep(f"{side}_p99_us", pct(s, 99))
-                s = await loop.run_in_executor(None, sync)
+            raw_s, zm_s = await loop.run_in_executor(None, sync_pair)
+            for side, s in (("raw", raw_s), ("zmesh", zm_s)):
                 keep(f"{side}_get_p50_us", pct(s, 50))
                 keep(f"{side}_get_p99_us", pct(s, 99))
             for side in order:

@@ -105,8 +105,11 @@ def test_lane_errors_are_typed(log_actor: zmesh.ActorMesh[Log]) -> None:
     assert time.monotonic() - t < 3.0
     # A .get() timeout leaves the call going: a later .get() has its value.
     fut = log_actor.sleep.call_one(0.5)
+    t = time.monotonic()
     with pytest.raises(zmesh.CallTimeoutError, match="the call goes on"):
         fut.get(timeout=0.05)
+    # Kept whole, not more: the first receive's slice counts against it.
+    assert 0.05 <= time.monotonic() - t < 0.4
     assert fut.get(timeout=10) == 0.5
     # done() reads what arrived without a .get().
     fut = log_actor.append.call_one(7)

@@ -44,6 +44,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.workers import Workers
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
@@ -71,7 +72,7 @@ class _Ranks:
         self.broken: dict[int, str] = {}  # rank -> why it "died"
         self.stopped = False
         self.loop = asyncio.new_event_loop()
-        self.pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix=f"{name}-ep")
+        self.pool = Workers(name=f"{name}-ep")  # ranks that wait for each other all get one
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
         _meshes[self.id] = self

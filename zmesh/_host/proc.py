@@ -23,7 +23,6 @@ import os
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import zmq
@@ -40,6 +39,7 @@ from zmesh._host.mailbox import Mailbox
 from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.workers import Workers
 from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
@@ -78,7 +78,7 @@ class ProcServer:
         self.late = 0
         self.backlog = 0  # see MAX_BACKLOG
         self.spawning: set[asyncio.Task[None]] = set()
-        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="zmesh-endpoint")
+        self.pool = Workers()  # grows as threads block (see zmesh._shared.workers)
         self.sampler = _stats.ProcSampler()
         self.producers = Producers(self)  # generator endpoints' streams
         self.relay: RelayServer | None = None  # made on the first tree fan-out message

@@ -1,0 +1,37 @@
+"""The worker pool grows as its threads block, and says so once when it is full."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from zmesh._shared.workers import Workers
+
+
+def test_threads_that_wait_for_each_other_each_get_one() -> None:
+    pool = Workers(max_threads=50)
+    barrier = threading.Barrier(40, timeout=10)
+    try:
+        futs = [pool.submit(barrier.wait) for _ in range(40)]
+        assert sorted(f.result(timeout=15) for f in futs) == list(range(40))
+        assert not pool.warned
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_full_pool_logs_once_and_runs_the_rest_later(caplog: pytest.LogCaptureFixture) -> None:
+    pool = Workers(max_threads=2)
+    gate = threading.Event()
+    caplog.set_level(logging.WARNING, logger="zmesh.workers")
+    try:
+        futs = [pool.submit(gate.wait, 10) for _ in range(5)]
+        assert pool.warned
+        warnings = [r for r in caplog.records if "ZMESH_PROC_THREADS" in r.getMessage()]
+        assert len(warnings) == 1
+        gate.set()
+        assert all(f.result(timeout=15) for f in futs)
+    finally:
+        gate.set()
+        pool.shutdown(wait=True)
