@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import zmesh
 
-from _helpers import wait_for
+from _helpers import run_python, wait_for
 
 
 class Notes(zmesh.Actor):
@@ -109,3 +110,55 @@ def test_cleanup_of_an_actor_in_the_client_runs_as_that_actor(notes: Notes) -> N
     before = set(notes.seen.call_one().get(timeout=10))
     here.stop().get(timeout=10)
     assert set(notes.seen.call_one().get(timeout=10)) - before == {f"sync {who} None"}
+
+
+AT_EXIT = """
+import sys
+import zmesh
+
+class Remote(zmesh.Actor):
+    @zmesh.endpoint
+    def double(self, x: int) -> int:
+        return 2 * x
+
+class Sync(zmesh.Actor):
+    def __init__(self, remote) -> None:
+        self.remote = remote
+
+    @zmesh.endpoint
+    def use(self, remote) -> int:
+        self.remote = remote
+        return 1
+
+    def __cleanup__(self, exc) -> None:  # as the actor, and may call others
+        got = self.remote.double.call_one(21).get(timeout=10)
+        print("sync", zmesh.current_actor_name(), exc, got, flush=True)
+
+class Async(Sync):
+    async def __cleanup__(self, exc) -> None:
+        print("async", zmesh.current_actor_name(), exc, await self.remote.double.call_one(4),
+              flush=True)
+
+if __name__ == "__main__":
+    remote = Remote.options().as_actor().get(timeout=60)
+    here = zmesh.this_proc()
+    kept = [here.spawn("s", Sync, remote), here.spawn("a", Async, remote)]
+    gone = here.spawn("gone", Sync, remote)
+    gone.stop().get(timeout=10)  # its cleanup runs now, and not again at exit
+    zmesh.shutdown()  # leaves the client's own actors running
+    remote = Remote.options().as_actor().get(timeout=60)  # that one was stopped
+    print("after shutdown", [k.use.call_one(remote).get(timeout=10) for k in kept], flush=True)
+    sys.exit(0 if sys.argv[1] == "exit" else 3)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "exit-with-status"])
+def test_cleanup_of_the_clients_own_actors_runs_at_its_exit(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "at_exit.py"
+    script.write_text(AT_EXIT)
+    done = run_python([str(script), how], 90, cwd=str(tmp_path))
+    assert done.returncode == (0 if how == "exit" else 3), done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "sync gone None 42", lines
+    assert lines[1] == "after shutdown [1, 1]", lines
+    assert sorted(lines[2:]) == ["async a None 8", "sync s None 42"], done.stdout + done.stderr

@@ -37,12 +37,20 @@ from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import AgentError, DetachError, NameNotFoundError, SecurityError, ZmeshError
+from zmesh._errors import (
+    AgentError,
+    DetachError,
+    NameNotFoundError,
+    SecurityError,
+    ServiceError,
+    ZmeshError,
+)
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR
 
 LOOKUP_TIMEOUT = 10.0
+LOST_TIMEOUT = 1.0  # for an agent this client has found silent (its host lost)
 # The principal of the script a proc works for, set by the script in its procs'
 # environment (``zmesh._client.procstart.proc_spec``).
 PRINCIPAL_VAR = "ZMESH_PRINCIPAL"
@@ -128,6 +136,10 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
     Raises:
         NameNotFoundError: no agent has ``name`` for our keys (the message
             lists the names that exist).
+        ServiceError: ``name`` is a service whose orchestrator its agent no
+            longer restarts (past its restart limit), or whose replicas run
+            but whose orchestrator's agent does not answer (its host is
+            lost): nothing can hand out its handle.
         AgentError, SecurityError: no agent could be asked (the first error).
     """
     agents = _local.configured_agents()
@@ -141,13 +153,15 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
 
     names: set[str] = set()
     errors: list[ZmeshError] = []
+    holders: list[str] = []  # agents that keep replicas of ``name`` (its orchestrator is elsewhere)
     for addr in agents:
         conn = rt.controller.agent(addr)
         try:
             await agent_ready(rt, conn.ready, addr)
             reply = await conn.client.request(
                 functools.partial(w.Lookup, name=name, principal=principal()),
-                timeout=LOOKUP_TIMEOUT, check=False,
+                # One whose heartbeats stopped gets a moment, not the whole wait.
+                timeout=LOST_TIMEOUT if conn.lost else LOOKUP_TIMEOUT, check=False,
             )  # fmt: skip
         except (AgentError, SecurityError) as exc:
             errors.append(exc)
@@ -156,9 +170,24 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
             why = getattr(reply, "error", "") or f"answered {type(reply).__name__}"
             errors.append(AgentError(f"agent {addr} cannot look {name!r} up: {why}", host=addr))
             continue
+        if reply.ok and reply.down:
+            raise ServiceError(
+                f"detached service {name!r} cannot be attached to: {reply.down}",
+                mesh=name, host=addr, log_path=reply.log_path or None,
+            )  # fmt: skip
         if reply.ok:
             return reply.kind, pickle.loads(reply.handle), addr
         names.update(reply.names)
+        if reply.replicas:
+            holders.append(addr)
+    if holders:  # the replicas run, but the agent that keeps the orchestrator does not answer
+        why = f" ({errors[0].message})" if errors else ""
+        raise ServiceError(
+            f"detached service {name!r} cannot be attached to: no agent that answers keeps its "
+            f"orchestrator{why}; its replicas on {', '.join(holders)} keep serving the handles "
+            f"that have them; 'zmesh stop {name}' ends them",
+            mesh=name, host=errors[0].host if errors else holders[0],
+        )  # fmt: skip
     if errors and len(errors) == len(agents):
         raise errors[0]
     known = ", ".join(sorted(names)) or "none"
@@ -179,6 +208,9 @@ async def ensure_free(rt: Runtime, name: str, what: str) -> None:
         kind, _handle, addr = await find(rt, name)
     except NameNotFoundError:
         return
+    except ServiceError as exc:  # ours, with its orchestrator down: taken all the same
+        raise DetachError(f"{what}: {name!r} is a detached service already: {exc.message}",
+                          mesh=name, host=exc.host) from exc  # fmt: skip
     raise DetachError(
         f"{what}: {name!r} is a detached {kind} already (on {addr}): use "
         f"zmesh.lookup({name!r}), or 'zmesh stop {name}' first, or choose another name",
@@ -223,6 +255,8 @@ def lookup(name: str) -> Future[Any]:
     Raises (from the future):
         NameNotFoundError: no such name for these keys; its ``names`` are
             the ones that exist.
+        ServiceError: a service whose orchestrator stays down (its agent
+            restarted it too often): at once, with its log path.
         SecurityError, AgentError: no configured agent could be asked.
     """
 

@@ -8,11 +8,17 @@ there run in the client's memory and are called like any other. Such a
 proc has no agent: nothing supervises it (it lives as long as the client),
 ``stop()`` on it stops its actors but never the process, and it can be
 reached only from this host.
+
+Its actors' ``__cleanup__`` runs when their actor mesh is stopped, and at
+the client's normal exit (``atexit``, within the cleanup budget), as a
+proc's do when its owner exits. ``zmesh.shutdown()`` leaves them running:
+they are the client's own, and zmesh is used again after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import secrets
@@ -69,10 +75,12 @@ def _start() -> ProcMesh:
     class ClientProcServer(ProcServer):
         """A ``ProcServer`` without an agent: no hello, heartbeats or statistics."""
 
+        own_loop: asyncio.AbstractEventLoop | None = None
+
         async def serve(self) -> None:
             import zmq
 
-            loop = asyncio.get_running_loop()
+            loop = self.own_loop = asyncio.get_running_loop()
             ctx: zmq.Context[Any] = zmq.Context.instance()
             router = _security.secure_server(
                 configure(ctx.socket(zmq.ROUTER), data=True), None, bind
@@ -102,5 +110,34 @@ def _start() -> ProcMesh:
     if not up.wait(10.0) or failed:
         why = repr(failed[0]) if failed else "it did not start within 10s"
         raise SpawnError(f"the client's own proc cannot serve: {why}", mesh=name)
+    # After zmesh's own exit hook (atexit runs the last registered first), so
+    # the runtime still serves the calls a cleanup makes.
+    atexit.register(_clean_up_at_exit, server)
     ref = ProcRef(name, 0, 1, bind, "", host)
     return ProcMesh(name, _Shape({}, [0]), [ref])
+
+
+def _clean_up_at_exit(server: Any) -> None:
+    """Run the ``__cleanup__`` of the actors still in the client's own proc (at exit).
+
+    Sync ones run in this (the exiting) thread, as the actor: no worker
+    thread can be started now. ``async def`` ones run on the proc's loop,
+    within the cleanup budget.
+    """
+    from zmesh._host import lifecycle as _lifecycle
+
+    loop = server.own_loop
+    boxes = list(server.actors.values())
+    if loop is None or loop.is_closed() or not boxes:
+        return
+    for box in boxes:
+        _lifecycle.cleanup_here(box, loop)
+
+    async def clean() -> None:  # what is left: the async ones
+        await _lifecycle.cleanup_all(boxes, None)
+
+    try:
+        done = asyncio.run_coroutine_threadsafe(clean(), loop)
+        done.result(_lifecycle.CLEANUP_BUDGET + 0.5)
+    except Exception as exc:  # the client exits either way
+        log.warning("the cleanups of the client's own actors did not finish: %r", exc)

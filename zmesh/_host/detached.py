@@ -89,13 +89,20 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
     if isinstance(msg, w.Detach):
         agent._reply(ident, _detach(agent, book, msg))
     elif isinstance(msg, w.Lookup):
-        names = {n: r for n, r in book.live(agent, msg.principal).items() if r.handle}
+        live = book.live(agent, msg.principal)
+        names = {n: r for n, r in live.items() if r.handle}
         rec = names.get(msg.name)
         if rec is None:
             error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
-            agent._reply(ident, w.LookupReply(msg.id, ok=False, names=sorted(names), error=error))
+            agent._reply(ident, w.LookupReply(
+                msg.id, ok=False, names=sorted(names), error=error, replicas=msg.name in live
+            ))  # fmt: skip
         else:
-            agent._reply(ident, w.LookupReply(msg.id, kind=rec.kind, handle=rec.handle))
+            down = [book.restarts.down[m] for m in rec.meshes if m in book.restarts.down]
+            why, log_path = down[0] if down else ("", "")
+            agent._reply(ident, w.LookupReply(
+                msg.id, kind=rec.kind, handle=rec.handle, down=why, log_path=log_path
+            ))  # fmt: skip
     elif isinstance(msg, w.StopDetached):
         agent._reply(ident, _stop(agent, book, msg))
     elif isinstance(msg, w.Adopt):
@@ -178,6 +185,7 @@ def _stop(agent: HostAgent, book: DetachedBook, msg: w.StopDetached) -> w.Ack:
     for key, rec in found:
         del book.records[key]
         for name in rec.meshes:
+            book.restarts.down.pop(name, None)
             mesh = agent.procs.meshes.get(name)
             if mesh is not None and not mesh.stopped:
                 log.info("stopping detached %s %s: mesh %s", rec.kind, msg.name, name)

@@ -68,6 +68,27 @@ def cleanup(box: Mailbox, exc: BaseException | None) -> asyncio.Future[Any] | No
     return loop.run_in_executor(box.server.pool, ctx.run, _run_sync, hook, exc, what, loop)
 
 
+def cleanup_here(box: Mailbox, loop: asyncio.AbstractEventLoop) -> None:
+    """Run a sync ``__cleanup__(None)`` of ``box``'s actor in the calling thread, once.
+
+    For a client's own proc at exit, when the worker pool takes nothing more
+    (``cleanup`` would run it there). An ``async def`` one is left to ``cleanup``.
+    """
+    instance = box.instance
+    hook = getattr(instance, "__cleanup__", None)
+    if (
+        hook is None
+        or inspect.iscoroutinefunction(hook)
+        or getattr(instance, "_zmesh_cleaned", False)
+    ):
+        return
+    try:
+        instance._zmesh_cleaned = True
+    except AttributeError:
+        pass
+    box.actor_context().run(_run_sync, hook, None, type(instance).__qualname__, loop)
+
+
 async def _awaited(pending: Any, what: str) -> None:
     try:
         await pending

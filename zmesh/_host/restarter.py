@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -40,8 +41,8 @@ log = logging.getLogger("zmesh.agent")
 
 RESTART_DELAY = 0.1  # before the first restart; doubled per recent restart
 RESTART_MAX_DELAY = 5.0
-MAX_RESTARTS = 5
-RESTART_WINDOW = 60.0
+MAX_RESTARTS = int(os.environ.get("ZMESH_ORCHESTRATOR_MAX_RESTARTS", "5"))
+RESTART_WINDOW = float(os.environ.get("ZMESH_ORCHESTRATOR_RESTART_WINDOW", "60"))
 BOOT_TIMEOUT = 120.0  # for the orchestrator's __init__ to answer
 
 _REPLIES: Any = w.Reply | w.Failure
@@ -54,6 +55,8 @@ class Restarts:
         self._times: dict[str, deque[float]] = {}  # restarts per mesh, recent ones
         self._booting: set[tuple[str, int, int]] = set()  # (mesh, rank, generation)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Orchestrators past their limit, by mesh: (why, log path), for ``zmesh.lookup``.
+        self.down: dict[str, tuple[str, str]] = {}
 
     def transition(
         self, agent: HostAgent, mesh: Mesh, rank: int, state: Rank, boot: list[bytes]
@@ -80,11 +83,14 @@ class Restarts:
         while times and now - times[0] > RESTART_WINDOW:
             times.popleft()
         if len(times) >= MAX_RESTARTS:
-            log.error(
-                "orchestrator %s[%d] stays down: %d restarts within %.0fs (its replicas keep "
-                "serving; 'zmesh stop %s' ends them)",
-                mesh.name, rank, len(times), RESTART_WINDOW, mesh.detached,
-            )  # fmt: skip
+            why = (
+                f"its orchestrator {mesh.name}[{rank}] stays down after {len(times)} restart(s) "
+                f"within {RESTART_WINDOW:.0f}s (its replicas keep serving the handles that have "
+                f"them; 'zmesh stop {mesh.detached}' ends them)"
+            )
+            proc = mesh.procs.get(rank)
+            self.down[mesh.name] = (why, proc.log_path if proc is not None else "")
+            log.error("service %s: %s", mesh.detached, why)
             return
         delay = min(RESTART_DELAY * 2 ** len(times), RESTART_MAX_DELAY)
         times.append(now)

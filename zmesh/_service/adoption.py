@@ -20,6 +20,7 @@ stopped.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from typing import Any
@@ -30,7 +31,7 @@ from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import ZmeshError
 from zmesh._options import Options
 from zmesh._service.client import ServiceClient, TableRow, decode_table
-from zmesh._service.routing import HEALTHY
+from zmesh._service.routing import HEALTHY, UNHEALTHY
 from zmesh._service.supervisor import Supervisor
 from zmesh._wire import messages as w
 
@@ -62,10 +63,46 @@ class DetachedSupervisor(Supervisor):
     ) -> None:
         super().__init__(rt, client, opts, args, kwargs, service_id)
         self._adopted = dict(adopted)
+        self._restarted = bool(last)
+        self._given_up: set[int] = set()  # UNHEALTHY in the last table: they stay down
         for row in last:
             if row.index < len(self._generations):
                 self._generations[row.index] = row.generation
-                client.dispatcher.slots[row.index].restarts = row.restarts
+                slot = client.dispatcher.slots[row.index]
+                slot.restarts = row.restarts
+                slot.last_failure = row.last_failure
+                if row.state == UNHEALTHY:
+                    self._given_up.add(row.index)
+
+    async def start(self) -> None:
+        """A first start spawns every replica (all or nothing, as any service).
+
+        A restarted orchestrator takes over: the adopted replicas serve at
+        once, one that was given up stays down, and one that cannot be
+        spawned now is recovered as a failed replica (backoff, restart
+        intensity) rather than failing the start, which would stop the
+        healthy ones with it.
+        """
+        if not self._restarted:
+            await super().start()
+            return
+
+        async def take(index: int) -> None:
+            if index in self._given_up:
+                self.client.replica_gone(index)
+                return
+            try:
+                await self._spawn(index)
+            except Exception as exc:
+                slot = self.client.dispatcher.slots[index]
+                slot.last_failure = f"respawn failed: {exc}"
+                log.warning("service %s replica %d: %s", self.name, index, slot.last_failure)
+                self._spawn_task(self._recover(index, None))
+
+        await asyncio.gather(*(take(i) for i in range(self.opts.replicas)))
+        self._spawn_task(self._health_loop())
+        self._spawn_task(self._report_loop())
+        self.report()
 
     async def _spawn(self, index: int) -> None:
         taken = self._adopted.pop(index, None)

@@ -256,6 +256,9 @@ def stop_detached(svc: Service) -> Future[None]:
         replicas = {r.agent for m in client.meshes if m is not None for r in m._refs}
         await stop_name(rt, name, sorted({r.agent for r in orch._refs} | replicas))
         for client in list(svc._clients.values()):
-            client.rt.loop.call_soon_threadsafe(client.stop)  # calls after this: stopped
+            try:
+                client.rt.loop.call_soon_threadsafe(client.stop)  # calls after this: stopped
+            except RuntimeError:  # its loop ended (an asyncio.run() that used the handle)
+                continue
 
     return on_home(go)

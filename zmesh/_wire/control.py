@@ -374,6 +374,9 @@ class LookupReply(Message, frozen=True):
     handle: bytes = b""
     names: list[str] = []  # the names this principal has here (when ``name`` is not one)
     error: str = ""
+    down: str = ""  # why a service's orchestrator stays down (its agent no longer restarts it)
+    log_path: str = ""  # that orchestrator's log
+    replicas: bool = False  # not here, but this agent keeps replicas filed under ``name``
 
 
 class StopDetached(Message, frozen=True):

@@ -129,8 +129,12 @@ def run_up(args: argparse.Namespace) -> int:
         _say(args, f"# made the agents' keys in {keys}")
     keys = os.path.abspath(keys)
     children: list[subprocess.Popen[bytes]] = []
+    started: list[Host] = []  # detached agents started: they outlive a failed up
     try:
-        _start_agents(args, hosts, _key_tar(keys), children)
+        _start_agents(args, hosts, _key_tar(keys), children, started)
+    except AgentError as exc:
+        _stop(children)
+        raise AgentError(exc.message + _left_running(args, started)) from exc
     except BaseException:
         # Agents started already (attached) must not outlive us: nobody else
         # knows of them, and they hold our stderr open.
@@ -145,9 +149,10 @@ def run_up(args: argparse.Namespace) -> int:
         raise
     if silent:
         _stop(children)
+        answering = [h for h in started if h.control(args.port) not in silent]
         raise AgentError(
             f"no answer within {args.timeout}s from {', '.join(silent)} "
-            f"(see $HOME/.zmesh/up/HOST/agent.log there)"
+            f"(see $HOME/.zmesh/up/HOST/agent.log there)" + _left_running(args, answering)
         )
     if args.json:
         print_json({"agents": controls, "keys": keys})
@@ -167,10 +172,27 @@ def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _left_running(args: argparse.Namespace, started: list[Host]) -> str:
+    """What a failed ``zmesh up`` says of the detached agents it did start.
+
+    They are not stopped: an agent of an earlier ``zmesh up`` may be the one
+    serving at that address (ours then exited, its port taken).
+    """
+    if not started:
+        return ""
+    names = ", ".join(h.name for h in started)
+    return f"; agents are running on {names}: 'zmesh down {args.hostfile}' stops them"
+
+
 def _start_agents(
-    args: argparse.Namespace, hosts: list[Host], tar: bytes, children: list[subprocess.Popen[bytes]]
+    args: argparse.Namespace,
+    hosts: list[Host],
+    tar: bytes,
+    children: list[subprocess.Popen[bytes]],
+    started: list[Host],
 ) -> None:
-    """Copy the keys (``tar``) to each host and start its agent; attached ones join ``children``.
+    """Copy the keys (``tar``) to each host and start its agent; attached ones join
+    ``children``, the hosts of detached ones ``started``.
 
     Raises:
         AgentError: a launcher failed (the message says which host, and why).
@@ -201,6 +223,7 @@ def _start_agents(
             if done.returncode != 0:
                 err = done.stderr.decode(errors="replace")
                 raise AgentError(f"starting the agent on {h.name} failed: {err}")
+            started.append(h)
 
 
 def _run(
@@ -299,10 +322,12 @@ def run_down(args: argparse.Namespace) -> int:
     for h in read_hosts(args.hostfile):
         control = h.control(args.port)
         cmd = f"{args.zmesh} down --local {shlex.quote(control)}"
-        done = subprocess.run(
-            _launch(args.launcher, h, cmd), capture_output=True, text=True, timeout=args.timeout
-        )
-        err = (done.stderr or done.stdout).strip()
+        try:  # a launcher that hangs is stopped with all it started; the next host goes on
+            done = _run(_launch(args.launcher, h, cmd), args.timeout, "stop the agent", h)
+        except AgentError as exc:
+            rows.append({"host": h.name, "agent": control, "ok": False, "error": exc.message})
+            continue
+        err = (done.stderr or done.stdout).decode(errors="replace").strip()
         rows.append({"host": h.name, "agent": control, "ok": done.returncode == 0, "error": err})
     if args.json:
         print_json(rows)
