@@ -159,7 +159,7 @@ class _Forwarder(threading.Thread):
         self.watched: set[str] = set()
         self.printer = Printer()
         self.idle = threading.Event()
-        self._stop = False
+        self.stopping = False  # not ``_stop``: threading calls Thread._stop() after a fork
 
     def add(self, control: str) -> None:
         if control not in self.watched:
@@ -172,7 +172,7 @@ class _Forwarder(threading.Thread):
         self.idle.clear()
         while time.monotonic() < deadline and not self.idle.wait(0.05):
             pass
-        self._stop = True
+        self.stopping = True
 
     def run(self) -> None:
         ctx: Any = zmq.Context.instance()
@@ -180,7 +180,7 @@ class _Forwarder(threading.Thread):
         subs: list[Any] = []  # one SUB per agent: each has its own keys (or none, on ipc)
         codec = Codec(w.LOG_STREAM, allow_pickle=False)
         try:
-            while not self._stop:
+            while not self.stopping:
                 while not self.pending.empty():
                     sub = self._subscribe(ctx, self.pending.get())
                     if sub is not None:
