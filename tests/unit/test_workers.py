@@ -1,9 +1,10 @@
-"""The worker pool grows as its threads block, and says so once when it is full."""
+"""The worker pool grows past its base when all its threads are blocked; full, it says so once."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -11,12 +12,22 @@ from zmesh._shared.workers import Workers
 
 
 def test_threads_that_wait_for_each_other_each_get_one() -> None:
-    pool = Workers(max_threads=50)
+    pool = Workers(max_threads=50, base=8)
     barrier = threading.Barrier(40, timeout=10)
     try:
         futs = [pool.submit(barrier.wait) for _ in range(40)]
         assert sorted(f.result(timeout=15) for f in futs) == list(range(40))
         assert not pool.warned
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_short_work_in_a_burst_keeps_to_the_base() -> None:
+    pool = Workers(max_threads=500, base=4)
+    try:
+        futs = [pool.submit(sum, (i, 1)) for i in range(20_000)]
+        assert [f.result(timeout=30) for f in futs] == [i + 1 for i in range(20_000)]
+        assert len(pool._threads) <= 8  # progress all along: it had no reason to grow
     finally:
         pool.shutdown(wait=True)
 
@@ -27,7 +38,10 @@ def test_a_full_pool_logs_once_and_runs_the_rest_later(caplog: pytest.LogCapture
     caplog.set_level(logging.WARNING, logger="zmesh.workers")
     try:
         futs = [pool.submit(gate.wait, 10) for _ in range(5)]
-        assert pool.warned
+        deadline = time.monotonic() + 5
+        while not pool.warned:
+            assert time.monotonic() < deadline, "the full pool never said so"
+            time.sleep(0.01)
         warnings = [r for r in caplog.records if "ZMESH_PROC_THREADS" in r.getMessage()]
         assert len(warnings) == 1
         gate.set()

@@ -3,47 +3,96 @@
 Used by each proc, and by ``zmesh.testing.local_mesh``'s meshes. Anything
 in a proc that may block runs in one of these threads so the event loop (and
 with it every other actor, and the heartbeats) keeps going.
+
 Threads that wait for each other are normal here: actors of one proc meeting
 at a barrier, a sync generator waiting for its reader's credit, an
-``__init__`` waiting for a sibling. A pool that queues work once all its
+``__init__`` waiting for a sibling. A pool that only queues work once all its
 threads are busy turns those waits into deadlocks (100 actors of one proc at
-a ``threading.Barrier`` never met with 64 threads). So the pool is wide
-(``ZMESH_PROC_THREADS``, 1024 by default): a thread is only made when every
-thread made so far is busy, and an idle one is reused, so a proc pays for
-the most it ever ran at once, not for the limit. If the limit is reached
-anyway, work waits for a thread and the proc's log says so, once.
+a ``threading.Barrier`` never met with 64 threads). More threads for every
+burst is no answer either: a pipeline of short calls to a ``concurrent``
+sync endpoint would make hundreds, which then fight over the GIL.
+
+So the pool keeps ``BASE`` threads (64) while work flows, and a watcher
+grows it when work waits and no queued item has started for ``PATIENCE``
+(20 ms, four GIL switch intervals): then every thread is blocked, and each
+waiting item gets a thread of its own, up to ``ZMESH_PROC_THREADS`` (1024).
+If the limit is reached, work waits for a thread and the log says so, once.
+The watcher sleeps while nothing is queued.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger("zmesh.workers")
 
+BASE = 64
 MAX_THREADS = int(os.environ.get("ZMESH_PROC_THREADS", "1024"))
+PATIENCE = 0.02  # four GIL switch intervals: a busy GIL alone is not "blocked"
 
 
 class Workers(ThreadPoolExecutor):
-    """A ``ThreadPoolExecutor`` that grows to ``MAX_THREADS`` and says when it is full."""
+    """A ``ThreadPoolExecutor`` that grows past ``base`` threads when they are all blocked."""
 
-    def __init__(self, max_threads: int = MAX_THREADS, name: str = "zmesh-endpoint") -> None:
-        super().__init__(max_workers=max_threads, thread_name_prefix=name)
+    def __init__(
+        self, max_threads: int = MAX_THREADS, name: str = "zmesh-endpoint", base: int = BASE
+    ) -> None:
+        super().__init__(max_workers=min(base, max_threads), thread_name_prefix=name)
         self.limit = max_threads
         self.warned = False
+        self.started = 0  # items a thread took (racy increments: a progress hint only)
+        self._queued = threading.Condition()
+        self._watcher: threading.Thread | None = None
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        fut = super().submit(fn, *args, **kwargs)
-        # Full: every thread exists and work is queued behind them. (The
-        # executor's own fields: it exposes no count of busy threads.)
-        if not self.warned and len(self._threads) >= self.limit and self._work_queue.qsize():
-            self.warned = True
-            log.warning(
-                "all %d worker threads of this process are busy: sync endpoints, sync generators "
-                "and __init__ wait for one (threads that wait for each other may never "
-                "finish); raise ZMESH_PROC_THREADS or make long waits async",
-                self.limit,
-            )
+        fut = super().submit(self._run, fn, args, kwargs)
+        if self._work_queue.qsize():  # every thread is busy: have the watcher look
+            with self._queued:
+                if self._watcher is None:
+                    self._watcher = threading.Thread(
+                        target=self._watch, name=f"{self._thread_name_prefix}-watch", daemon=True
+                    )
+                    self._watcher.start()
+                self._queued.notify()
         return fut
+
+    def _run(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.started += 1
+        return fn(*args, **kwargs)
+
+    def _watch(self) -> None:
+        while not self._shutdown:
+            with self._queued:
+                if not self._work_queue.qsize():
+                    self._queued.wait(1.0)
+                    continue
+            before = self.started
+            time.sleep(PATIENCE)
+            waiting = self._work_queue.qsize()
+            if waiting and self.started == before:  # nothing started: all threads are blocked
+                self._grow(waiting)
+
+    def _grow(self, waiting: int) -> None:
+        with self._shutdown_lock:  # as submit() holds it around the same calls
+            if not self._shutdown:
+                self._grow_locked(waiting)
+
+    def _grow_locked(self, waiting: int) -> None:
+        if self._max_workers >= self.limit:
+            if not self.warned:
+                self.warned = True
+                log.warning(
+                    "all %d worker threads of this process are blocked: sync endpoints, sync "
+                    "generators and __init__ wait for one (threads that wait for each other may "
+                    "never finish); raise ZMESH_PROC_THREADS or make long waits async",
+                    self.limit,
+                )
+            return
+        self._max_workers = min(self.limit, self._max_workers + waiting)
+        for _ in range(waiting):
+            self._adjust_thread_count()  # one more thread each (none is idle)
