@@ -85,11 +85,19 @@ class AgentConn:
         self.last_heard = time.monotonic()
         if self.sub is not None:
             self.sub.close()
-        sub = secure_client(configure(self.ctl.ctx.socket(zmq.SUB)), addr=info.stream)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(info.stream)
-        self.syncing = True  # until the welcome, then the snapshot
-        self.sub = AsyncSocket(sub, self.ctl.loop, self._on_stream)
+            self.sub = None
+        if self.ctl.closed:
+            return  # closed meanwhile: a socket made now would never be closed
+        sub = configure(self.ctl.ctx.socket(zmq.SUB))
+        try:
+            secure_client(sub, addr=info.stream)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(info.stream)
+            self.syncing = True  # until the welcome, then the snapshot
+            self.sub = AsyncSocket(sub, self.ctl.loop, self._on_stream)
+        except BaseException:  # closed here, not collected unclosed later
+            sub.close(linger=0)
+            raise
 
     def rejoin(self) -> None:
         """The agent is lost: look for it, and for a new incarnation of it."""

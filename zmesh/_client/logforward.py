@@ -222,8 +222,16 @@ class _Forwarder(threading.Thread):
         where = info.logs
         if "://0.0.0.0:" in where and control.startswith("tcp://"):
             where = where.replace("0.0.0.0", control[6:].rsplit(":", 1)[0])
-        sub = secure_client(ctx.socket(zmq.SUB), addr=where)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, self.owner)
-        sub.connect(where)
+        try:
+            sub = ctx.socket(zmq.SUB)
+        except zmq.ZMQError:  # the context is ending (zmesh.shutdown() meanwhile)
+            return None
+        try:
+            secure_client(sub, addr=where)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, self.owner)
+            sub.connect(where)
+        except Exception:  # closed here, or collected unclosed later (a ResourceWarning)
+            sub.close(linger=0)
+            return None
         return sub
