@@ -32,6 +32,17 @@ exit 0
 """
 
 
+def write_launcher(tmp_path: Path, text: str, hosts: str) -> tuple[Path, Path, Path]:
+    """Write the launcher ``text`` (``{pids}`` filled in) and a hostfile: (script, pids, hosts)."""
+    pids = tmp_path / "pids"
+    script = tmp_path / "launch.sh"
+    script.write_text(text.format(pids=pids))
+    script.chmod(0o700)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(hosts)
+    return script, pids, hostfile
+
+
 @pytest.mark.parametrize(
     ("launcher", "said"),
     [
@@ -43,12 +54,7 @@ exit 0
 def test_zmesh_up_ends_with_a_clear_error_and_leaves_nothing(
     tmp_path: Path, launcher: str, said: str
 ) -> None:
-    pids = tmp_path / "pids"
-    script = tmp_path / "launch.sh"
-    script.write_text(launcher.format(pids=pids))
-    script.chmod(0o700)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("h1 127.0.0.1\n")
+    script, pids, hosts = write_launcher(tmp_path, launcher, "h1 127.0.0.1\n")
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "zmesh", "up", str(hosts), "--launcher", f"{script} {{host}}",
@@ -80,12 +86,7 @@ exec "$@"
 
 
 def test_zmesh_down_with_a_hanging_launcher_names_the_host_and_goes_on(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    script = tmp_path / "launch.sh"
-    script.write_text(HANG_ON_H1.format(pids=pids))
-    script.chmod(0o700)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("h1 127.0.0.1\nh2 127.0.0.1\n")
+    script, pids, hosts = write_launcher(tmp_path, HANG_ON_H1, "h1 127.0.0.1\nh2 127.0.0.1\n")
     t0 = time.monotonic()  # 5 s: h2's own `zmesh down --local` must start within it
     done = subprocess.run(
         [sys.executable, "-m", "zmesh", "down", str(hosts), "--launcher", f"{script} {{host}}",
@@ -132,12 +133,9 @@ def test_zmesh_up_that_fails_on_one_host_names_the_agents_it_left_running(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pids = tmp_path / "pids"
-    script = tmp_path / "launch.sh"
-    script.write_text(HANG_ON_H1.replace("h1", "h2").format(pids=pids))
-    script.chmod(0o700)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("h1 127.0.0.1\nh2 127.0.0.1\n")
+    script, pids, hosts = write_launcher(
+        tmp_path, HANG_ON_H1.replace("h1", "h2"), "h1 127.0.0.1\nh2 127.0.0.1\n"
+    )
     home = tmp_path / "home"
     home.mkdir()
     launch = ["--launcher", f"{script} {{host}}", "--timeout", "2", "--port", str(port),
