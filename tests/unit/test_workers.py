@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -49,3 +52,46 @@ def test_a_full_pool_logs_once_and_runs_the_rest_later(caplog: pytest.LogCapture
     finally:
         gate.set()
         pool.shutdown(wait=True)
+
+
+BURST = """
+import sys
+from zmesh._shared.workers import Workers
+pool = Workers(max_threads=500, base=4)
+futs = [pool.submit(sum, (i, 1)) for i in range(20_000)]
+assert [f.result(timeout=60) for f in futs] == [i + 1 for i in range(20_000)]
+print(len(pool._threads))
+pool.shutdown(wait=True)
+"""
+
+
+def starve(core: set[int]) -> None:
+    os.sched_setaffinity(0, core)
+    os.nice(15)
+
+
+@pytest.mark.stress
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_a_starved_process_does_not_read_its_wait_for_a_core_as_blocked() -> None:
+    # A spinner shares one core with the burst, which runs at nice 15 (a twentieth of
+    # the core): the process then goes tens of ms without the CPU, which is not its
+    # threads being blocked. Before the pool asked the kernel, this grew 70-180 threads.
+    core = {min(os.sched_getaffinity(0))}
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinners = [subprocess.Popen(spin)]
+    try:
+        for p in spinners:
+            os.sched_setaffinity(p.pid, core)
+        out = subprocess.run(
+            [sys.executable, "-c", BURST],
+            preexec_fn=lambda: starve(core),
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=True,
+        ).stdout
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert int(out) <= 8, f"a starved pool grew to {out.strip()} threads"

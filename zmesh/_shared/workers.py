@@ -14,10 +14,19 @@ sync endpoint would make hundreds, which then fight over the GIL.
 
 So the pool keeps ``BASE`` threads (64) while work flows, and a watcher
 grows it when work waits and no queued item has started for ``PATIENCE``
-(20 ms, four GIL switch intervals): then every thread is blocked, and each
-waiting item gets a thread of its own, up to ``ZMESH_PROC_THREADS`` (1024).
-If the limit is reached, work waits for a thread and the log says so, once.
-The watcher sleeps while nothing is queued.
+(20 ms, four GIL switch intervals) while no other thread of the process is
+runnable: then every thread is blocked, and each waiting item gets a thread
+of its own, up to ``ZMESH_PROC_THREADS`` (1024). If the limit is reached,
+work waits for a thread and the log says so, once. The watcher sleeps while
+nothing is queued.
+
+"Nothing started" alone is not "blocked": on a starved machine (load 27 on
+2 cores) a process can go 20 ms without the CPU, and a pool that grew then
+would make a hundred threads just when the machine can least afford them.
+So on Linux the watcher also asks the kernel (``/proc/self/task/*/stat``)
+whether any other thread is runnable; a runnable thread will start work
+once it gets a core. Only a stall of ``STUCK`` (1 s) grows the pool anyway,
+so a thread that spins for ever beside blocked workers cannot starve them.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ log = logging.getLogger("zmesh.workers")
 BASE = 64
 MAX_THREADS = int(os.environ.get("ZMESH_PROC_THREADS", "1024"))
 PATIENCE = 0.02  # four GIL switch intervals: a busy GIL alone is not "blocked"
+STUCK = 1.0  # no item started for this long: grow even if some thread is runnable
 
 
 class Workers(ThreadPoolExecutor):
@@ -66,15 +76,24 @@ class Workers(ThreadPoolExecutor):
         return fn(*args, **kwargs)
 
     def _watch(self) -> None:
+        me = threading.get_native_id()
+        stalled_since: float | None = None
         while not self._shutdown:
             with self._queued:
                 if not self._work_queue.qsize():
+                    stalled_since = None
                     self._queued.wait(1.0)
                     continue
             before = self.started
             time.sleep(PATIENCE)
             waiting = self._work_queue.qsize()
-            if waiting and self.started == before:  # nothing started: all threads are blocked
+            if not waiting or self.started != before:
+                stalled_since = None
+                continue
+            now = time.monotonic()
+            stalled_since = stalled_since or now
+            if now - stalled_since >= STUCK or not runnable_threads(exclude=me):
+                stalled_since = None
                 self._grow(waiting)
 
     def _grow(self, waiting: int) -> None:
@@ -96,3 +115,29 @@ class Workers(ThreadPoolExecutor):
         self._max_workers = min(self.limit, self._max_workers + waiting)
         for _ in range(waiting):
             self._adjust_thread_count()  # one more thread each (none is idle)
+
+
+def runnable_threads(exclude: int) -> bool:
+    """Whether a thread of this process other than ``exclude`` is running or runnable.
+
+    Reads each thread's state from ``/proc/self/task/*/stat`` (the letter after
+    the parenthesised name: ``R`` is running or waiting for a core). A thread
+    waiting for the GIL sleeps on a lock, but the thread that holds it is
+    runnable, so a busy GIL counts as "runnable" too. Where ``/proc`` is
+    missing this says False, and the pool grows on "nothing started" alone.
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tids:
+        if tid == str(exclude):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"R":
+            return True
+    return False
