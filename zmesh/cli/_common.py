@@ -33,6 +33,7 @@ def json_arg(parser: argparse.ArgumentParser, what: str) -> None:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=1) + "\n")
+    sys.stdout.flush()  # a reader of a pipe (zmesh up --attach --json) needs it now
 
 
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})")

@@ -154,15 +154,15 @@ def run_up(args: argparse.Namespace) -> int:
             f"no answer within {args.timeout}s from {', '.join(silent)} "
             f"(see $HOME/.zmesh/up/HOST/agent.log there)" + _left_running(args, answering)
         )
-    if args.json:
-        print_json({"agents": controls, "keys": keys})
-    else:
-        print(f"ZMESH_AGENTS={','.join(controls)} ZMESH_KEYS={keys}", flush=True)
     if not args.attach:
+        _announce(args, controls, keys)
         return 0
     # Attached: the agents live while we do (SIGTERM, as Ctrl+C, stops them).
+    # The handler goes in before the line is printed: whoever reads the line
+    # may send SIGTERM at once, and it must stop the agents, not kill us.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        _announce(args, controls, keys)
         while any(c.poll() is None for c in children):
             time.sleep(0.5)
     except KeyboardInterrupt:
@@ -170,6 +170,13 @@ def run_up(args: argparse.Namespace) -> int:
     finally:
         _stop(children)
     return 0
+
+
+def _announce(args: argparse.Namespace, controls: list[str], keys: str) -> None:
+    if args.json:
+        print_json({"agents": controls, "keys": keys})
+    else:
+        print(f"ZMESH_AGENTS={','.join(controls)} ZMESH_KEYS={keys}", flush=True)
 
 
 def _left_running(args: argparse.Namespace, started: list[Host]) -> str:
