@@ -58,3 +58,20 @@ def test_every_exported_name_has_a_docstring() -> None:
         if not (doc and inspect.cleandoc(doc).strip()):
             undocumented.append(name)
     assert undocumented == []
+
+
+def test_errors_say_zmesh_in_tracebacks_and_pickles() -> None:
+    import pickle
+
+    for name in zmesh._errors.__all__:
+        cls = getattr(zmesh, name)
+        assert cls.__module__ == "zmesh", name
+        assert pickle.loads(pickle.dumps(cls)) is cls
+    err = zmesh.SupervisionError("gone")
+    assert type(pickle.loads(pickle.dumps(err))) is zmesh.SupervisionError
+    assert repr(zmesh.ZmeshError).startswith("<class 'zmesh.ZmeshError'")
+
+
+def test_the_documented_error_tree_names_every_error() -> None:
+    tree = set((zmesh._errors.__doc__ or "").split())
+    assert [n for n in zmesh._errors.__all__ if n not in tree] == []

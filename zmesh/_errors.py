@@ -23,7 +23,8 @@ Hierarchy::
     ├── NameNotFoundError     zmesh.lookup(name): no detached service or mesh of yours by that name
     ├── HandleTypeError       a handle is not of the class asked for (also a TypeError)
     └── ServiceError          a service cannot take the call
-        └── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
+        ├── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
+        └── SessionLostError         a strict session's replica (and its state) is gone
 
 ``SupervisionError`` ("it broke") and ``ActorStoppedError`` ("you stopped it")
 are deliberately distinct, as trio tells ``BrokenResourceError`` from
@@ -313,3 +314,11 @@ class SessionLostError(ServiceError):
     replica died (even if it was respawned since). The session is unbound:
     the next call binds it to a healthy replica afresh.
     """
+
+
+# Tracebacks, reprs and pickles name the errors as users import them
+# (``zmesh.ActorError``, not ``zmesh._errors.ActorError``), as trio does for
+# its own. Unpickling finds them there too: ``zmesh`` re-exports every one.
+for _name in __all__:
+    globals()[_name].__module__ = "zmesh"
+del _name
