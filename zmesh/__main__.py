@@ -1,3 +1,5 @@
+"""``python -m zmesh``: the ``zmesh`` command."""
+
 from zmesh.cli import main
 
 main()
