@@ -33,6 +33,7 @@ from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import HEALTHY, STOPPED, Router, ServiceConfig, Session
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+from zmesh._wire.deadlines import SPENT
 
 # How often a handle away from its owner re-reads the replica table, and how
 # often while one of its replicas is known to be down (a respawn is coming).
@@ -255,14 +256,14 @@ class ServiceClient:
             d.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, value)
 
         payload, buffers = req.args
-        deadline = time.time() + (req.deadline - self.rt.loop.time())
+        left = max(req.deadline - self.rt.loop.time(), SPENT)  # the budget (zmesh._wire.deadlines)
         actor, method, req_id = mesh.actor, req.endpoint, req.id
         # No client-side timeout on the send: the dispatcher ends the request
         # for its caller at its deadline, and the proc skips it if it arrives
         # late. The attempt keeps its slot until the replica answers.
         self.rt.send(
             refs,
-            lambda i: w.Call(i, actor, method, payload, deadline, False, req_id),
+            lambda i: w.Call(i, actor, method, payload, left, False, req_id),
             buffers,
             deliver,
         )
