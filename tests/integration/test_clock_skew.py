@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,7 @@ async def _late_one_is_skipped(target: zmesh.ActorMesh | zmesh.Service, seen: ob
 @pytest.mark.anyio
 @pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["ahead", "behind"])
 async def test_a_skewed_replica_serves_and_keeps_deadlines(skew: float) -> None:
-    svc = await Skewed.options(replicas=1).as_service(skew)
+    svc: Any = await Skewed.options(replicas=1).as_service(skew)
     try:
         assert abs(await svc.wall() - time.time() - skew) < 5.0  # the skew is real
         assert await svc.record("a") == "a"
