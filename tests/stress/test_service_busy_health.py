@@ -32,12 +32,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.stress]
 
 
 class Model(zmesh.Actor):
-    def __init__(self) -> None:
+    def __init__(self, slow_check_when_busy: bool = False) -> None:
         self.sick = False
+        self.slow_check_when_busy = slow_check_when_busy
+        self.busy = 0
 
     @zmesh.endpoint
     async def generate(self, prompt: int) -> tuple[int, int]:
-        await asyncio.sleep(random.uniform(0.03, 0.12))  # "decoding"
+        self.busy += 1
+        try:
+            await asyncio.sleep(random.uniform(0.03, 0.12))  # "decoding"
+        finally:
+            self.busy -= 1
         return prompt, os.getpid()
 
     @zmesh.endpoint
@@ -58,8 +64,14 @@ class Model(zmesh.Actor):
     async def wedge(self) -> None:
         time.sleep(3600)  # blocks the proc's event loop: nothing runs there any more
 
+    @zmesh.endpoint
+    async def hang(self) -> None:
+        await asyncio.Event().wait()  # the loop runs on (checks pass), this actor never answers
+
     @zmesh.endpoint(concurrent=True)
     async def __health__(self) -> bool:
+        if self.busy and self.slow_check_when_busy:
+            await asyncio.sleep(1.0)  # (longer than health_timeout: no reply in time)
         if self.sick:
             raise RuntimeError("model weights corrupted")
         return True
@@ -70,8 +82,10 @@ SETTINGS: dict[str, Any] = dict(
 )
 
 
-async def test_a_busy_llm_style_service_keeps_its_replicas() -> None:
-    svc: Any = await Model.options(**SETTINGS).as_service()
+@pytest.mark.parametrize("slow_check", [False, True], ids=["check", "silent_check"])
+async def test_a_busy_llm_style_service_keeps_its_replicas(slow_check: bool) -> None:
+    # silent_check: the check gets no reply in time while requests complete (busy, not dead).
+    svc: Any = await Model.options(**SETTINGS).as_service(slow_check)
     try:
         calls = [svc.generate(i) for i in range(80)]
         streams = [svc.tokens(i) for i in range(80, 100)]
@@ -155,4 +169,40 @@ async def test_a_wedged_replica_is_replaced(how: str) -> None:
         if how == "sigstop":
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+        await svc.stop()
+
+
+async def test_a_replica_silent_with_work_is_unready_then_replaced_but_idle_is_not_silent() -> None:
+    settings = {**SETTINGS, "request_timeout": 1.0, "unready_timeout": 1.0}
+    svc: Any = await Model.options(**settings).as_service()
+    try:
+        await asyncio.sleep(1.5)  # idle longer than request_timeout: not a stall
+        assert [p for p, _ in await asyncio.gather(*(svc.generate(i) for i in range(6)))] == [
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]
+        assert svc.statistics().state == "OK"
+        hung = asyncio.ensure_future(svc.hang())  # through the service: its work in flight
+        await wait_until(
+            lambda: any(r.in_flight for r in svc.statistics().replicas), 5.0, "hang sent"
+        )
+        (k,) = [r.index for r in svc.statistics().replicas if r.in_flight]
+        seen: set[str] = set()
+
+        def replaced() -> bool:
+            r = svc.statistics().replicas[k]
+            seen.add(r.state)
+            return r.generation == 2 and r.state == "HEALTHY"
+
+        await wait_until(replaced, 15.0, "the silent replica replaced")
+        assert "UNREADY" in seen, seen
+        assert "no answer for" in svc.statistics().replicas[k].last_failure
+        with pytest.raises(zmesh.CallTimeoutError):
+            await hung  # its caller stopped waiting at request_timeout
+        assert svc.statistics().replicas[1 - k].generation == 1  # the other one untouched
+    finally:
         await svc.stop()

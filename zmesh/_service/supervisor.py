@@ -72,7 +72,7 @@ class Supervisor:
         self._generations = [0] * n  # the last generation spawned, per replica
         self._restart_times: list[deque[float]] = [deque() for _ in range(n)]
         self._backoff = [0] * n
-        # Per replica: (generation, answers, when they last changed), for the health loop.
+        # Per replica: (generation, answers, when they last changed or it was idle).
         self._progress: dict[int, tuple[int, int, float]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._spawning: set[asyncio.Task[None]] = set()  # respawns in progress
@@ -257,16 +257,32 @@ class Supervisor:
                     why = f"{slot.last_failure}; UNREADY for over {cfg.unready_timeout:g}s"
                     d.replica_failed(slot.index, slot.generation, why)
                     continue
-                progress = self._progress.get(slot.index)
-                if progress is None or progress[:2] != (slot.generation, slot.answers):
-                    self._progress[slot.index] = (slot.generation, slot.answers, now)
-                elif slot.in_flight and now - progress[2] > cfg.request_timeout:
-                    why = f"no answer for {now - progress[2]:.0f}s with {slot.in_flight} in flight"
+                # Since when it has had work and answered nothing (idle counts as progress).
+                answers, in_flight = self._work(slot.index)
+                key = (slot.generation, answers)
+                since = self._progress.get(slot.index)
+                if since is None or since[:2] != key or not in_flight:
+                    self._progress[slot.index] = (*key, now)
+                elif now - since[2] > cfg.request_timeout:
+                    why = f"no answer for {now - since[2]:.0f}s with {in_flight} in flight"
                     if d.replica_unready(slot.index, slot.generation, why):
+                        log.warning(
+                            "service %s replica %d is UNREADY: %s", self.name, slot.index, why
+                        )
                         self.report()
                     continue
                 if checks:
-                    self._check_health(slot.index, slot.generation, slot.answers, mesh)
+                    self._check_health(slot.index, slot.generation, answers, mesh)
+
+    def _work(self, index: int) -> tuple[int, int]:
+        """Replica ``index``'s answers so far and requests in flight, over every
+        client of the service in this process (each event loop routes its own)."""
+        answers = in_flight = 0
+        for client in (self.client, *self._attached):
+            slot = client.dispatcher.slots[index]
+            answers += slot.answers
+            in_flight += slot.in_flight
+        return answers, in_flight
 
     def _check_health(
         self, index: int, generation: int, answers: int, mesh: ActorMesh[Any]
@@ -285,7 +301,7 @@ class Supervisor:
                 verdicts.append("health check returned False")
             elif isinstance(value, CallTimeoutError):
                 # Busy is not dead: a replica that answered requests meanwhile is alive.
-                progressed = slot.generation == generation and slot.answers != answers
+                progressed = slot.generation == generation and self._work(index)[0] != answers
                 timeout = self.config.health_timeout
                 verdicts.append(
                     None if progressed else f"health check: no reply within {timeout:g}s"
