@@ -183,14 +183,14 @@ class ServiceEndpoint(Generic[R]):
         end = loop.time() + limit
         while True:
             futs = await self._fan_out(rt, args, kwargs, end - loop.time())
-            try:
-                return await _survivors(futs, self._svc.name, self._name)
-            except _AllLost:
-                # Every replica it went to died under it (killed before the
-                # service knew): the fan-out starts again on those that serve
-                # now, within the same timeout.
-                if loop.time() >= end:
-                    raise
+            values, lost = await _survivors(futs)
+            if values or lost is None:
+                return values
+            # Every replica it went to died under it (killed before the
+            # service knew): the fan-out starts again on those that serve
+            # now, within the same timeout.
+            if loop.time() >= end:
+                raise _all_lost(self._svc.name, self._name, len(futs)) from lost
 
     async def _stream_start(
         self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -289,8 +289,11 @@ async def _broadcast_later(client: Any, name: str, payload: Any, buffers: list[A
     client.broadcast(name, payload, buffers)
 
 
-async def _survivors(futs: list[asyncio.Future[Any]], service: str, name: str) -> list[Any]:
-    """The values of a fan-out, less the replicas that failed during it (not all)."""
+async def _survivors(
+    futs: list[asyncio.Future[Any]],
+) -> tuple[list[Any], BaseException | None]:
+    """The values of a fan-out, less the replicas that failed during it, and
+    the first such failure."""
     results = await asyncio.gather(*futs, return_exceptions=True)
     out = []
     lost: BaseException | None = None
@@ -301,17 +304,11 @@ async def _survivors(futs: list[asyncio.Future[Any]], service: str, name: str) -
                 continue  # that replica failed during the call
             raise r
         out.append(r)
-    if not out and lost is not None:
-        raise _all_lost(service, name, len(results)) from lost
-    return out
-
-
-class _AllLost(ServiceError):
-    """Every replica of a fan-out failed during it."""
+    return out, lost
 
 
 def _all_lost(service: str, name: str, n: int) -> ServiceError:
-    return _AllLost(
+    return ServiceError(
         f"every replica of {service} called with {name!r} ({n}) failed during the call",
         mesh=service,
     )
