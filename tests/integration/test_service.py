@@ -400,9 +400,11 @@ async def test_overload_fails_fast() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("trouble", ["make_sick", "make_hung"])
 async def test_failing_health_check_replaces_the_replica(trouble: str) -> None:
+    # A failing (or silent, idle) check makes it UNREADY; after unready_timeout it is replaced.
     async with running(
-        Echo, replicas=2, health_interval=0.2, health_timeout=0.5, backoff_initial=0.1
-    ) as svc:
+        Echo, replicas=2, health_interval=0.2, health_timeout=0.5, backoff_initial=0.1,
+        unready_timeout=1.0,
+    ) as svc:  # fmt: skip
         old = await replica_pids(svc)
         await getattr(svc.replica(0), trouble).call_one()
         t0 = time.monotonic()

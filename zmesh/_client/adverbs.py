@@ -34,6 +34,7 @@ from zmesh._client.streams import ItemStream, open_stream
 from zmesh._errors import EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
+from zmesh._wire.deadlines import budget
 
 if TYPE_CHECKING:
     from zmesh._client.mesh import ActorMesh
@@ -237,9 +238,11 @@ class EndpointRef(Generic[R]):
         return payload, buffers
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
-        deadline = time.time() + self._timeout if self._timeout is not None else 0.0
+        deadline = time.monotonic() + self._timeout if self._timeout is not None else 0.0
         actor, name = self._mesh.actor, self._name
-        return lambda i: w.Call(i, actor, name, payload, deadline, oneway)
+        return lambda i: w.Call(
+            i, actor, name, payload, budget(deadline) if deadline else 0.0, oneway
+        )
 
     # ------------------------------------------------------------ adverbs
 
@@ -327,7 +330,7 @@ class EndpointRef(Generic[R]):
             return self._stream([least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
         payload, buffers = self._pack(args, kwargs)
         actor, name, timeout, block = self._mesh.actor, self._name, self._timeout, self._block
-        deadline = time.time() + timeout if timeout is not None else 0.0
+        deadline = time.monotonic() + timeout if timeout is not None else 0.0
 
         def start(rt: Runtime, fut: Sink) -> None:
             best = least_loaded(rt, refs)
@@ -343,7 +346,7 @@ class EndpointRef(Generic[R]):
         # The hot path: no closure and no task; the reply settles the future.
         payload, buffers = self._pack(args, kwargs)
         timeout = self._timeout
-        deadline = time.time() + timeout if timeout is not None else 0.0
+        deadline = time.monotonic() + timeout if timeout is not None else 0.0
         rt, here = _runtime.current()
         if here:
             if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it

@@ -62,6 +62,7 @@ from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, CallTimeoutError, ConnectionLostError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BATCH_MARK, BIG_BUFFER, MAX_MSG_SIZE, Codec
+from zmesh._wire.deadlines import SPENT
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import configure
 
@@ -78,7 +79,6 @@ _RCVMORE = int(zmq.RCVMORE)
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
 _monotonic = time.monotonic
-_time = time.time
 _Call = w.Call
 _Payload = w.Payload
 _Reply = w.Reply
@@ -238,8 +238,9 @@ class Lane:
                 return None
             self.clear.add(addr)
         req_id = next(self._ids)
-        deadline = _time() + timeout if timeout is not None else 0.0
-        msg = _Call(req_id, actor, method, payload, deadline)
+        # The budget, not a clock reading (zmesh._wire.deadlines): sent right now.
+        left = (timeout if timeout > SPENT else SPENT) if timeout is not None else 0.0
+        msg = _Call(req_id, actor, method, payload, left)
         env = self.encode(msg)
         if len(env) > MAX_MSG_SIZE:
             try:  # the codec says what is wrong

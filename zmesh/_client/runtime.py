@@ -50,6 +50,7 @@ from zmesh._client.inflight import OneRequest, Request, Sink, outcome, resolve, 
 from zmesh._errors import EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+from zmesh._wire.deadlines import budget
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -167,7 +168,8 @@ class Runtime(Connections):
             return
         req_id = next(self._ids)
         try:
-            frames = self.codec.encode(w.Call(req_id, actor, method, payload, deadline), buffers)
+            left = budget(deadline) if deadline else 0.0  # a budget (zmesh._wire.deadlines)
+            frames = self.codec.encode(w.Call(req_id, actor, method, payload, left), buffers)
         except EncodeError as exc:
             raise EncodeError(
                 f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()

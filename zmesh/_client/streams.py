@@ -38,6 +38,7 @@ from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import CallTimeoutError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
+from zmesh._wire.deadlines import budget
 
 T = TypeVar("T")
 
@@ -345,7 +346,7 @@ def open_stream(
                            "log_path": r.log_path or None}  # fmt: skip
     elif refs:
         stream._context = {"mesh": refs[0].mesh}
-    deadline = time.time() + timeout if timeout is not None else 0.0
+    deadline = time.monotonic() + timeout if timeout is not None else 0.0
     sources = stream._sources
 
     def launch(src: Source, ref: ProcRef, actor: str) -> None:
@@ -406,7 +407,7 @@ def send_stream_call(
             src.set_exception(c.broken)
             return
         src.id = req_id = rt.next_id()
-        msg = w.StreamCall(req_id, actor, method, payload, deadline, window=window)
+        msg = w.StreamCall(req_id, actor, method, payload, budget(deadline), window=window)
         frames = rt.codec.encode(msg, buffers)
         size = sum(nbytes(f) for f in frames) if buffers or len(frames[0]) >= BIG else 0
         rt.post(c, frames, OneRequest(req_id, c, src, size), block)  # type: ignore[arg-type]

@@ -95,7 +95,7 @@ class Batcher:
         server, counters = self.server, self.counters
         items: list[Any] = []
         callers: list[tuple[bytes, w.Call]] = []
-        now = time.time()
+        now = time.monotonic()  # deadlines are on this proc's clock (zmesh._wire.deadlines)
         for ident, call, frames in batch:
             server.started()
             if call.deadline and now > call.deadline:

@@ -176,7 +176,7 @@ def dispatch(
     boxes: list[Mailbox | None], ep: Endpoint[Any, Any],
 ) -> None:  # fmt: skip
     """Run ``msg`` (a call, not oneway) on its actors: idle ones now, busy ones by mailbox."""
-    if msg.deadline and time.time() > msg.deadline:
+    if msg.deadline and time.monotonic() > msg.deadline:
         _actors.dispatch_mailboxes(server, ident, msg, frames, boxes)  # it answers "too late"
         return
     picks = msg.actors

@@ -40,6 +40,7 @@ from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._shared.workers import Workers
+from zmesh._wire import deadlines as _deadlines
 from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
@@ -199,12 +200,16 @@ class ProcServer:
 
     def _dispatch(self, ident: bytes, msg: Any, frames: list[Any]) -> None:
         if isinstance(msg, w.Call):
+            if msg.deadline:  # a budget: a deadline on this proc's clock from now
+                _deadlines.arrive(msg)
             box = self.actors.get(msg.actor)
             if box is None:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
             else:
                 box.put(ident, msg, frames)
         elif isinstance(msg, w.GroupCall):  # several actors of this proc at once
+            if msg.deadline:
+                _deadlines.arrive(msg)
             _actors.dispatch(self, ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
             build = _actors.spawn if msg.count else _spawnactor.spawn
@@ -228,7 +233,7 @@ class ProcServer:
             log.warning("dropped %d malformed message(s); latest: %s", self.dropped, why)
 
     async def handle(self, box: Mailbox, ident: bytes, call: w.Call, frames: list[Any]) -> None:
-        if call.deadline and time.time() > call.deadline:
+        if call.deadline and time.monotonic() > call.deadline:
             # The caller gave up already (a request delivered late, e.g.
             # after a partition healed): running it now helps nobody.
             self.late += 1

@@ -28,11 +28,18 @@ import msgspec
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError, ZmeshError
+from zmesh._errors import (
+    ActorStoppedError,
+    EncodeError,
+    ServiceError,
+    SupervisionError,
+    ZmeshError,
+)
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
-from zmesh._service.routing import HEALTHY, STOPPED, Router, ServiceConfig, Session
+from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceConfig, Session
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+from zmesh._wire.deadlines import SPENT
 
 # How often a handle away from its owner re-reads the replica table, and how
 # often while one of its replicas is known to be down (a respawn is coming).
@@ -164,7 +171,11 @@ class ServiceClient:
             slot.restarts = max(slot.restarts, row.restarts)
             if row.last_failure:
                 slot.last_failure = row.last_failure
-            if row.state != HEALTHY and row.generation == slot.generation:
+            if row.generation == slot.generation and row.state == UNREADY:
+                self.dispatcher.replica_unready(row.index, row.generation, row.last_failure)
+            elif row.generation == slot.generation and row.state == HEALTHY:
+                self.dispatcher.replica_ready(row.index, row.generation)  # (if UNREADY)
+            elif row.state != HEALTHY and row.generation == slot.generation:
                 # The orchestrator knew first (a health check): out of routing.
                 self.dispatcher.replica_failed(
                     row.index, row.generation, row.last_failure or row.state, False
@@ -255,17 +266,55 @@ class ServiceClient:
             d.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, value)
 
         payload, buffers = req.args
-        deadline = time.time() + (req.deadline - self.rt.loop.time())
+        left = max(req.deadline - self.rt.loop.time(), SPENT)  # the budget (zmesh._wire.deadlines)
         actor, method, req_id = mesh.actor, req.endpoint, req.id
         # No client-side timeout on the send: the dispatcher ends the request
         # for its caller at its deadline, and the proc skips it if it arrives
         # late. The attempt keeps its slot until the replica answers.
         self.rt.send(
             refs,
-            lambda i: w.Call(i, actor, method, payload, deadline, False, req_id),
+            lambda i: w.Call(i, actor, method, payload, left, False, req_id),
             buffers,
             deliver,
         )
+
+    async def serving(self, endpoint: str, timeout: float | None) -> float:
+        """Wait until a replica is healthy, for a fan-out; the seconds left of the timeout.
+
+        A fan-out goes to the replicas healthy when it starts: with none (every
+        one being replaced), it waits for one rather than answer with nothing.
+
+        Raises:
+            ServiceError: no replica became healthy within ``timeout`` (default
+                ``request_timeout``), or none can (every one reached its
+                restart limit).
+            ActorStoppedError: the service was stopped.
+        """
+        d, loop = self.dispatcher, self.rt.loop
+        limit = timeout if timeout is not None else d.config.request_timeout
+        end = loop.time() + limit
+        while True:
+            if d.stopped:
+                raise ActorStoppedError(f"service {self.name} was stopped", mesh=self.name)
+            if d.healthy():
+                return max(end - loop.time(), SPENT)
+            states = ", ".join(f"{s.index}: {s.state}" for s in d.slots)
+            if not d.recovering():
+                raise ServiceError(
+                    f"service {self.name} is DOWN: no replica can take {endpoint!r} "
+                    f"(every replica reached its restart limit; replicas {states})",
+                    mesh=self.name,
+                )
+            left = end - loop.time()
+            if left <= 0:
+                raise ServiceError(
+                    f"no replica of {self.name} became healthy for {endpoint!r} within "
+                    f"{limit:g}s (replicas {states})",
+                    mesh=self.name,
+                )
+            changed: asyncio.Future[None] = loop.create_future()
+            d.watchers.append(functools.partial(_wake, changed))
+            await asyncio.wait([changed], timeout=left)
 
     def broadcast(self, endpoint: str, payload: w.Payload, buffers: list[Any]) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry."""
@@ -276,6 +325,11 @@ class ServiceClient:
                     w.Call, actor=mesh.actor, method=endpoint, payload=payload, oneway=True
                 )
                 self.rt.send(mesh._refs, call, buffers, None)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Follower:

@@ -49,6 +49,7 @@ from zmesh._service.routing import (
     RECOVERING,
     STOPPED,
     UNHEALTHY,
+    UNREADY,
     LeastLoadedRouter,
     Router,
     ServiceConfig,
@@ -94,6 +95,9 @@ class Dispatcher:
         self.on_failure = on_failure
         self.slots = [Slot(i) for i in range(replicas)]
         self.waiting: deque[Request] = deque()  # no healthy replica yet
+        # Told (then forgotten) when a replica comes up, goes for good, or the
+        # service stops: a fan-out waiting for a replica (ServiceClient.serving).
+        self.watchers: list[Callable[[], None]] = []
         self._least = LeastLoadedRouter()
         self.completed = 0
         self.failed = 0
@@ -107,13 +111,14 @@ class Dispatcher:
         slot = self.slots[index]
         if self.stopped or generation <= slot.generation:
             return
-        if slot.state == HEALTHY:  # a newer generation replaces one we thought alive
+        if slot.state in (HEALTHY, UNREADY):  # a newer generation replaces one thought alive
             self.replica_failed(index, slot.generation, "replaced by a newer generation", False)
         slot.generation = generation
         slot.state = HEALTHY
         slot.sent = 0
         self._pump(slot)
         self._pump_waiting()
+        self._tell_watchers()
 
     def replica_failed(self, index: int, generation: int, reason: str, notify: bool = True) -> bool:
         """Generation ``generation`` of replica ``index`` failed; True the first time.
@@ -121,7 +126,7 @@ class Dispatcher:
         ``on_failure`` is told (unless ``notify`` is false).
         """
         slot = self.slots[index]
-        if slot.generation != generation or slot.state != HEALTHY or self.stopped:
+        if slot.generation != generation or slot.state not in (HEALTHY, UNREADY) or self.stopped:
             return False
         slot.state = RECOVERING
         slot.last_failure = reason
@@ -133,6 +138,35 @@ class Dispatcher:
             self.on_failure(index, generation, reason)
         return True
 
+    def replica_unready(self, index: int, generation: int, reason: str) -> bool:
+        """Generation ``generation`` of replica ``index`` is alive but should not
+        get work (its health check failed): out of routing, not replaced.
+
+        Its queued requests go elsewhere; those in flight stay (it may still
+        answer them). True if it was HEALTHY.
+        """
+        slot = self.slots[index]
+        if slot.generation != generation or slot.state != HEALTHY or self.stopped:
+            return False
+        slot.state = UNREADY
+        slot.last_failure = reason
+        slot.unready_since = self.clock()
+        queued = list(slot.queue)
+        slot.queue.clear()
+        for req in queued:
+            self._dispatch(req)
+        return True
+
+    def replica_ready(self, index: int, generation: int) -> None:
+        """An ``UNREADY`` replica passes its check again: back in routing."""
+        slot = self.slots[index]
+        if slot.generation != generation or slot.state != UNREADY or self.stopped:
+            return
+        slot.state = HEALTHY
+        self._pump(slot)
+        self._pump_waiting()
+        self._tell_watchers()
+
     def replica_gone(self, index: int) -> None:
         """Replica ``index`` stays down for good (restart intensity)."""
         slot = self.slots[index]
@@ -143,6 +177,7 @@ class Dispatcher:
             slot.queue.remove(req)
             self._dispatch(req)
         self._pump_waiting()  # if nothing can recover, waiting calls fail now
+        self._tell_watchers()
 
     def stop(self) -> None:
         """No more work: what waits fails with ``ActorStoppedError``.
@@ -160,9 +195,20 @@ class Dispatcher:
             slot.state = STOPPED
         for req in waiting:
             self._finish(req, None, stopped)
+        self._tell_watchers()
 
     def healthy(self) -> list[Slot]:
         return [s for s in self.slots if s.state == HEALTHY]
+
+    def recovering(self) -> bool:
+        """Whether a replica that is not healthy now may serve again (being
+        replaced, or UNREADY: it may pass its check, or be replaced)."""
+        return any(s.state in (RECOVERING, UNREADY) for s in self.slots)
+
+    def _tell_watchers(self) -> None:
+        watchers, self.watchers = self.watchers, []
+        for tell in watchers:
+            tell()
 
     # ------------------------------------------------------------ requests
 
@@ -182,6 +228,8 @@ class Dispatcher:
         attempt.held = False
         slot, req = attempt.slot, attempt.request
         slot.in_flight -= 1
+        if outcome is not Outcome.BROKEN:
+            slot.answers += 1
         live = req.attempt is attempt
         if live:
             req.attempt = None
@@ -215,6 +263,7 @@ class Dispatcher:
 
     def item(self, attempt: Attempt) -> None:
         """An item of ``attempt``'s stream reached its reader."""
+        attempt.slot.answers += 1
         if attempt.held and attempt.request.attempt is attempt:
             attempt.request.items += 1
 
@@ -272,7 +321,7 @@ class Dispatcher:
             return
         healthy = self.healthy()
         if not healthy:
-            if not any(s.state == RECOVERING for s in self.slots):
+            if not self.recovering():
                 # Every replica stays down (restart limit): no recovery to wait for.
                 self._finish(req, None, ServiceError(
                     f"service {self.name} is DOWN: every replica reached its restart limit",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -17,7 +18,13 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
 from zmesh._client.runtime import Runtime
-from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
+from zmesh._errors import (
+    ActorStoppedError,
+    EncodeError,
+    ServiceError,
+    SupervisionError,
+    ZmeshError,
+)
 from zmesh._service.routing import Session, current_session
 from zmesh._wire.codec import Codec
 
@@ -25,6 +32,7 @@ if TYPE_CHECKING:
     from zmesh._service.service import Service
 
 R = TypeVar("R")
+log = logging.getLogger("zmesh.service")
 
 
 def _copy_to(dst: concurrent.futures.Future[Any], src: asyncio.Future[Any]) -> None:
@@ -157,26 +165,51 @@ class ServiceEndpoint(Generic[R]):
             ),
         )
 
-    def _fan_out(
-        self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    async def _fan_out(
+        self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
     ) -> list[asyncio.Future[Any]]:
+        """One request to each healthy replica, once there is one (never to none)."""
         svc = self._svc
-        healthy = svc._client_for(rt).dispatcher.healthy()
+        client = svc._client_for(rt)
+        left = await client.serving(self._name, timeout)  # or ServiceError
         return [
-            svc._submit(rt, self._name, args, kwargs, self._timeout, None, pinned=s.index)
-            for s in healthy
+            svc._submit(rt, self._name, args, kwargs, left, None, pinned=s.index)
+            for s in client.dispatcher.healthy()
         ]
+
+    async def _gather(self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        loop = rt.loop
+        limit = self._timeout if self._timeout is not None else self._svc.config.request_timeout
+        end = loop.time() + limit
+        while True:
+            futs = await self._fan_out(rt, args, kwargs, end - loop.time())
+            values, lost = await _survivors(futs)
+            if values or lost is None:
+                return values
+            # Every replica it went to died under it (killed before the
+            # service knew): the fan-out starts again on those that serve
+            # now, within the same timeout.
+            if loop.time() >= end:
+                raise _all_lost(self._svc.name, self._name, len(futs)) from lost
+
+    async def _stream_start(
+        self, rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[concurrent.futures.Future[Any]]:
+        return _settled(await self._fan_out(rt, args, kwargs, self._timeout))
 
     def call(self, *args: Any, **kwargs: Any) -> Future[list[R]]:
         """Call every healthy replica; their values, by replica index.
 
-        A replica that fails during the call is left out of the list.
+        With no healthy replica it waits for one (up to its timeout). A
+        replica that fails during the call is left out of the list.
+
+        Raises:
+            ServiceError: no replica became healthy in time, or every replica
+                called failed during the call.
         """
         self._no_stream("call")
         rt, _ = _runtime.current()
-        return run_on(
-            rt, lambda: asyncio.ensure_future(_gather_survivors(self._fan_out(rt, args, kwargs)))
-        )
+        return run_on(rt, lambda: asyncio.ensure_future(self._gather(rt, args, kwargs)))
 
     fanout = call
 
@@ -188,20 +221,48 @@ class ServiceEndpoint(Generic[R]):
         """
         self._no_stream("stream")
         rt, _ = _runtime.current()
-        return ServiceStream(rt, run_on(rt, lambda: _settled(rt, self._fan_out(rt, args, kwargs))))
+        started = run_on(rt, lambda: asyncio.ensure_future(self._stream_start(rt, args, kwargs)))
+        return ServiceStream(rt, started, self._svc.name, self._name)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Send to every healthy replica (all its ranks); no reply, no retry."""
+        """Send to every healthy replica (all its ranks); no reply, no retry.
+
+        With no healthy replica it waits for one (up to ``request_timeout``)
+        in the background; if none comes, the broadcast is dropped with a
+        WARNING on the ``zmesh.service`` logger, counted in
+        ``statistics().failed``.
+
+        Raises:
+            ServiceError: the service is DOWN (no replica can serve again).
+            ActorStoppedError: the service was stopped.
+        """
         self._no_stream("broadcast")
-        svc = self._svc
+        svc, name = self._svc, self._name
         try:
             payload, buffers = Codec.pack(args, kwargs)
         except Exception as exc:
-            raise EncodeError(f"arguments of {self._name!r} cannot be sent: {exc}") from exc
+            raise EncodeError(f"arguments of {name!r} cannot be sent: {exc}") from exc
         rt, home = _runtime.current()
+        known = svc._clients.get(id(rt))  # (read only: the state it knows now)
+        if known is not None and not known.dispatcher.healthy():
+            d = known.dispatcher
+            if d.stopped:
+                raise ActorStoppedError(f"service {svc.name} was stopped", mesh=svc.name)
+            if not d.recovering():
+                raise ServiceError(
+                    f"service {svc.name} is DOWN: no replica can take the broadcast of "
+                    f"{name!r} (every replica reached its restart limit)",
+                    mesh=svc.name,
+                )
 
         def send() -> None:
-            svc._client_for(rt).broadcast(self._name, payload, buffers)
+            client = svc._client_for(rt)
+            if client.dispatcher.healthy():
+                client.broadcast(name, payload, buffers)
+                return
+            task = rt.loop.create_task(_broadcast_later(client, name, payload, buffers))
+            _LATER.add(task)  # keep a reference until it ends
+            task.add_done_callback(_LATER.discard)
 
         rt.dispatch(send, here=home)
 
@@ -214,56 +275,97 @@ def _skip(value: BaseException) -> bool:
     return isinstance(value, SupervisionError | ActorStoppedError)
 
 
-async def _gather_survivors(futs: list[asyncio.Future[Any]]) -> list[Any]:
+_LATER: set[asyncio.Task[None]] = set()  # broadcasts waiting for a replica
+
+
+async def _broadcast_later(client: Any, name: str, payload: Any, buffers: list[Any]) -> None:
+    """A broadcast made while no replica was healthy: sent once one is, or dropped, said."""
+    try:
+        await client.serving(name, None)
+    except ZmeshError as exc:
+        client.dispatcher.failed += 1
+        log.warning("broadcast of %r reached no replica: %s", name, exc)
+        return
+    client.broadcast(name, payload, buffers)
+
+
+async def _survivors(
+    futs: list[asyncio.Future[Any]],
+) -> tuple[list[Any], BaseException | None]:
+    """The values of a fan-out, less the replicas that failed during it, and
+    the first such failure."""
     results = await asyncio.gather(*futs, return_exceptions=True)
     out = []
+    lost: BaseException | None = None
     for r in results:
         if isinstance(r, BaseException):
             if _skip(r):
+                lost = lost or r
                 continue  # that replica failed during the call
             raise r
         out.append(r)
-    return out
+    return out, lost
 
 
-def _settled(
-    rt: Runtime, futs: list[asyncio.Future[Any]]
-) -> asyncio.Future[list[concurrent.futures.Future[Any]]]:
+def _all_lost(service: str, name: str, n: int) -> ServiceError:
+    return ServiceError(
+        f"every replica of {service} called with {name!r} ({n}) failed during the call",
+        mesh=service,
+    )
+
+
+def _settled(futs: list[asyncio.Future[Any]]) -> list[concurrent.futures.Future[Any]]:
     """The replies of a fan-out as thread-safe futures (for a stream anywhere)."""
     out: list[concurrent.futures.Future[Any]] = []
     for f in futs:
         c: concurrent.futures.Future[Any] = concurrent.futures.Future()
         f.add_done_callback(functools.partial(_copy_to, c))
         out.append(c)
-    done: asyncio.Future[list[concurrent.futures.Future[Any]]] = rt.loop.create_future()
-    done.set_result(out)
-    return done
+    return out
 
 
 class ServiceStream(Generic[R]):
     """The replies of ``svc.ep.stream(...)``, in arrival order; iterate it once."""
 
-    def __init__(self, rt: Runtime, started: Future[list[concurrent.futures.Future[Any]]]):
+    def __init__(
+        self,
+        rt: Runtime,
+        started: Future[list[concurrent.futures.Future[Any]]],
+        service: str = "",
+        name: str = "",
+    ):
         self._rt = rt
         self._started = started
+        self._about = (service, name)
 
     async def __aiter__(self) -> AsyncIterator[R]:
         futs = await self._started
+        lost: BaseException | None = None
         for next_done in asyncio.as_completed([asyncio.wrap_future(f) for f in futs]):
             try:
                 value = await next_done
-            except (SupervisionError, ActorStoppedError):
+            except (SupervisionError, ActorStoppedError) as exc:
+                lost = lost or exc
                 continue
+            futs = []  # (one value came: not every replica was lost)
             yield value
+        if futs and lost is not None:
+            raise _all_lost(*self._about, len(futs)) from lost
 
     def __iter__(self) -> Iterator[R]:
         if asyncio._get_running_loop() is self._rt.loop:
             raise RuntimeError("a stream on this loop is iterated with 'async for'")
         futs = self._started.get()
+        lost: BaseException | None = None
+        yielded = False
         for f in concurrent.futures.as_completed(futs):
             exc = f.exception()
             if exc is not None:
                 if _skip(exc):
+                    lost = lost or exc
                     continue
                 raise exc
+            yielded = True
             yield f.result()
+        if not yielded and lost is not None:
+            raise _all_lost(*self._about, len(futs)) from lost

@@ -43,6 +43,8 @@ class Slot:
         self.sent = 0  # to the current generation
         self.sent_after_failure = 0
         self.last_failure = ""
+        self.answers = 0  # anything the replica answered (progress: it is alive)
+        self.unready_since = 0.0  # when it became UNREADY (the dispatcher's clock)
         self.latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
 
     def has_room(self, cfg: ServiceConfig) -> bool:

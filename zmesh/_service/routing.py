@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 HEALTHY, RECOVERING, UNHEALTHY, STOPPED = (
     ReplicaState.HEALTHY, ReplicaState.RECOVERING, ReplicaState.UNHEALTHY, ReplicaState.STOPPED
 )  # fmt: skip
+UNREADY = ReplicaState.UNREADY
 LATENCY_WINDOW = 60.0  # seconds of latencies behind p50/p99
 
 
@@ -37,7 +38,10 @@ class ServiceConfig:
         request_timeout: default timeout of a call, in seconds.
         return_rank: which rank's value ``call_one`` returns from a replica.
         health_interval: how often an ``__health__`` endpoint is polled.
-        health_timeout: how long a health check may take.
+        health_timeout: how long a health check may take; a check that takes
+            longer counts against a replica only if it made no progress meanwhile.
+        unready_timeout: how long a replica may stay ``UNREADY`` (failing its
+            check, or answering nothing with work in flight) before it is replaced.
         max_restarts: restarts allowed within ``restart_window`` seconds;
             one more failure and the replica stays down.
         restart_window: see ``max_restarts``.
@@ -52,6 +56,7 @@ class ServiceConfig:
     return_rank: int = 0
     health_interval: float = 1.0
     health_timeout: float = 1.0
+    unready_timeout: float = 30.0
     max_restarts: int = 5
     restart_window: float = 30.0
     backoff_initial: float = 0.1
@@ -60,7 +65,9 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if self.max_concurrent_requests < 1 or self.max_queue < 0:
             raise ValueError("max_concurrent_requests must be >= 1 and max_queue >= 0")
-        if self.request_timeout <= 0 or self.health_interval <= 0 or self.health_timeout <= 0:
+        if min(self.request_timeout, self.health_interval, self.health_timeout) <= 0 or (
+            self.unready_timeout <= 0
+        ):
             raise ValueError("timeouts and intervals must be positive")
         if self.max_restarts < 0 or self.restart_window <= 0:
             raise ValueError("max_restarts must be >= 0 and restart_window positive")

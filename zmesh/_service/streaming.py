@@ -71,7 +71,7 @@ class RoutedSource(Source):
         refs = mesh._refs
         ref = refs[min(return_rank, len(refs) - 1)]
         payload, buffers = req.args
-        deadline = time.time() + (req.deadline - self.rt.loop.time())
+        deadline = time.monotonic() + (req.deadline - self.rt.loop.time())
         send_stream_call(
             self.rt, self, ref, mesh.actor, req.endpoint, payload, buffers, deadline,
             self.window, True,

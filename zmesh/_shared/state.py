@@ -48,8 +48,11 @@ class ReplicaState(str, enum.Enum):
     """The state of one replica of a service, as its orchestrator judges it."""
 
     HEALTHY = "HEALTHY"  # serving: requests are routed to it
+    # Alive, but its __health__ check fails (or it answers nothing with work in
+    # flight): out of routing, not killed; HEALTHY again once it passes.
+    UNREADY = "UNREADY"
     RECOVERING = "RECOVERING"  # being (re)started
-    UNHEALTHY = "UNHEALTHY"  # failed: out of routing until it recovers
+    UNHEALTHY = "UNHEALTHY"  # given up (restart intensity): out of routing for good
     STOPPED = "STOPPED"  # its service stopped
 
     def __str__(self) -> str:

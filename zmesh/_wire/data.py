@@ -30,7 +30,9 @@ class Call(Message, frozen=True):
     actor: str
     method: str
     payload: Payload
-    deadline: float = 0.0  # wall clock; 0 = none. The proc skips late requests.
+    # The caller's remaining budget in seconds (0: none), never a clock reading;
+    # the proc keeps it as a deadline on its own clock (zmesh._wire.deadlines).
+    deadline: float = 0.0
     oneway: bool = False
     request: str = ""  # a service request id, the same across retries
 
@@ -95,7 +97,7 @@ class GroupCall(Message, frozen=True):
     actor: str
     method: str
     payload: Payload
-    deadline: float = 0.0
+    deadline: float = 0.0  # a budget, as ``Call.deadline``
     oneway: bool = False
     request: str = ""
     actors: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)] = []
