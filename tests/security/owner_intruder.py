@@ -5,6 +5,8 @@ of A's handles (``procs`` alone: squat A's owner id; with ``owned``,
 ``guest`` and ``svc``: act through the handles and on the procs' sockets),
 ``FIRST`` the agent A uses, ``SECOND`` one A has not used yet. Prints one
 JSON line: what each attempt got. Its keys (on TCP) are its own: ``ZMESH_KEYS``.
+With ``{"service": NAME}``: forge that detached service's replica table on
+``FIRST`` (every replica given up), over and over until killed.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import json
 import pickle
 import secrets
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 import zmesh
@@ -105,9 +109,31 @@ def act(out: dict[str, Any], given: dict[str, Any]) -> None:
     out["raw_spawn"] = f"{f.kind}: {f.message}" if isinstance(f, w.Failure) else repr(f)
 
 
+def forge_table(name: str, agent: str) -> None:
+    """Report A's service's table as if from its orchestrator, every replica given up."""
+    from zmesh._service.client import decode_table, encode_table
+
+    said = False
+    while True:
+        stats = ask(agent, w.GetStats(1), w.AGENT_INBOX, w.AGENT_REPLIES).stats
+        for summary in stats.services:
+            if summary.name == name and summary.table:
+                rows = decode_table(summary.table)
+                rows = [msgspec.structs.replace(r, state="UNHEALTHY") for r in rows]
+                forged = msgspec.structs.replace(summary, table=encode_table(rows))
+                ask(agent, w.GetStats(2), w.AGENT_INBOX, w.AGENT_REPLIES,
+                    before=[w.ServiceReport(forged)] * 20)  # fmt: skip
+                if not said:
+                    print("forging", flush=True)
+                    said = True
+        time.sleep(0.01)
+
+
 if __name__ == "__main__":
     given = pickle.loads(bytes.fromhex(sys.argv[1]))
     out: dict[str, Any] = {}
+    if "service" in given:
+        forge_table(given["service"], sys.argv[2])
     if "svc" in given:
         act(out, given)
     else:

@@ -21,8 +21,14 @@ and loopback TCP with CURVE, each client with its own authorised key.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import pickle
+import select
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,10 +39,19 @@ import pytest
 import zmesh
 from zmesh import testing
 from zmesh._client import local as _local
+from zmesh._client import lookup as _lookup
+from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 
 from _actors import Ranked, Worker, expected
-from _helpers import connected, keyed_loopback_agent, pid_alive, run_python
+from _helpers import (
+    connected,
+    keyed_loopback_agent,
+    pid_alive,
+    replica_pids,
+    run_python,
+    wait_for,
+)
 
 INTRUDER = Path(__file__).with_name("owner_intruder.py")
 
@@ -156,3 +171,70 @@ def test_an_owner_id_read_from_one_agent_is_worth_nothing_on_another(
         assert procs.spawn("still", Ranked).get(timeout=30).ping.call_one().get(timeout=20) == 0
     finally:
         procs.stop().get(timeout=20)
+
+
+# ------------------------------------- a detached service's table, forged
+
+
+@pytest.fixture
+def keyed_agent_and_bob(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A ``zmesh agent`` on CURVE TCP; A connected with its key; B's environment."""
+    keys = str(tmp_path / "cluster")
+    _security.keygen(keys)
+    pairs = {}
+    for who in ("alice", "bob"):
+        pairs[who] = str(tmp_path / who)
+        made = _security.keygen_client(pairs[who], _security.Keys.load(keys).public)
+        _security.authorize(keys, made.public, who)
+    with keyed_loopback_agent(keys, tmp_path / "logs", "kept") as control:
+        with connected([control], keys=pairs["alice"]):
+            yield control, {"ZMESH_KEYS": pairs["bob"], "ZMESH_AGENTS": control}
+
+
+def _orchestrator(control: str, svc: Any) -> tuple[int, int]:
+    """``(pid, generation)`` of the service's running orchestrator (0s: none)."""
+    mesh = svc._detached[1].proc_mesh
+    reply = _lookup.on_home(
+        lambda rt: rt.controller.agent(control).request(lambda i: w.GetState(i, mesh), timeout=10)
+    ).get(timeout=15)
+    running = [r for m in reply.meshes for r in m.ranks if r.status.value == "Running"]
+    return (running[0].pid, running[0].generation) if running else (0, 0)
+
+
+@pytest.mark.stress
+def test_a_restarted_orchestrator_adopts_its_own_table_not_a_forged_one(
+    keyed_agent_and_bob: tuple[str, dict[str, str]],
+) -> None:
+    # B floods the agent with A's service's table, every replica marked
+    # given up, as if from its orchestrator; then A's orchestrator is
+    # killed. The next one must adopt the replicas as they are.
+    control, env = keyed_agent_and_bob
+    svc = Worker.options(name="kept", replicas=2, detached=True).spawn().get(timeout=90)
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **env)
+    forger: subprocess.Popen[str] | None = None
+    try:
+        before = sorted(asyncio.run(replica_pids(svc)))
+        given = pickle.dumps({"service": "kept"}).hex()
+        forger = subprocess.Popen(
+            [sys.executable, str(INTRUDER), given, control],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full,
+        )  # fmt: skip
+        assert forger.stdout is not None
+        ready, _, _ = select.select([forger.stdout], [], [], 60)
+        assert ready and forger.stdout.readline().strip() == "forging", "the forger did not start"
+        pid, gen = _orchestrator(control, svc)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _orchestrator(control, svc)[1] > gen, 30, "the orchestrator restarted")
+
+        # The new orchestrator answers once it has adopted what it found: the
+        # same replica processes, every one serving (not given up, not stopped).
+        fresh = zmesh.lookup("kept").get(timeout=30)
+        assert fresh.statistics().state == "OK", fresh.statistics()
+        assert sorted(asyncio.run(replica_pids(fresh))) == before
+        assert [svc.work(i).get(timeout=20) for i in range(4)] == [expected(i) for i in range(4)]
+        assert all(pid_alive(p) for p in before)
+    finally:
+        if forger is not None:
+            forger.kill()
+            forger.communicate(timeout=10)
+        svc.stop().get(timeout=30)
