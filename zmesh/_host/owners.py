@@ -3,10 +3,10 @@
 An owner is the client that created a mesh. Its id is made from its secret
 (``zmesh._shared.ownership``), so only that secret may create or stop its
 meshes or speak for it (``OwnerGone``, heartbeats): an id read from an event
-gives nothing. A lost owner is seen by its
-pidfd when it runs on this machine (at once), else by its missing heartbeats
-after a generous grace, so nothing is ever orphaned and a busy owner is not
-taken for a dead one. The agent asks ``due`` on each tick whom to stop.
+gives nothing. A lost owner is seen by its pidfd when it runs on this
+machine (at once), else by its missing heartbeats after a generous grace,
+so nothing is ever orphaned and a busy owner is not taken for a dead one.
+The agent asks ``due`` on each tick whom to stop.
 """
 
 from __future__ import annotations
