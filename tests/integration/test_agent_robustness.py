@@ -20,13 +20,19 @@ import pytest
 import zmq
 
 import zmesh
+from zmesh._shared import ownership
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh.testing import AgentProcess, start_agent, stop_agent
 
 ENC = msgspec.msgpack.Encoder()
 REPLIES = Codec(w.AGENT_REPLIES)
-SPEC = {"owner": "attacker", "ranks": [0], "dims": {"hosts": 1, "procs": 1}}
+# An owner id is made from its secret (zmesh._shared.ownership): "s3cret" here.
+SPEC = {
+    "owner": ownership.owner_id("attacker", 1, "s3cret"),
+    "ranks": [0],
+    "dims": {"hosts": 1, "procs": 1},
+}
 
 
 @pytest.fixture
@@ -157,7 +163,7 @@ def test_a_good_create_after_bad_ones_works(agent: AgentProcess) -> None:
     try:
         for i, (name, spec, _) in enumerate(BAD_CREATES.values()):
             assert not _ask(sock, _create(100 + i, name, **spec)).ok
-        ok = _ask(sock, _create(1, "good-one", owner="raw"))
+        ok = _ask(sock, _create(1, "good-one", owner=ownership.owner_id("raw", 1, "s3cret")))
         assert isinstance(ok, w.Ack) and ok.ok, ok.error
         stop = _ask(sock, [ENC.encode(["Stop", 2, "good-one", "s3cret"])])
         assert stop.ok
@@ -347,9 +353,10 @@ def test_a_secret_in_any_characters_is_refused_not_a_crash(agent: AgentProcess) 
     odd = "s\u00e9cret-\u2603"
     sock = _dealer(agent.control)
     try:
-        made = _ask(sock, [ENC.encode(["CreateOrUpdate", 21, "odd", SPEC, odd])])
-        assert isinstance(made, w.Ack) and made.ok, made  # bound to that owner
-        again = _ask(sock, [ENC.encode(["CreateOrUpdate", 22, "odd", SPEC, "s3cret"])])
+        spec = {**SPEC, "owner": ownership.owner_id("odd", 1, odd)}
+        made = _ask(sock, [ENC.encode(["CreateOrUpdate", 21, "odd", spec, odd])])
+        assert isinstance(made, w.Ack) and made.ok, made  # an owner id made from it
+        again = _ask(sock, [ENC.encode(["CreateOrUpdate", 22, "odd", spec, "s3cret"])])
         assert isinstance(again, w.Ack) and not again.ok  # another secret: not the owner
         for req_id, msg in [
             (23, ["Stop", 23, "odd", "\u00e9"]),  # neither the owner's nor the operator's

@@ -18,13 +18,15 @@ import pytest
 import zmq
 
 from zmesh import testing
+from zmesh._shared import ownership
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
 from _helpers import wait_for, wait_gone
 
-OWNER, SECRET = "test:1:update", "s3cret"
+SECRET = "s3cret"
+OWNER = ownership.owner_id("test", 1, SECRET)  # an owner id is made from its secret
 
 
 class Wire:

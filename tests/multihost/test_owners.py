@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -17,15 +18,20 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import zmesh
 from zmesh._host.ptree import children
+from zmesh._wire.security import Keys, authorize, keygen_client
 
-from _helpers import pid_alive
+from _actors import Ranked
+from _helpers import connected, pid_alive, run_python
 from netns_cluster import NetnsCluster
 
 GRACE = 2.0
+INTRUDER = Path(__file__).parents[1] / "security" / "owner_intruder.py"
 
 OWNER = """
 import json, os, sys, time
@@ -90,3 +96,61 @@ def test_a_dead_remote_owner_loses_its_procs_after_the_grace(
         if popen.poll() is None:
             popen.kill()
         popen.communicate(timeout=10)
+
+
+# ------------------------------------------ another admitted key against our meshes
+
+
+@pytest.fixture
+def bob_keys(keys_dir: str, tmp_path: Path) -> str:
+    """A second client's own keypair, admitted by the agents as the first one is."""
+    path = str(tmp_path / "bob")
+    made = keygen_client(path, Keys.load(keys_dir).public)
+    authorize(keys_dir, made.public, "bob")
+    return path
+
+
+@pytest.mark.stress
+def test_another_admitted_key_changes_nothing_of_ours_on_either_host(
+    keys_dir: str, client_keys: str, bob_keys: str, tmp_path: Path
+) -> None:
+    """Hosts apart, CURVE on every socket, two keys the agents admit: B gets A's
+    handles and A's owner id, and can only call (tests/security/test_owner_acts.py)."""
+    with NetnsCluster(2, keys=keys_dir) as cluster, connected(cluster.controls, client_keys):
+        first, second = cluster.controls
+        procs = zmesh.this_host().spawn_procs(per_host={"procs": 2}).get(timeout=90)
+        try:
+            assert procs._refs[0].agent == first
+            env = {"ZMESH_KEYS": bob_keys, "ZMESH_AGENTS": ",".join(cluster.controls)}
+
+            def intrude(given: dict[str, Any]) -> dict[str, Any]:
+                done = run_python(
+                    [str(INTRUDER), pickle.dumps(given).hex(), first, second], 120, env=env
+                )
+                out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+                return out
+
+            # A's id, read on host 0, gives nothing on host 1, which A has not used yet.
+            out = intrude({"procs": procs})
+            assert "is not proven by the secret" in out["squat"], out
+            assert "may stop it" in out["raw_stop_mesh"], out
+            both = Ranked.options(hosts=2).as_actor().get(timeout=90)  # on host 1 too
+            guest = procs.spawn("guest", Ranked).get(timeout=60)
+            svc = Ranked.options(replicas=2).as_service().get(timeout=90)
+            try:
+                out = intrude({"owned": both, "guest": guest, "procs": procs, "svc": svc})
+                for key in ("stop_owned", "stop_guest", "stop_replica"):
+                    assert out[key].startswith("SecurityError: "), out
+                    assert "may stop its actors" in out[key], out
+                assert "may spawn actors into it" in out["spawn"], out
+                assert out["raw_stop"].startswith("denied: "), out
+                assert out["raw_spawn"].startswith("denied: "), out
+                # Everything of A's still serves, on both hosts.
+                assert both.ping.call().get(timeout=20).values() == [0, 1]
+                assert guest.ping.call().get(timeout=20).values() == [0, 1]
+                assert [svc.ping().get(timeout=20) for _ in range(4)] == [0] * 4
+            finally:
+                svc.stop().get(timeout=30)
+                both.stop().get(timeout=30)
+        finally:
+            procs.stop().get(timeout=30)

@@ -22,6 +22,7 @@ from zmesh._errors import (
     CallTimeoutError,
     EncodeError,
     EndpointError,
+    SecurityError,
     SpawnError,
     ZmeshError,
 )
@@ -152,4 +153,6 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
         return EncodeError(msg.message, **ctx)
     if msg.kind == "deadline":
         return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
+    if msg.kind == "denied":  # a spawn or stop in a proc of a mesh we do not own
+        return SecurityError(msg.message, **ctx)
     return ActorStoppedError(msg.message, **ctx)

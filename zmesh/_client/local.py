@@ -30,14 +30,13 @@ import msgspec
 from zmesh._client.agents import AgentLink
 from zmesh._errors import AgentError
 from zmesh._shared import liveness as _liveness
+from zmesh._shared import ownership as _ownership
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import AgentReady, parse_ready_line
 
 OWNER_HEARTBEAT_INTERVAL = 0.5
 AGENT_START_TIMEOUT = 30.0
-
-OWNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 _lock = threading.Lock()
 _configured: list[str] | None = None
@@ -46,16 +45,11 @@ _used: set[str] = set()
 _heart: _OwnerHeart | None = None
 _heart_lock = threading.Lock()
 
-
-def owner_id() -> str:
-    """This process's identity as an owner of meshes (fork-safe)."""
-    global OWNER_ID
-    if f":{os.getpid()}:" not in OWNER_ID:
-        OWNER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-    return OWNER_ID
-
-
 _secret = (os.getpid(), secrets.token_hex(16))
+# Keys of meshes this process acts for without owning them from its own
+# secret: its own proc's mesh (a proc), and meshes it adopted (a restarted
+# orchestrator). Every other mesh's key is derived from our secret.
+_keys: dict[str, str] = {}
 
 
 def owner_secret() -> str:
@@ -68,7 +62,29 @@ def owner_secret() -> str:
     global _secret
     if _secret[0] != os.getpid():
         _secret = (os.getpid(), secrets.token_hex(16))
+        _keys.clear()
     return _secret[1]
+
+
+def owner_id() -> str:
+    """This process's identity as an owner of meshes (fork-safe).
+
+    Made from our secret (``zmesh._shared.ownership``): an agent accepts it
+    only with that secret, so no other client can speak under it.
+    """
+    return _ownership.owner_id(socket.gethostname(), os.getpid(), owner_secret())
+
+
+def mesh_proof(mesh: str) -> str:
+    """The key that lets us spawn into, or stop actors of, mesh ``mesh``'s procs."""
+    secret = owner_secret()  # (first: a fork forgets its parent's keys)
+    return _keys.get(mesh) or _ownership.mesh_key(secret, mesh)
+
+
+def hold_key(mesh: str, key: str) -> None:
+    """Act for ``mesh`` with ``key`` (our proc's own mesh, or one we adopted)."""
+    owner_secret()
+    _keys[mesh] = key
 
 
 def configure(addresses: list[str] | None) -> None:

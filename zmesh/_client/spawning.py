@@ -30,7 +30,7 @@ from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import Runtime
 from zmesh._client.stopping import stop_actors, stop_procs
-from zmesh._errors import ActorStoppedError, SpawnError, ZmeshError
+from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
 from zmesh._options import Options
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
@@ -302,6 +302,7 @@ async def _spawn_actors(
             fut.set_result(None)
 
     dims = procs.sizes
+    proof = _local.mesh_proof(procs.name)  # the procs spawn only for their mesh's owner
     for p, ref in enumerate(procs._refs):
         rt.send(
             [ref],
@@ -314,6 +315,7 @@ async def _spawn_actors(
                 dims=dims,
                 rank=ref.rank,
                 count=per_proc if per_proc > 1 else 0,
+                proof=proof,
             ),
             buffers,
             functools.partial(deliver, p),
@@ -322,6 +324,11 @@ async def _spawn_actors(
     await fut
     if errors:
         err = min(errors, key=lambda e: getattr(e, "rank", None) or 0)  # the first rank's
+        if isinstance(err, SecurityError):  # not our procs: refused, nothing started
+            raise SecurityError(
+                f"cannot spawn actor {name}: {err.message}", mesh=err.mesh, rank=err.rank,
+                host=err.host, log_path=err.log_path,
+            ) from err  # fmt: skip
         if isinstance(err, SpawnError):
             tb = getattr(err, "remote_traceback", "")
             raise SpawnError(

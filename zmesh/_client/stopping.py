@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from zmesh._client import local as _local
 from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._errors import AgentError
+from zmesh._errors import AgentError, SecurityError
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 
@@ -63,15 +63,31 @@ async def stop_mesh_on(rt: Runtime, name: str, conns: list[Any]) -> None:
 
 
 async def stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
-    """Stop the actors of ``mesh`` in their procs (the procs stay)."""
+    """Stop the actors of ``mesh`` in their procs (the procs stay).
+
+    Raises:
+        SecurityError: the procs' mesh is not ours (a handle another client
+            made): its procs refused, and nothing was stopped.
+    """
     fut: asyncio.Future[None] = rt.loop.create_future()
     remaining = len(mesh._refs)
+    refused: list[SecurityError] = []
 
     def deliver(i: int, ok: bool, value: Any) -> None:
         nonlocal remaining
         remaining -= 1
+        if not ok and isinstance(value, SecurityError):
+            refused.append(value)
         if remaining == 0 and not fut.done():
             fut.set_result(None)
 
-    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor), [], deliver, timeout=5.0)
+    # Its procs stop an actor only for their mesh's owner (the key proves it).
+    proof = _local.mesh_proof(mesh._refs[0].mesh) if mesh._refs else ""
+    rt.send(mesh._refs, lambda i: w.StopActor(i, mesh.actor, proof), [], deliver, timeout=5.0)
     await fut
+    if refused:
+        first = min(refused, key=lambda e: e.rank if e.rank is not None else 0)
+        raise SecurityError(
+            f"cannot stop {mesh.actor}: {first.message}", mesh=first.mesh, rank=first.rank,
+            host=first.host, log_path=first.log_path,
+        ) from first  # fmt: skip

@@ -55,9 +55,10 @@ from zmesh._host import janitor as _janitor
 from zmesh._host import logtail as _logtail
 from zmesh._host import ptree as _ptree
 from zmesh._host import updates as _updates
-from zmesh._host.owners import Owners, not_owner
+from zmesh._host.owners import Owners, not_owner, not_proven
 from zmesh._host.procs import Mesh, ProcTable, spec_error
 from zmesh._host.statsbook import StatsBook
+from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import Rank
 from zmesh._wire import messages as w
@@ -239,8 +240,8 @@ class HostAgent:
         if isinstance(msg, w.ProcHeartbeat):
             self.procs.heartbeat(msg)
         elif isinstance(msg, w.OwnerHeartbeat):
-            # Before its first CreateOrUpdate an owner has no proof to check.
-            if not self.owners.known(msg.owner) or self.owners.is_owner(msg.owner, msg.secret):
+            # A forged heartbeat must not keep a dead owner's procs alive.
+            if self.owners.is_owner(msg.owner, msg.secret):
                 self.owners.beat(msg)
         elif isinstance(msg, w.ProcHello):
             self.procs.hello(msg)
@@ -251,17 +252,18 @@ class HostAgent:
         elif isinstance(msg, w.OwnerGone):
             if self.owners.is_owner(msg.owner, msg.secret):
                 self._stop_owner(msg.owner, "owner exited")
-            elif self.owners.known(msg.owner):
+            else:
                 log.warning("refused an OwnerGone for %s from another client", msg.owner)
-                self._reply(ident, w.Ack(0, ok=False, denied=True, error=not_owner(msg.owner)))
+                error = not_owner(msg.owner, "say that it exited")
+                self._reply(ident, w.Ack(0, ok=False, denied=True, error=error))
         elif isinstance(msg, w.ProcStats):
             st = msg.stats
             proc = self.procs.find(st.mesh, st.rank, st.generation)
-            if proc is not None and not proc.reaped:
+            if proc is not None and not proc.reaped and self.procs.vouched(st.mesh, msg.proof):
                 self.statsbook.record_proc(st)
         elif isinstance(msg, w.ServiceReport):
             self.statsbook.record_service(msg.summary)
-            _detached.reported(self, msg.summary)  # a detached service's table is kept
+            _detached.reported(self, msg)  # a detached service's table is kept
         elif isinstance(msg, _detached.REQUESTS):
             _detached.answer(self, ident, msg)  # detach, lookup, stop a detached name
         elif isinstance(msg, _agentops.REQUESTS):
@@ -288,18 +290,18 @@ class HostAgent:
         self._ctrl.send([ident, *self._codec.encode(msg)])
 
     def _create(self, msg: w.CreateOrUpdate) -> w.Ack:
-        # The first CreateOrUpdate of an owner binds its id to its secret;
-        # from then on only that secret may stop, or speak for, the owner.
+        # The owner id is made from the secret: a claimed id without it gives nothing.
         if not msg.secret:
             return w.Ack(msg.id, ok=False, denied=True, error="CreateOrUpdate needs a secret")
-        if not self.owners.bind(msg.spec.owner, msg.secret):
-            return w.Ack(msg.id, ok=False, denied=True, error=not_owner(msg.spec.owner))
+        if not self.owners.is_owner(msg.spec.owner, msg.secret):
+            return w.Ack(msg.id, ok=False, denied=True, error=not_proven(msg.spec.owner))
         existing = self.procs.meshes.get(msg.name)
         if existing is not None and existing.spec == msg.spec and not existing.stopped:
             return w.Ack(msg.id)  # idempotent
         live = existing is not None and not existing.stopped
         if existing is not None and live and existing.spec.owner != msg.spec.owner:
-            error = f"mesh {msg.name!r} on {self.label}: {not_owner(existing.spec.owner)}"
+            why = not_owner(existing.spec.owner, "update it or spawn under its name")
+            error = f"mesh {msg.name!r} on {self.label}: {why}"
             return w.Ack(msg.id, ok=False, denied=True, error=error)
         error = spec_error(msg.spec)
         if error:
@@ -308,7 +310,8 @@ class HostAgent:
         if existing is not None and live:
             _updates.update(self.procs, existing, msg.spec)  # grow, shrink or roll, in place
         else:
-            _updates.create(self.procs, msg.name, msg.spec)
+            key = _ownership.mesh_key(msg.secret, msg.name)  # its procs' (ownership.py)
+            _updates.create(self.procs, msg.name, msg.spec, key)
         return w.Ack(msg.id)
 
     # ------------------------------------------------------- transitions

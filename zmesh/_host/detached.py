@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from zmesh._host.owners import not_owner
+from zmesh._host.owners import not_owner, not_proven
 from zmesh._host.procs import Mesh
 from zmesh._host.restarter import Restarts
 from zmesh._shared.state import Rank
@@ -118,13 +118,36 @@ def transition(agent: HostAgent, mesh: Mesh, rank: int, state: Rank) -> None:
             return
 
 
-def reported(agent: HostAgent, summary: Any) -> None:
-    """A service's orchestrator reported its table: keep it with the service's name."""
+def reported(agent: HostAgent, msg: w.ServiceReport) -> None:
+    """A service's orchestrator reported its table: keep it with the service's name.
+
+    Only from the orchestrator: a restarted one adopts the replicas the table
+    names, so a table from anyone else would send its callers elsewhere. It
+    proves itself with its owner secret (it owns the replicas) or its own
+    mesh's key (its proc is one of the name's meshes here).
+    """
+    summary = msg.summary
     if not summary.id or not summary.table:
         return
     for rec in agent.detached.records.values():
         if rec.service == summary.id:
-            rec.table = summary.table
+            if _reported_by_owner(agent, rec, msg):
+                rec.table = summary.table
+            else:
+                log.warning("ignored a table of service %s from a client that does not run it",
+                            summary.name)  # fmt: skip
+
+
+def _reported_by_owner(agent: HostAgent, rec: Record, msg: w.ServiceReport) -> bool:
+    for name in rec.meshes:
+        mesh = agent.procs.meshes.get(name)
+        if mesh is None:
+            continue
+        if agent.owners.is_owner(mesh.spec.owner, msg.secret):
+            return True
+        if mesh.key and _same_secret(mesh.key, msg.proof):
+            return True
+    return False
 
 
 def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
@@ -140,7 +163,8 @@ def _detach(agent: HostAgent, book: DetachedBook, msg: w.Detach) -> w.Ack:
         if mesh is None or mesh.stopped:
             return w.Ack(msg.id, ok=False, error=f"no running mesh {name!r} on {agent.label}")
         if not agent.owners.is_owner(mesh.spec.owner, msg.secret):
-            error = f"mesh {name!r} on {agent.label}: {not_owner(mesh.spec.owner)}"
+            why = not_owner(mesh.spec.owner, "keep it past its owner")
+            error = f"mesh {name!r} on {agent.label}: {why}"
             return w.Ack(msg.id, ok=False, denied=True, error=error)
         meshes.append(mesh)
     key = (msg.principal, msg.name)
@@ -198,18 +222,19 @@ def _adopt(agent: HostAgent, book: DetachedBook, msg: w.Adopt) -> w.AdoptReply:
     if rec is None:
         error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
         return w.AdoptReply(msg.id, ok=False, error=error)
-    if not msg.secret or not agent.owners.bind(msg.owner, msg.secret):
-        return w.AdoptReply(msg.id, ok=False, error=not_owner(msg.owner))
-    adopted = []
+    if not agent.owners.is_owner(msg.owner, msg.secret):
+        return w.AdoptReply(msg.id, ok=False, error=not_proven(msg.owner))
+    adopted, keys = [], []
     for name in rec.meshes:
         mesh = agent.procs.meshes.get(name)
         if name in rec.boot or mesh is None or mesh.stopped:
             continue  # the orchestrator's own mesh stays its creator's
         mesh.spec = msgspec.structs.replace(mesh.spec, owner=msg.owner)
         adopted.append(name)
+        keys.append(mesh.key)  # its procs keep their key: the adopter acts with it
     agent.owners.track(msg.owner)
     log.info("%s adopts %s of %s", msg.owner, adopted, msg.name)
-    return w.AdoptReply(msg.id, meshes=adopted, table=rec.table)
+    return w.AdoptReply(msg.id, meshes=adopted, table=rec.table, keys=keys)
 
 
 def _running(agent: HostAgent, name: str) -> bool:

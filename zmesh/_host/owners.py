@@ -1,11 +1,12 @@
 """An agent's owners: who may speak for a mesh, and whether its owner lives.
 
-An owner is the client that created a mesh. Its first ``CreateOrUpdate``
-binds its id to a secret; from then on only that secret may stop its meshes
-or speak for it (``OwnerGone``, heartbeats). A lost owner is seen by its
-pidfd when it runs on this machine (at once), else by its missing heartbeats
-after a generous grace, so nothing is ever orphaned and a busy owner is not
-taken for a dead one. The agent asks ``due`` on each tick whom to stop.
+An owner is the client that created a mesh. Its id is made from its secret
+(``zmesh._shared.ownership``), so only that secret may create or stop its
+meshes or speak for it (``OwnerGone``, heartbeats): an id read from an event
+gives nothing. A lost owner is seen by its pidfd when it runs on this
+machine (at once), else by its missing heartbeats after a generous grace,
+so nothing is ever orphaned and a busy owner is not taken for a dead one.
+The agent asks ``due`` on each tick whom to stop.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import os
 import time
 
 from zmesh._shared import liveness as _liveness
+from zmesh._shared import ownership as _ownership
 from zmesh._wire import messages as w
-from zmesh._wire.security import same_secret as _same_secret
 
 # An owner silent this long loses its procs. Generous (as Monarch's 60 s): an
 # owner in a long C call holds the GIL and cannot beat. A local owner's death
@@ -24,9 +25,17 @@ from zmesh._wire.security import same_secret as _same_secret
 OWNER_GRACE = float(os.environ.get("ZMESH_OWNER_GRACE", "60"))
 
 
-def not_owner(owner: str) -> str:
-    """Why a request from another client than ``owner`` is refused."""
-    return f"not the owner: only {owner}, which created it, may stop it"
+def not_owner(owner: str, action: str = "stop it") -> str:
+    """Why a request to ``action`` from another client than ``owner`` is refused."""
+    return f"not the owner: only {owner}, which created it, may {action}"
+
+
+def not_proven(owner: str) -> str:
+    """Why a request that names ``owner`` without its secret is refused."""
+    return (
+        f"the owner id {owner} is not proven by the secret sent with it: an owner id "
+        "is made from its owner's secret, so no other client may act under it"
+    )
 
 
 class Owners:
@@ -39,22 +48,11 @@ class Owners:
         # and those whose process exited, to be stopped on the next tick.
         self._fds: dict[str, int | None] = {}
         self._dead: dict[str, str] = {}
-        # Each owner's secret, bound by its first CreateOrUpdate (never published).
-        self._proofs: dict[str, str] = {}
 
-    def bind(self, owner: str, secret: str) -> bool:
-        """Bind ``owner`` to ``secret`` if it has none yet; whether ``secret`` is its."""
-        known = self._proofs.setdefault(owner, secret)
-        return _same_secret(known, secret)
-
-    def known(self, owner: str) -> bool:
-        """Whether ``owner`` has bound a secret here."""
-        return owner in self._proofs
-
-    def is_owner(self, owner: str, secret: str) -> bool:
-        """Whether ``secret`` is the one ``owner`` created its first mesh here with."""
-        known = self._proofs.get(owner)
-        return known is not None and _same_secret(known, secret)
+    @staticmethod
+    def is_owner(owner: str, secret: str) -> bool:
+        """Whether ``secret`` is the one the owner id ``owner`` was made from."""
+        return _ownership.proves(owner, secret)
 
     def track(self, owner: str) -> None:
         """Start the grace of a new owner of a mesh."""

@@ -29,6 +29,7 @@ import zmq
 
 from zmesh import _context
 from zmesh._actor import set_current
+from zmesh._client import local as _local
 from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
@@ -63,8 +64,12 @@ MAX_BACKLOG = int(os.environ.get("ZMESH_PROC_MAX_BACKLOG", "100000"))
 class ProcServer:
     """Serves the actors of one proc."""
 
-    def __init__(self, spec: ProcEnv) -> None:
+    def __init__(self, spec: ProcEnv, key: str = "") -> None:
         self.spec = spec
+        # The mesh's key: what a SpawnActor or StopActor must carry (ownership.py).
+        # Without one (a proc no agent started), our own derived key: only we have it.
+        self.key = key or _local.mesh_proof(spec.mesh)
+        self.denied = 0  # requests refused for want of the key
         self.mesh = spec.mesh
         self.rank = spec.rank
         self.generation = spec.generation
@@ -95,7 +100,7 @@ class ProcServer:
 
     def _report_statistics(self) -> None:
         try:
-            self.agent.send(self.codec.encode(w.ProcStats(self.statistics())))
+            self.agent.send(self.codec.encode(w.ProcStats(self.statistics(), self.key)))
         except Exception:  # statistics must never stop the heartbeats
             log.exception("cannot report statistics")
 
@@ -132,10 +137,10 @@ class ProcServer:
         self.agent = AsyncSocket(agent, loop, None)
         self.agent.send(
             self.codec.encode(
-                w.ProcHello(self.mesh, self.rank, self.generation, self.addr, os.getpid())
+                w.ProcHello(self.mesh, self.rank, self.generation, self.addr, os.getpid(), self.key)
             )
         )
-        beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation))
+        beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation, self.key))
         agent_pid = self.spec.agent_pid
         beats = 0
         while True:
@@ -212,11 +217,15 @@ class ProcServer:
                 _deadlines.arrive(msg)
             _actors.dispatch(self, ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
+            if not self._owned(ident, msg, "spawn actors into it"):
+                return
             build = _actors.spawn if msg.count else _spawnactor.spawn
             task = asyncio.ensure_future(build(self, ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
         elif isinstance(msg, w.StopActor):
+            if not self._owned(ident, msg, "stop its actors"):
+                return
             ending = _actors.stop(self, msg.actor)  # one actor, or every actor of a group
             reply = [ident, *self.codec.encode(w.Reply(msg.id, NONE))]
             _lifecycle.then(self, ending, lambda: self.router.send(reply))  # after __cleanup__
@@ -226,6 +235,23 @@ class ProcServer:
             if self.relay is None:
                 self.relay = RelayServer(self)
             self.relay.handle(ident, msg, frames)
+
+    def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
+        """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
+        if _security.same_secret(self.key, msg.proof):
+            return True
+        self.denied += 1
+        if self.denied == 1 or self.denied % 1000 == 0:
+            log.warning("refused %d request(s) from a client that does not own mesh %s; "
+                        "latest: %s of actor %r", self.denied, self.mesh,
+                        type(msg).__name__, msg.actor)  # fmt: skip
+        why = (
+            f"actor {msg.actor!r} in {self.mesh}[{self.rank}] on {self.host}: not the owner: "
+            f"only the owner of mesh {self.mesh!r}, which created it, may {action}"
+        )
+        f = w.Failure(msg.id, "denied", "SecurityError", why)
+        self.router.send([ident, *self.codec.encode(f)])
+        return False
 
     def _drop(self, why: str) -> None:
         self.dropped += 1
@@ -358,7 +384,8 @@ class ProcServer:
 
 def main() -> None:
     """Run this process as the proc ``ZMESH_PROC`` describes, until it is stopped."""
-    server = ProcServer(_procboot.boot())
+    spec = _procboot.boot()
+    server = ProcServer(spec, _local.mesh_proof(spec.mesh))
     try:
         asyncio.run(server.serve())
     except KeyboardInterrupt:

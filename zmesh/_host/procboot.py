@@ -50,10 +50,25 @@ def boot() -> ProcEnv:
         from zmesh._client import local as _local
 
         _local.configure([spec.agent])
+    _hold_mesh_key(spec.mesh)
     _use_client_path(spec.main)
     # What is loaded now lives as long as the proc: keep the collector off it.
     gc.freeze()
     return spec
+
+
+def _hold_mesh_key(mesh: str) -> None:
+    """Keep our mesh's key (``zmesh._shared.ownership``) out of our environment.
+
+    Our actors act for the mesh with it (they may spawn into its procs and
+    stop their actors); the processes they start do not inherit it.
+    """
+    from zmesh._client import local as _local
+    from zmesh._shared.ownership import MESH_KEY_VAR
+
+    key = os.environ.pop(MESH_KEY_VAR, "")
+    if key:
+        _local.hold_key(mesh, key)
 
 
 def _use_client_path(main: w.MainSpec) -> None:

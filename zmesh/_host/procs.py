@@ -36,10 +36,12 @@ from zmesh._host import ptree as _ptree
 from zmesh._host.spawner import Launch, Process, Spawner
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
+from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
 from zmesh._shared.state import MeshView, Rank, Status
 from zmesh._wire import boundary as b
 from zmesh._wire import messages as w
+from zmesh._wire.security import same_secret as _same_secret
 
 log = logging.getLogger("zmesh.agent")
 
@@ -81,6 +83,9 @@ class Mesh:
     # Ranks it shrank away from: their last generation, which a regrowth goes on from.
     retired: dict[int, int] = field(default_factory=dict)
     detached: str = ""  # kept past its owner under this name (``detached.py``), if any
+    # What its procs accept a spawn or a stop of their actors with (ownership.py):
+    # derived from its creator's secret, kept when the mesh is adopted.
+    key: str = field(default="", repr=False)
 
 
 # What the table tells its agent of a rank transition: (mesh, rank, new state).
@@ -111,6 +116,7 @@ class ProcTable:
         self.log_dir = log_dir
         self.epoch = epoch
         self.meshes: dict[str, Mesh] = {}
+        self.forged = 0  # messages from procs without their mesh's key, ignored
         self._on_transition = on_transition
         self._helpers = helpers
         # Set by the agent once its sockets are bound (see ``configure``).
@@ -164,7 +170,8 @@ class ProcTable:
             agent=self.control_addr, agent_pid=os.getpid(), host=self.label, bind=bind,
             log_path=log_path, main=mesh.spec.main, keys=self._keys_dir, epoch=self.epoch,
         )  # fmt: skip
-        launch = Launch(spec, mesh.spec.env, mesh.spec.main.dir or None)
+        env = {**mesh.spec.env, _ownership.MESH_KEY_VAR: mesh.key} if mesh.key else mesh.spec.env
+        launch = Launch(spec, env, mesh.spec.main.dir or None)
         self._starting[launch.key] = None
         self.spawner.start(launch)
 
@@ -202,8 +209,22 @@ class ProcTable:
             state = Rank(Status.FAILED, launch.spec.generation, reason=f"spawn failed: {exc}")
             self.transition(mesh, launch.spec.rank, state)
 
+    def vouched(self, mesh: str, proof: str) -> bool:
+        """Whether ``proof`` is the key of ``mesh`` (a message from one of its procs)."""
+        m = self.meshes.get(mesh)
+        if m is None or not m.key:
+            return True  # nothing to check it against (and nothing to change)
+        if _same_secret(m.key, proof):
+            return True
+        self.forged += 1
+        if self.forged == 1 or self.forged % 1000 == 0:
+            log.warning("ignored %d message(s) for mesh %s without its key", self.forged, mesh)
+        return False
+
     def hello(self, msg: w.ProcHello) -> None:
         """A proc is ready: Running, at the address it gives."""
+        if not self.vouched(msg.mesh, msg.proof):  # not to point its callers elsewhere
+            return
         proc = self.find(msg.mesh, msg.rank, msg.generation)
         if proc is None:
             key = (msg.mesh, msg.rank, msg.generation)
@@ -226,7 +247,7 @@ class ProcTable:
     def heartbeat(self, msg: w.ProcHeartbeat) -> None:
         """A proc's loop is alive."""
         proc = self.find(msg.mesh, msg.rank, msg.generation)
-        if proc is not None:
+        if proc is not None and self.vouched(msg.mesh, msg.proof):
             proc.last_beat = time.monotonic()
 
     def find(self, mesh: str, rank: int, generation: int) -> Proc | None:

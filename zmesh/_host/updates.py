@@ -47,14 +47,17 @@ def plan(old: w.ProcSpec, new: w.ProcSpec) -> Plan:
     )
 
 
-def create(table: ProcTable, name: str, spec: w.ProcSpec) -> Mesh:
+def create(table: ProcTable, name: str, spec: w.ProcSpec, key: str = "") -> Mesh:
     """Add a mesh and start one proc per rank of ``spec``.
+
+    ``key`` is the mesh's key (``zmesh._shared.ownership``): its procs get it,
+    and accept a spawn or a stop of their actors only with it.
 
     A name used before (by a stopped mesh) goes on from its generations:
     nothing of the new mesh is taken for the old one's. A rank that
     cannot be started is Failed; the others still start.
     """
-    mesh = Mesh(name, spec, MeshView(name, spec.ranks))
+    mesh = Mesh(name, spec, MeshView(name, spec.ranks), key=key)
     old = table.meshes.get(name)
     if old is not None:
         mesh.generation = old.generation + 1

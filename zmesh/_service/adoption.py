@@ -165,6 +165,8 @@ async def adopt(
             continue
         if reply.meshes:
             _local.note_used(addr)  # ours now: heartbeat to it
+        for adopted_mesh, key in zip(reply.meshes, reply.keys, strict=False):
+            _local.hold_key(adopted_mesh, key)  # what their procs take a stop of actors with
         owned.update(reply.meshes)
         if reply.table:
             rows = decode_table(reply.table)

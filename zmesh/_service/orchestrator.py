@@ -36,6 +36,7 @@ from typing import Any
 import msgspec
 
 from zmesh._actor import Actor, endpoint, endpoints_of
+from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.faults import MeshFailure
 from zmesh._client.future import Future
@@ -174,7 +175,8 @@ def _boot_frames(orch: ActorMesh[Orchestrator], plan: Plan) -> list[bytes]:
     """The frames of the ``SpawnActor`` that made ``orch``: its agent restarts it with them."""
     blob, _ = pickling.dumps(Orchestrator, lambda _: True)
     payload, buffers = Codec.pack((plan,), {})
-    msg = w.SpawnActor(1, orch.actor, blob, payload, orch.proc_mesh, orch.sizes, 0)
+    proof = _local.mesh_proof(orch.proc_mesh)  # the restarted proc checks it as any spawn
+    msg = w.SpawnActor(1, orch.actor, blob, payload, orch.proc_mesh, orch.sizes, 0, proof=proof)
     return [bytes(f) for f in Codec(w.PROC_INBOX).encode(msg, buffers)]
 
 

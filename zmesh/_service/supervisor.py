@@ -24,6 +24,7 @@ import weakref
 from collections import deque
 from typing import Any
 
+from zmesh import _context
 from zmesh._client import local as _local
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
@@ -351,5 +352,9 @@ class Supervisor:
             id=self.service_id,
             table=encode_table(table),
         )
+        own = _context.own_proc()  # the orchestrator's proc: its mesh's key proves it too
+        report = w.ServiceReport(
+            summary, _local.owner_secret(), _local.mesh_proof(own.mesh) if own else ""
+        )
         for addr in self._agents:
-            self.rt.controller.agent(addr).client.send(w.ServiceReport(summary))
+            self.rt.controller.agent(addr).client.send(report)

@@ -57,7 +57,7 @@ class CreateOrUpdate(Message, frozen=True):
     id: int
     name: Name
     spec: ProcSpec
-    secret: Text = ""  # the owner's proof (see _local.owner_secret); never published
+    secret: Text = ""  # the owner's proof: ``spec.owner`` is made from it; never published
 
 
 class GetState(Message, frozen=True):
@@ -100,7 +100,7 @@ class OwnerHeartbeat(Message, frozen=True):
     machine: Text = ""  # boot id and pid namespace; "" = not watchable
     pid: Count = 0
     start: Count = 0  # the process's start time, in clock ticks after boot
-    secret: Text = ""  # the owner's proof (see owners.Owners.is_owner)
+    secret: Text = ""  # the owner's proof (see zmesh._shared.ownership)
 
 
 class OwnerGone(Message, frozen=True):
@@ -238,12 +238,14 @@ class ProcHello(Message, frozen=True):
     generation: Count
     addr: Text
     pid: Count
+    proof: Text = ""  # the mesh's key (zmesh._shared.ownership): only its procs say hello
 
 
 class ProcHeartbeat(Message, frozen=True):
     mesh: str  # looked up, never used in a path: no pattern on this frequent message
     rank: RankNo
     generation: Count
+    proof: str = ""  # the mesh's key, as in ``ProcHello``
 
 
 # ------------------------------------------------------- agent PUB stream
@@ -275,13 +277,19 @@ class ProcStats(Message, frozen=True):
     """A proc's statistics, sent to its agent about once a second."""
 
     stats: ProcStatistics
+    proof: str = ""  # the mesh's key, as in ``ProcHello``
 
 
 class ServiceReport(Message, frozen=True):
     """A service's replica table, sent by its orchestrator to its agents
-    about once a second, so that ``zmesh top`` can show it."""
+    about once a second, so that ``zmesh top`` can show it, and a restarted
+    orchestrator adopt the replicas the table names (``Adopt``)."""
 
     summary: ServiceSummary
+    # What a detached service's agents keep the table on: the orchestrator's
+    # owner secret (it owns the replicas) and its own mesh's key.
+    secret: str = ""
+    proof: str = ""
 
 
 class GetStats(Message, frozen=True):
@@ -348,7 +356,7 @@ class Adopt(Message, frozen=True):
     name: Name
     principal: Text
     owner: Text
-    secret: Text  # the new owner's proof (bound to it here, as by a CreateOrUpdate)
+    secret: Text  # the new owner's proof: ``owner`` is made from it (zmesh._shared.ownership)
 
 
 class AdoptReply(Message, frozen=True):
@@ -357,6 +365,7 @@ class AdoptReply(Message, frozen=True):
     meshes: list[str] = []  # the meshes ``owner`` owns now
     table: bytes = b""  # the service's last replica table this agent heard
     error: str = ""
+    keys: list[str] = []  # each of ``meshes``' key, which its procs check (never published)
 
 
 class Lookup(Message, frozen=True):

@@ -51,11 +51,17 @@ class SpawnActor(Message, frozen=True):
     # ``actor#0`` .. ``actor#<count-1>``, answered with one ``Gathered``.
     # 0: one actor named ``actor`` (answered with a ``Reply``).
     count: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] = 0
+    # The mesh's key (``zmesh._shared.ownership.mesh_key``): only its owner,
+    # or an actor of the mesh itself, may spawn into a proc.
+    proof: Text = ""
 
 
 class StopActor(Message, frozen=True):
+    """Stop actor ``actor`` of this proc: its mesh's owner only (``proof``)."""
+
     id: int
     actor: str
+    proof: Text = ""  # the mesh's key, as in ``SpawnActor``
 
 
 class Reply(Message, frozen=True):
@@ -69,7 +75,8 @@ class Failure(Message, frozen=True):
     ``kind`` is one of ``actor`` (the endpoint raised), ``endpoint`` (unknown
     endpoint or bad arguments), ``encode`` (value cannot be sent), ``spawn``
     (``__init__`` raised), ``deadline`` (the request arrived too late),
-    ``stopped`` (the actor is gone).
+    ``stopped`` (the actor is gone), ``denied`` (the sender does not own
+    the proc's mesh: a ``SpawnActor`` or ``StopActor`` without its key).
     """
 
     id: int
