@@ -129,9 +129,9 @@ for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_
     )
 for _way in ("svc_call", "svc_session"):
     KNOWN[_way, "owner_exits"] = (
-        "new: the process that made a service dies; a call in flight through the "
-        "service's handle held by another process stays pending (past 10 s; its timeout "
-        "is 30 s) instead of failing with a typed error when the replicas are gone"
+        "new: the process that made a service dies (SIGKILL); in another process holding "
+        "its handle the service is DOWN for good, yet a call in flight (or made after) is "
+        "not failed: it waits for its timeout (30 s here), for ever without one"
     )
 for _way in WAYS:
     KNOWN[_way, "intruder_stops"] = (
@@ -145,7 +145,11 @@ for _way in WAYS:
 
 @dataclass
 class Outcome:
-    """How one awaited thing ended: a value, an error (by type), or not at all."""
+    """How one awaited thing ended: a value, an error (by type), or not at all.
+
+    ``seconds`` counts from when the fault was injected (for a stuck
+    producer: from when its work was under way) to the end.
+    """
 
     ok: bool
     value: Any = None
@@ -565,6 +569,7 @@ def _expected_errors(fault: str) -> tuple[str, ...]:
 def test_cell(worlds: Callable[[str], dict[str, Cell]], way: str, fault: str) -> None:
     cell = worlds(fault)[way]
     where = f"{way} under {fault}: {cell}"
+    print(f"CELL {fault} {way}: {cell}")  # pytest -s (or -rA) shows every cell's record
     # 1. The call resolves, in its budget, with a value or a typed zmesh error.
     if cell.call is not None:
         call = cell.call
