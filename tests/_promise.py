@@ -37,8 +37,12 @@ WAYS = (
     "svc_call",
     "svc_stream",
     "svc_session",
+    "svc_fanout",
+    "svc_fanout_stream",
 )
-SERVICE_WAYS = frozenset({"svc_call", "svc_stream", "svc_session"})
+SERVICE_WAYS = frozenset(w for w in WAYS if w.startswith("svc_"))
+# Ways whose value has one entry per replica: an empty one says nothing was called.
+FANOUT_WAYS = frozenset({"svc_fanout", "svc_fanout_stream"})
 
 
 def mark(marker: str) -> None:
@@ -167,6 +171,10 @@ async def drive(way: str, target: Any, marker: str, pace: Pace) -> Any:
             return await svc.work.options(timeout=t)(marker, s)
         if way == "svc_stream":
             return [i async for i in svc.gen_async.options(timeout=t)(marker, n, gap)]
+        if way == "svc_fanout":
+            return await svc.work.options(timeout=t).call(marker, s)
+        if way == "svc_fanout_stream":
+            return [v async for v in svc.work.options(timeout=t).stream(marker, s)]
         async with svc.session():
             await svc.ping.options(timeout=t)(1)
             return await svc.work.options(timeout=t)(marker, s)

@@ -9,7 +9,8 @@ memory stays bounded. Each cell below is one way of calling (tests/_promise.py
 Ways: ``call_one``, ``call``, ``broadcast``, ``choose``, a stream of a sync
 and of an async generator endpoint, ``Port.send`` (a feeder sending into a
 channel the caller reads), an explicit response port, ``Accumulator``, a
-service direct call, a service (generator) stream and a service session.
+service direct call, a service (generator) stream, a service session, and a
+service fan-out (``svc.ep.call()``) and fan-out stream (``svc.ep.stream()``).
 
 Faults (what is done; the survivor that must serve its next message):
 
@@ -71,7 +72,17 @@ import zmesh
 from zmesh.testing import local_cluster
 
 from _helpers import end_child, pid_alive, read_line
-from _promise import SERVICE_WAYS, WAYS, Pace, Producer, Reader, drive, marked_pid, rss_mib
+from _promise import (
+    FANOUT_WAYS,
+    SERVICE_WAYS,
+    WAYS,
+    Pace,
+    Producer,
+    Reader,
+    drive,
+    marked_pid,
+    rss_mib,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.stress]
 
@@ -133,6 +144,12 @@ for _way in ("svc_call", "svc_session"):
         "its handle the service is DOWN for good, yet a call in flight (or made after) is "
         "not failed: it waits for its timeout (30 s here), for ever without one"
     )
+for _fault in ("producer_stopped", "owner_exits"):
+    for _way in ("svc_fanout", "svc_fanout_stream"):
+        KNOWN[_way, _fault] = (
+            "issue 23 item 7: a fan-out to a service with no replica left (stopped, or its "
+            "owner gone) is an empty success: [] at once, not ActorStoppedError/ServiceError"
+        )
 for _way in WAYS:
     KNOWN[_way, "intruder_stops"] = (
         "issue 23 item 2: another admitted client stops the owner's ActorMesh "
@@ -299,7 +316,8 @@ async def _client_world(fault: str, markers: str, hosts: zmesh.HostMesh | None =
         elif t.way in SERVICE_WAYS:
             cell.survivor = await _outcome(_ping_all(t.handle), NEXT + 2)
             if fault == "agent_killed":
-                cell.notes.append(f"bystander: {await _outcome(_ping_all(t.sibling), NEXT)}")
+                bystander = await _outcome(_ping_all(t.sibling, [1]), NEXT)
+                cell.notes.append(f"a bystander on the other host: {bystander}")
         else:
             if fault == "agent_killed":
                 alive = [1]  # the rank on the other host
@@ -579,6 +597,8 @@ def test_cell(worlds: Callable[[str], dict[str, Cell]], way: str, fault: str) ->
             assert call.error in _expected_errors(fault), f"unexpected error: {where}"
         elif fault == "producer_stuck":
             assert way == "broadcast", f"a stuck producer gave a value: {where}"
+        if call.ok and way in FANOUT_WAYS:
+            assert call.value not in ([], "[]"), f"an empty fan-out is no answer: {where}"
         budget = STUCK.timeout + BUDGET if fault == "producer_stuck" else BUDGET
         if fault not in ("intruder_acts", "intruder_stops"):
             assert call.seconds <= budget, f"resolved past its budget of {budget}s: {where}"
