@@ -136,6 +136,17 @@ class Producer(zmesh.Actor):
             await asyncio.sleep(gap)
         return count
 
+    @zmesh.endpoint
+    async def flood(self, port: zmesh.Port[bytes], marker: str, count: int, size: int) -> int:
+        """Send ``count`` values of ``size`` bytes as fast as sends return."""
+        blob = b"x" * size
+        for i in range(count):
+            port.send(blob)
+            if i % 512 == 0:
+                mark(marker)
+                await asyncio.sleep(0)  # let the proc's loop breathe
+        return count
+
     @zmesh.endpoint(explicit_response_port=True)
     async def answer_later(self, port: zmesh.Port[float], marker: str, seconds: float) -> None:
         mark(marker)
@@ -157,6 +168,51 @@ class Reader(zmesh.Actor):
     @zmesh.endpoint
     async def run(self, way: str, target: Any, marker: str, pace: Pace) -> Any:
         return await drive(way, target, marker, pace)
+
+    @zmesh.endpoint
+    async def stall(self, way: str, target: Any, marker: str, seconds: float) -> float:
+        """Start reading ``way``, take one item, then stop reading (alive, holding it
+        open) while the producer goes on; how much this process's RSS grew, in MiB."""
+        return await stall(way, target, marker, seconds)
+
+
+# A stalled reader's producer: this many values of this many bytes (~200 MiB in
+# all; a receiver that keeps at most 10,000 of them holds ~20 MiB).
+FLOOD = (100_000, 2048)
+STREAM_WAYS = ("stream_sync", "stream_async", "svc_stream")
+
+
+async def stall(way: str, target: Any, marker: str, seconds: float) -> float:
+    """See ``Reader.stall``: ``way`` is ``port_send`` or one of ``STREAM_WAYS``."""
+    before = rss_mib(os.getpid()) or 0.0
+    if way == "port_send":
+        port, rx = zmesh.Channel.open()
+        one = target.flatten("ranks").slice(ranks=0)
+        fed = one.flood.options(timeout=30).call_one(port, marker, *FLOOD)
+        await rx.recv()
+        try:
+            await asyncio.wait_for(_awaited(fed), seconds)  # every value sent, none read
+        except asyncio.TimeoutError:
+            pass  # still sending after ``seconds``: what arrived so far counts
+        grown = (rss_mib(os.getpid()) or 0.0) - before
+        rx.close()
+        return grown
+    if way == "svc_stream":
+        stream = target.gen_async.options(timeout=30)(marker, 1_000_000, 0.0)
+    else:
+        one = target.flatten("ranks").slice(ranks=0)
+        gen = one.gen_sync if way == "stream_sync" else one.gen_async
+        stream = gen.options(timeout=30).call_one(marker, 1_000_000, 0.0)
+    items = stream.__aiter__()
+    await items.__anext__()
+    await asyncio.sleep(seconds)  # the stall itself: the producer is the one that must wait
+    grown = (rss_mib(os.getpid()) or 0.0) - before
+    await stream.aclose()
+    return grown
+
+
+async def _awaited(fut: zmesh.Future[Any]) -> Any:
+    return await fut
 
 
 async def drive(way: str, target: Any, marker: str, pace: Pace) -> Any:
