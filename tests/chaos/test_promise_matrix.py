@@ -114,8 +114,8 @@ IN_FLIGHT = Pace(seconds=1.0, count=100_000, gap=0.01, timeout=30.0)
 STUCK = Pace(seconds=1.5, count=2, gap=1.5, timeout=0.5)
 
 BUDGET = 5.0  # a call resolves this soon after its fault (supervision: ~0.2-1.2 s)
-HARD = 8.0  # past this a call counts as hung (its cell fails; the suite goes on)
-NEXT = 5.0  # the survivor's next message, after the producer's own work ends
+HARD = 6.0  # past this a call counts as hung (its cell fails; the suite goes on)
+NEXT = 4.0  # the survivor's next message, after the producer's own work ends
 RSS_BOUND_MIB = 64.0
 
 # Cells that test nothing, and why (each is a skipped test saying so).
