@@ -138,13 +138,15 @@ class Producer(zmesh.Actor):
 
     @zmesh.endpoint
     async def flood(self, port: zmesh.Port[bytes], marker: str, count: int, size: int) -> int:
-        """Send ``count`` values of ``size`` bytes as fast as sends return."""
+        """Send ``count`` values of ``size`` bytes in bursts of 256, a short pause
+        between bursts: as fast as a reading receiver takes them, so none is dropped
+        on the way for a full send queue (only a receiver's own bound may drop)."""
         blob = b"x" * size
         for i in range(count):
             port.send(blob)
-            if i % 512 == 0:
+            if i % 256 == 0:
                 mark(marker)
-                await asyncio.sleep(0)  # let the proc's loop breathe
+                await asyncio.sleep(0.002)
         return count
 
     @zmesh.endpoint(explicit_response_port=True)
@@ -172,13 +174,16 @@ class Reader(zmesh.Actor):
     @zmesh.endpoint
     async def stall(self, way: str, target: Any, marker: str, seconds: float) -> float:
         """Start reading ``way``, take one item, then stop reading (alive, holding it
-        open) while the producer goes on; how much this process's RSS grew, in MiB."""
+        open) while the producer goes on (``seconds`` for a stream; a port: until its
+        feeder sent everything); how much this process's RSS grew, in MiB."""
         return await stall(way, target, marker, seconds)
 
 
 # A stalled reader's producer: this many values of this many bytes (~200 MiB in
-# all; a receiver that keeps at most 10,000 of them holds ~20 MiB).
-FLOOD = (100_000, 2048)
+# all; a receiver that keeps at most 10,000 of them holds ~40 MiB). The reader
+# measures once they are all sent (about 1-5 s), or after FLOOD_LIMIT seconds.
+FLOOD = (50_000, 4096)
+FLOOD_LIMIT = 20.0
 STREAM_WAYS = ("stream_sync", "stream_async", "svc_stream")
 
 
@@ -191,9 +196,9 @@ async def stall(way: str, target: Any, marker: str, seconds: float) -> float:
         fed = one.flood.options(timeout=30).call_one(port, marker, *FLOOD)
         await rx.recv()
         try:
-            await asyncio.wait_for(_awaited(fed), seconds)  # every value sent, none read
+            await asyncio.wait_for(_awaited(fed), FLOOD_LIMIT)  # every value sent, none read
         except asyncio.TimeoutError:
-            pass  # still sending after ``seconds``: what arrived so far counts
+            pass  # still sending: what arrived so far counts
         grown = (rss_mib(os.getpid()) or 0.0) - before
         rx.close()
         return grown
