@@ -41,14 +41,17 @@ Faults (what is done; the survivor that must serve its next message):
   be refused (``SecurityError``; a service handle's own ``ServiceError``)
   and the owner's producer must serve on.
 
-Every cell is meaningful except those listed in ``NOT_MEANINGFUL`` (each says
-why). Memory is checked where a process keeps running through the fault and
-may keep receiving: the producer's RSS (``RSS_BOUND_MIB``) when its reader
-goes away, and this process's own when it reads through faults.
+Every cell is meaningful except those in ``NOT_MEANINGFUL``: each is a
+skipped test whose reason says why. Memory (``RSS_BOUND_MIB``) is checked
+where a process lives through the fault and may go on receiving: the
+producer's RSS when its reader goes away (killed, stopped or stalled), the
+stalled reader's own, and this process's when it calls through the fault.
 
-Cells that fail on today's code because of a known break of issue 23 are
-``xfail(strict=True)`` with the item's number (``KNOWN``), so fixing it
-turns the mark into a failure until it is removed.
+Cells that fail on today's code are ``xfail(strict=True)`` (``KNOWN``), the
+reason naming the item of issue 23 it is, or saying "new:" and what breaks:
+fixing it turns the mark into a failure until it is removed. Run with
+``-s`` to see each cell's record (how the call ended and when, the survivor,
+RSS).
 
 Speed: the cells of one fault run at once, in one *world* (fresh producers
 per way, all faults injected concurrently or once for all), computed on the
@@ -133,7 +136,6 @@ NOT_MEANINGFUL: dict[tuple[str, str], str] = {
 # Breaks that cells meet on today's code: (way, fault) -> reason. "issue 23 item N"
 # is a known break of that issue; "new:" one found by this matrix.
 KNOWN: dict[tuple[str, str], str] = {}
-_MESH_WAYS = [w for w in WAYS if w not in SERVICE_WAYS]
 for _fault in ("reader_killed", "reader_stopped"):
     for _way in ("stream_async", "svc_stream"):
         KNOWN[_way, _fault] = (
@@ -214,6 +216,7 @@ class Cell:
     rss_growth: float | None = None  # MiB, of the process that had to stay bounded
     refused: dict[str, str] = field(default_factory=dict)  # a non-owner's stop -> outcome
     notes: list[str] = field(default_factory=list)
+    landed: bool = True  # the producer's work was under way when the fault came
 
     def __str__(self) -> str:
         parts = [f"call: {self.call}", f"survivor: {self.survivor}"]
@@ -323,6 +326,7 @@ async def _client_world(fault: str, markers: str, hosts: zmesh.HostMesh | None =
 
     async def one(t: Target) -> None:
         cell = cells[t.way]
+        cell.landed = marked_pid(t.marker) is not None
         killed: int | None = None
         if fault == "producer_killed":
             killed = marked_pid(t.marker)
@@ -365,6 +369,7 @@ async def _reader_world(fault: str, markers: str) -> dict[str, Cell]:
         run = reader.run.call_one(t.way, t.handle, t.marker, IN_FLIGHT)
         task = asyncio.ensure_future(_wrap(run))
         await _marked(t.marker, task)
+        cell.landed = marked_pid(t.marker) is not None
         before = _rss(t.pids)
         if fault == "reader_killed":
             os.kill(reader_pid, signal.SIGKILL)
@@ -450,6 +455,7 @@ async def _owner_world(agent: str, scratch: str) -> dict[str, Cell]:
 
         async def one(way: str) -> None:
             cell = cells[way]
+            cell.landed = marked_pid(marks[way]) is not None
             cell.call = await _outcome(tasks[way])
             t0 = time.monotonic()
             while any(pid_alive(p) for p in pids[way]) and time.monotonic() - t0 < NEXT:
@@ -638,6 +644,7 @@ def test_cell(worlds: Callable[[str], dict[str, Cell]], way: str, fault: str) ->
     cell = worlds(fault)[way]
     where = f"{way} under {fault}: {cell}"
     print(f"CELL {fault} {way}: {cell}")  # pytest -s (or -rA) shows every cell's record
+    assert cell.landed, f"the fault came before the producer's work was under way: {where}"
     # 1. The call resolves, in its budget, with a value or a typed zmesh error.
     if cell.call is not None:
         call = cell.call
