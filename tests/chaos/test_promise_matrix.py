@@ -167,17 +167,14 @@ for _way in ("svc_call", "svc_session"):
         "its handle the service is DOWN for good, yet a call in flight (or made after) is "
         "not failed: it waits for its timeout (30 s here), for ever without one"
     )
-for _fault in ("producer_stopped", "owner_exits"):
-    for _way in ("svc_fanout", "svc_fanout_stream"):
-        KNOWN[_way, _fault] = (
-            "issue 23 item 7: a fan-out to a service with no replica left (stopped, or its "
-            "owner gone) is an empty success: [] at once, not ActorStoppedError/ServiceError"
-        )
-for _way in WAYS:
-    KNOWN[_way, "intruder_stops"] = (
-        "issue 23 item 2: another admitted client stops the owner's ActorMesh "
-        "(svc.replica(0) for a service) through an unpickled handle"
-    )
+KNOWN["svc_fanout_stream", "producer_stopped"] = (
+    "new: a fan-out stream of a stopped service raises ServiceError ('every replica failed "
+    "during the call'), where the fan-out call says ActorStoppedError (you stopped it)"
+)
+KNOWN["svc_fanout", "owner_exits"] = (
+    "new: the process that made a service dies (SIGKILL); in another process a fan-out "
+    "to it hangs (the service is DOWN for good there)"
+)
 
 
 # ------------------------------------------------------------ one cell's record
