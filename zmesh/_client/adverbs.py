@@ -32,6 +32,7 @@ from zmesh._client.replies import Stream
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.streams import ItemStream, open_stream
 from zmesh._errors import EncodeError
+from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
 from zmesh._wire.deadlines import budget
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from zmesh._client.values import ValueMesh
 
 R = TypeVar("R")
-_get_running_loop = asyncio._get_running_loop
 F = TypeVar("F", bound=Callable[..., Any])
 _rotation = itertools.count()
 
@@ -89,7 +89,7 @@ def run_on(
         here: whether the caller is on ``rt``'s loop, if it knows.
     """
     if here is None:
-        here = asyncio._get_running_loop() is rt.loop
+        here = running_loop() is rt.loop
     if here:
         return Future(afut=start())
     cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
@@ -292,7 +292,7 @@ class EndpointRef(Generic[R]):
 
                     return explicit_call(self, args, kwargs, whole=False)
                 return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
-            if not kwargs and self._block and _get_running_loop() is None:
+            if not kwargs and self._block and running_loop() is None:
                 # A thread with no loop, the common call: on the thread's own
                 # lane, in one step (zmesh._client.lanes).
                 sync = _lanes.call_one(self, refs[0], args)

@@ -22,6 +22,7 @@ import zmq
 
 from zmesh._client.agents import AgentClient
 from zmesh._errors import AgentError, AgentTimeoutError, SecurityError
+from zmesh._shared.aio import forget_pending
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh._wire.security import secure_client
@@ -251,7 +252,7 @@ def cancel_task(task: asyncio.Task[Any]) -> None:
     if task.done():
         return
     if task.get_loop().is_closed():
-        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        forget_pending(task)
         coro = task.get_coro()
         if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
             # Made just before its loop ended, never started: closed now, or

@@ -8,6 +8,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._errors import CallTimeoutError
+from zmesh._shared.aio import running_loop
 
 if TYPE_CHECKING:
     from zmesh._client.runtime import ProcRef
@@ -44,7 +45,7 @@ class Future(Generic[T]):
         # Not a generator itself: handing out the inner future's iterator
         # saves a generator and a delegation step on every await.
         afut = self._afut
-        if afut is not None and afut.get_loop() is asyncio._get_running_loop():
+        if afut is not None and afut.get_loop() is running_loop():
             return afut.__await__()
         return asyncio.wrap_future(self._concurrent()).__await__()
 

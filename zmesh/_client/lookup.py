@@ -45,6 +45,7 @@ from zmesh._errors import (
     ServiceError,
     ZmeshError,
 )
+from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR
@@ -92,7 +93,7 @@ def external_agents(what: str) -> list[str]:
 def on_home(work: Callable[[Runtime], Awaitable[Any]]) -> Future[Any]:
     """Run ``work(rt)`` on the runtime's I/O loop; its ``Future``."""
     rt = _runtime.home()
-    if asyncio._get_running_loop() is rt.loop:
+    if running_loop() is rt.loop:
         return Future(afut=rt.loop.create_task(work(rt)))  # type: ignore[arg-type]
     return Future(cfut=asyncio.run_coroutine_threadsafe(work(rt), rt.loop))  # type: ignore[arg-type]
 

@@ -31,6 +31,7 @@ from zmesh._client.pending import Gate, NotReady
 from zmesh._client.runtime import ProcRef
 from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
 from zmesh._errors import EndpointError
+from zmesh._shared.aio import running_loop
 from zmesh._shared.points import Extent, Point
 from zmesh._wire import names as _names
 
@@ -117,7 +118,7 @@ class _MeshBase:
             AgentError: an agent could not be reached.
         """
         ready = self._ready
-        loop = asyncio._get_running_loop()
+        loop = running_loop()
         if loop is not None and loop is self._ready_loop and not ready.done():
             # On the spawn's own loop: .get() must refuse to block it.
             return Future(

@@ -48,6 +48,7 @@ from zmesh._client.connections import (
 )
 from zmesh._client.inflight import OneRequest, Request, Sink, outcome, resolve, settle
 from zmesh._errors import EncodeError
+from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh._wire.deadlines import budget
@@ -126,7 +127,7 @@ class Runtime(Connections):
                 unknown, any; ``()``: none).
         """
         if here is None:
-            here = asyncio._get_running_loop() is self.loop
+            here = running_loop() is self.loop
         if here:
             fn(*args)
         else:
@@ -354,7 +355,7 @@ def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def current() -> tuple[Runtime, bool]:
     """The runtime for the caller, and whether the caller is on its loop."""
-    loop = asyncio._get_running_loop()
+    loop = running_loop()
     if loop is None:
         return _runtime_for(_home_loop()), False
     rt = _runtimes.get(loop)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from zmesh._actor import Endpoint, Point, set_current
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.batching import Batcher
 from zmesh._shared import stats as _stats
+from zmesh._shared.aio import enter_task, leave_task, running_loop
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class Mailbox:
         The actor must be idle (its task waiting, nothing queued)."""
         assert self.context is not None  # the task is waiting, so _run set it
         loop = self.task.get_loop()
-        _enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
+        enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
         try:
             yielded = self.context.run(coro.send, None)
         except StopIteration:
@@ -133,7 +133,7 @@ class Mailbox:
             log.exception("handling %s.%s failed", self.name, method)
             return
         finally:
-            _leave_task(loop, self.task)
+            leave_task(loop, self.task)
         # It awaits something: the mailbox task finishes it; later mail queues.
         self.busy = True
         self.handoff = (coro, yielded, None)
@@ -238,7 +238,7 @@ class Mailbox:
     def _stepping(self) -> bool:
         """Whether this task is running now: a ``GeneratorExit`` that reaches
         ``_run`` then came from a failed future, not from closing the task."""
-        loop = asyncio._get_running_loop()
+        loop = running_loop()
         return loop is not None and asyncio.current_task(loop) is self.task
 
     def close(self) -> asyncio.Future[Any] | None:

@@ -26,6 +26,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._service.routing import Session, current_session
+from zmesh._shared.aio import running_loop
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -353,7 +354,7 @@ class ServiceStream(Generic[R]):
             raise _all_lost(*self._about, len(futs)) from lost
 
     def __iter__(self) -> Iterator[R]:
-        if asyncio._get_running_loop() is self._rt.loop:
+        if running_loop() is self._rt.loop:
             raise RuntimeError("a stream on this loop is iterated with 'async for'")
         futs = self._started.get()
         lost: BaseException | None = None

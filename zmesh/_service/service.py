@@ -50,6 +50,7 @@ from zmesh._service.routing import (
     make_router,
 )
 from zmesh._service.supervisor import Supervisor
+from zmesh._shared.aio import running_loop
 from zmesh._shared.state import service_state
 
 # Clients of services in this process, by service id and runtime: handles of
@@ -331,6 +332,6 @@ def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, A
         await sup.start()
         return svc
 
-    if asyncio._get_running_loop() is rt.loop:
+    if running_loop() is rt.loop:
         return Future(afut=rt.loop.create_task(go()))
     return Future(cfut=asyncio.run_coroutine_threadsafe(go(), rt.loop))

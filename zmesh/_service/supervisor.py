@@ -40,6 +40,7 @@ from zmesh._errors import (
 from zmesh._options import Options
 from zmesh._service.client import ServiceClient, encode_table
 from zmesh._service.routing import HEALTHY, UNREADY
+from zmesh._shared.aio import running_loop
 from zmesh._shared.state import service_state
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
@@ -133,7 +134,7 @@ class Supervisor:
             self._attached.add(other)
             self._push_to(other, self.client.table())
 
-        if asyncio._get_running_loop() is loop:
+        if running_loop() is loop:
             add()
         else:
             loop.call_soon_threadsafe(add)
