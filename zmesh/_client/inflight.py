@@ -22,6 +22,7 @@ from zmesh._errors import (
     CallTimeoutError,
     EncodeError,
     EndpointError,
+    ResponsePortError,
     SpawnError,
     ZmeshError,
 )
@@ -150,6 +151,8 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
         return EndpointError(f"endpoint {msg.endpoint!r}: {msg.message}", **ctx)
     if msg.kind == "encode":
         return EncodeError(msg.message, **ctx)
+    if msg.kind == "port":  # (its type is the mistake: zmesh._host.responseport)
+        return ResponsePortError(msg.message, endpoint=msg.endpoint, mistake=msg.type, **ctx)
     if msg.kind == "deadline":
         return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
     return ActorStoppedError(msg.message, **ctx)
