@@ -216,9 +216,8 @@ class Producers:
             # in a task that is not being cancelled (its awaits, its
             # ``asyncio.timeout``s work), and this task ends with a value.
             task = asyncio.current_task()
-            uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-            if uncancel is not None and task is not None and task.cancelling():
-                uncancel()
+            if _stopping():  # (Python 3.11+: cancelling() and uncancel() exist)
+                task.uncancel()  # type: ignore[union-attr]
         await _aclose(p, agen)  # a no-op once it ended; else its ``finally`` runs now
         return error
 
