@@ -11,6 +11,7 @@ replica. Async and sync generators alike; real procs, real kills.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pickle
 import signal
@@ -247,6 +248,11 @@ async def test_a_client_that_breaks_early_leaves_the_producer_serving(
     await stream.__anext__()
     await stream.aclose()
     await serves_next(producer, "aclose")
+    stream = getattr(producer, endpoint).call_one("dropped")  # stops reading, and lets go
+    await stream.__anext__()
+    del stream
+    gc.collect()
+    await serves_next(producer, "dropped")
 
 
 @pytest.mark.stress
