@@ -15,6 +15,7 @@ Hierarchy::
     ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
     ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
     ├── EndpointError         unknown endpoint or arguments that do not fit it
+    │   └── ResponsePortError     an explicit response port misused (also a ValueError)
     ├── EncodeError           an argument or return value cannot be sent
     ├── AgentError            an agent refused a request or cannot be reached
     │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
@@ -49,6 +50,7 @@ __all__ = [
     "HandleTypeError",
     "NameNotFoundError",
     "OverloadedError",
+    "ResponsePortError",
     "SecurityError",
     "ServiceError",
     "ServiceOverloadedError",
@@ -223,6 +225,28 @@ class CallTimeoutError(ZmeshError, TimeoutError):
 
 class EndpointError(ZmeshError):
     """The endpoint does not exist or the arguments do not fit its signature."""
+
+
+class ResponsePortError(EndpointError, ValueError):
+    """An ``explicit_response_port`` endpoint did not answer through its port as it must.
+
+    The caller gets it when the endpoint returned a value instead of sending
+    it on the port, or when the port was dropped (garbage collected) without
+    a value sent on it: nothing could answer the call any more. The sender
+    gets it (also a ``ValueError``, as a once port's second send is) when it
+    sends a second answer on the port.
+
+    Attributes:
+        endpoint: the endpoint, ``Class.method``.
+        mistake: ``"returned a value"``, ``"dropped the port"`` or ``"sent twice"``.
+    """
+
+    def __init__(
+        self, message: str = "", *, endpoint: str = "", mistake: str = "", **context: object
+    ) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.endpoint = endpoint
+        self.mistake = mistake
 
 
 class EncodeError(ZmeshError):

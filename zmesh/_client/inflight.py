@@ -22,6 +22,7 @@ from zmesh._errors import (
     CallTimeoutError,
     EncodeError,
     EndpointError,
+    ResponsePortError,
     SecurityError,
     SpawnError,
     ZmeshError,
@@ -151,6 +152,8 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
         return EndpointError(f"endpoint {msg.endpoint!r}: {msg.message}", **ctx)
     if msg.kind == "encode":
         return EncodeError(msg.message, **ctx)
+    if msg.kind == "port":  # (its type is the mistake: zmesh._host.responseport)
+        return ResponsePortError(msg.message, endpoint=msg.endpoint, mistake=msg.type, **ctx)
     if msg.kind == "deadline":
         return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
     if msg.kind == "denied":  # a spawn or stop in a proc of a mesh we do not own

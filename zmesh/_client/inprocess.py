@@ -97,6 +97,12 @@ class _Ranks:
         """Deliver one call to ``rank``: decode it, run the endpoint, encode the result."""
         self.check(rank)
         ep = self.endpoints[method]
+        if ep.info.stream or ep.info.port:  # (no proc, no sockets: no streams or ports here)
+            what = "a generator" if ep.info.stream else "an explicit-response-port"
+            raise EndpointError(
+                f"endpoint {method!r} is {what} endpoint, which a local mesh does not run: "
+                "test it on a real mesh (Cls.options().as_actor())", **self.context(rank=rank)
+            )  # fmt: skip
         lock = self.locks[rank] if not ep.info.concurrent else None
         if lock is not None:
             await lock.acquire()

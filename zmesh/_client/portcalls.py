@@ -8,6 +8,7 @@ answers (if a port is given) go to that port.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,12 +20,17 @@ from zmesh._client.inflight import Sink, resolve
 from zmesh._client.ports import Port, _open, _PortError
 from zmesh._client.portsockets import _server
 from zmesh._client.runtime import Runtime
+from zmesh._errors import CallTimeoutError
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
     from zmesh._client.adverbs import EndpointRef
 
 log = logging.getLogger("zmesh.ports")
+
+# Seconds an explicit-response-port call without a timeout waits, after its
+# endpoint returned, before the log says no answer came yet (it waits on).
+PATIENCE = 30.0
 
 
 def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -33,8 +39,12 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
 
     The endpoint gets a port first; its first value (per actor, for ``call``:
     a ``ValueMesh``) is the answer. The call itself is answered too (with
-    the endpoint's return value, ignored), so an endpoint that raises, or a
-    proc that dies before it answered, fails the future as for any call.
+    no value), so an endpoint that raises, or a proc that dies before it
+    answered, fails the future as for any call, and one that misuses its
+    port fails it with ``ResponsePortError`` (``zmesh._host.responseport``).
+    A timeout (``options(timeout=...)``) covers the wait on the port too;
+    without one, the log says so once the endpoint has returned and no
+    answer came for ``PATIENCE`` seconds.
     """
     from zmesh._client.mesh import ValueMesh
 
@@ -49,10 +59,29 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
         server.pinned[receiver._number] = receiver
         results: dict[int, Any] = {}
         ranks = [p.rank for p in points]
+        returned: list[int] = []  # the actors whose endpoint returned (the call answered)
+        timers: list[asyncio.TimerHandle] = []
+        where = f"{mesh.cls_name}.{ep._name}"
+        mesh_name = refs[0].mesh if refs else None
 
         def settle(ok: bool, value: Any) -> None:
+            for t in timers:
+                t.cancel()
             server.forget(receiver._number)
             resolve(fut, ok, value)
+
+        def expire() -> None:
+            if not fut.done():
+                why = f"no answer on the response port of {where} within {ep._timeout}s"
+                settle(False, CallTimeoutError(why, mesh=mesh_name))
+
+        def impatient() -> None:
+            if not fut.done():
+                log.warning(
+                    "%s returned %.0f s ago without sending on its response port, which it "
+                    "still holds: the call waits on (call it with .options(timeout=...) to "
+                    "bound the wait)", where, PATIENCE,
+                )  # fmt: skip
 
         def on_value(rank: int, value: Any) -> None:
             if fut.done():
@@ -69,13 +98,21 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
                     settle(True, ValueMesh(dims, points, [results[r] for r in ranks]))
 
         def answered(i: int, ok: bool, value: Any) -> None:
-            if not ok and not fut.done():
+            if fut.done():
+                return
+            if not ok:
                 settle(False, value)
+                return
+            returned.append(i)
+            if len(returned) == len(refs) and ep._timeout is None:
+                timers.append(rt.loop.call_later(PATIENCE, impatient))
 
         receiver._listener = on_value
         if not refs:
             settle(True, ValueMesh(dims, [], []))
             return
+        if ep._timeout is not None:
+            timers.append(rt.loop.call_later(ep._timeout, expire))
         rt.send(refs, msg, buffers, answered, ep._timeout, ep._block)
 
     return on_runtime(start, (mesh.proc_mesh, ep._name))

@@ -68,7 +68,7 @@ class Port(Generic[R]):
         host: the receiving process's ``portserver.host_id()``.
     """
 
-    __slots__ = ("addr", "host", "key", "number", "once", "sent", "tcp")
+    __slots__ = ("addr", "guard", "host", "key", "number", "once", "sent", "tcp")
 
     def __init__(
         self, addr: str, number: int, once: bool = False, tcp: str = "", key: bytes = b"",
@@ -81,22 +81,28 @@ class Port(Generic[R]):
         self.tcp = tcp
         self.key = key
         self.host = host
+        # An explicit response port in the proc of the endpoint it answers for
+        # watches its sends and its drop there (zmesh._host.responseport).
+        self.guard: Any = None
 
     def send(self, value: R) -> None:
         """Send ``value`` to the receiver; never blocks.
 
         Raises:
             ValueError: the port was opened with ``once=True`` and has sent already.
+            ResponsePortError: the response port of an endpoint has sent its answer already.
             EncodeError: ``value`` cannot be sent.
         """
-        if self.once:
-            if self.sent:
-                raise ValueError("this port was opened with once=True and has sent its value")
-            self.sent = True
+        guard = self.guard
+        if self.once and self.sent and guard is None:
+            raise ValueError("this port was opened with once=True and has sent its value")
         try:
             payload, buffers = Codec.pack_value(value)
         except Exception as exc:
             raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
+        if guard is not None:
+            guard.sending()  # (raises for a second answer)
+        self.sent = True
         point = current_point()
         self._send(payload, buffers, point.rank if point is not None else -1)
 
@@ -130,7 +136,13 @@ class Port(Generic[R]):
             raise TypeError(f"Port.exception takes an exception, not {type(exc).__name__}")
         self.send(_PortError(_raisable(exc)))  # type: ignore[arg-type]
 
+    def __del__(self) -> None:
+        if self.guard is not None:  # (a response port: dropped unsent, its caller is told)
+            self.guard.port_gone()
+
     def __reduce__(self) -> Any:
+        if self.guard is not None:
+            self.guard.handed_on()  # the copy answers now, wherever it goes
         return (Port, (self.addr, self.number, self.once, self.tcp, self.key, self.host))
 
     def __repr__(self) -> str:

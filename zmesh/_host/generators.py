@@ -16,6 +16,11 @@ every ``PROBE_INTERVAL`` that its consumer's connection is still there
 (``ROUTER_MANDATORY`` refuses a message to a peer that is gone) and closes
 the generator when it is not.
 
+However a stream ends, its actor goes on with its next message: only the
+actor's own stop (its task cancelled) ends the actor. A consumer that goes
+away, a generator that raises, even in its ``finally`` while it closes, ends
+that stream alone (what nobody is left to read is logged).
+
 An async generator runs on the loop, in a task of its own so that a cancel
 reaches it even while it awaits. A sync generator runs in one worker thread
 for the whole stream (one thread hop per item would halve the rate); its
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from zmesh._host import lifecycle as _lifecycle
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
@@ -54,7 +60,10 @@ class _Cancelled(Exception):
 class Producer:
     """One running stream: its credit, and whether its consumer is done with it."""
 
-    __slots__ = ("cancelled", "cond", "credit", "id", "ident", "out", "posted", "task", "wake")
+    __slots__ = (
+        "cancelled", "cond", "credit", "id", "ident", "inside", "out", "posted", "task", "thrown",
+        "wake",
+    )  # fmt: skip
 
     def __init__(self, ident: bytes, req_id: int, window: int) -> None:
         self.ident = ident
@@ -66,6 +75,8 @@ class Producer:
         self.out: deque[Any] = deque()  # a sync generator's items, for the loop to send
         self.posted = False  # a flush of ``out`` is scheduled on the loop
         self.task: asyncio.Task[Any] | None = None
+        self.inside = False  # an async generator's task is inside ``__anext__``
+        self.thrown = False  # the cancel was thrown into that task (once at most)
 
     def grant(self, n: int) -> None:
         with self.cond:
@@ -74,12 +85,21 @@ class Producer:
         self.wake.set()
 
     def cancel(self) -> None:
+        """The consumer is done with the stream (or gone): the generator stops."""
         with self.cond:
+            if self.cancelled:
+                return  # (once: a second cancel must not reach a generator that closes)
             self.cancelled = True
             self.cond.notify()
         self.wake.set()
-        if self.task is not None and not self.task.done():
-            self.task.cancel()  # it may be awaiting inside the generator
+        task = self.task
+        # Only a generator awaiting inside ``__anext__`` needs the cancel thrown
+        # in; one waiting for credit has the wake-up. Never the task's own
+        # cancel (the probe runs in it): that CancelledError would leave the
+        # actor's task too, and the actor would serve nothing more.
+        if task is not None and self.inside and task is not asyncio.current_task():
+            self.thrown = True
+            task.cancel()
 
 
 class Producers:
@@ -141,23 +161,33 @@ class Producers:
         t0 = counters.begin()
         p = Producer(ident, call.id, call.window or ep.info.window)
         self.running[key] = p
+        error: BaseException | None
         try:
             if inspect.isasyncgen(gen):
                 p.task = asyncio.ensure_future(self._drive_async(p, gen))
                 error = await p.task
+                if _stopping():  # (the actor's cancel reached a stream that was ending anyway)
+                    raise asyncio.CancelledError
             else:
                 loop = asyncio.get_running_loop()
                 error = await loop.run_in_executor(server.pool, self._pump, p, gen, loop)
                 self._flush(p)
-        except BaseException:  # the actor stops: so does its generator
-            p.cancel()
-            counters.in_flight -= 1
-            raise
+        except BaseException as exc:
+            if _lifecycle.cancelled(exc):  # the actor stops: so does its generator
+                p.cancel()
+                counters.in_flight -= 1
+                raise
+            error = exc  # whatever else: this stream fails, the actor goes on
         finally:
             del self.running[key]
         counters.end(t0, int(error is not None and not isinstance(error, _Cancelled)))
         if isinstance(error, _Cancelled):
             return  # nobody is reading: nothing more to send
+        if p.cancelled and error is not None:
+            # (An error thrown out of the generator's ``finally`` as it closed.)
+            log.error("stream %d of %s raised after its consumer went", call.id, call.method,
+                      exc_info=error)  # fmt: skip
+            return
         if error is None:
             server.router.send([ident, *server.codec.encode(w.StreamEnd(call.id))])
         elif isinstance(error, _Unsendable):
@@ -169,32 +199,52 @@ class Producers:
 
     async def _drive_async(self, p: Producer, agen: Any) -> BaseException | None:
         """Run an async generator: the error that ended it, or ``None``."""
+        error: BaseException | None
         try:
-            while True:
-                while p.credit <= 0 and not p.cancelled:
-                    p.wake.clear()
-                    try:
-                        await asyncio.wait_for(p.wake.wait(), PROBE_INTERVAL)
-                    except TimeoutError:
-                        self._probe(p)
-                if p.cancelled:
-                    return _Cancelled()
-                p.credit -= 1
-                try:
-                    item = await agen.__anext__()
-                except StopAsyncIteration:
-                    return None
-                bad = self._send_item(p, item)
-                if bad is not None:
-                    return bad
+            error = await self._items_async(p, agen)
         except asyncio.CancelledError:
             if not p.cancelled:
-                raise  # the actor stops: the generator closes on the way out
-            return _Cancelled()
+                # The actor stops (its task was cancelled, and so this one):
+                # the generator closes on the way out.
+                await _aclose(p, agen)
+                raise
+            error = _Cancelled()
         except BaseException as exc:  # whatever the generator raised fails this stream alone
-            return exc
-        finally:
-            await agen.aclose()  # a no-op once it ended; else its ``finally`` runs now
+            error = exc
+        if p.thrown:
+            # The consumer's cancel is spent: the generator's ``finally`` runs
+            # in a task that is not being cancelled (its awaits, its
+            # ``asyncio.timeout``s work), and this task ends with a value.
+            task = asyncio.current_task()
+            if _stopping():  # (Python 3.11+: cancelling() and uncancel() exist)
+                task.uncancel()  # type: ignore[union-attr]
+        await _aclose(p, agen)  # a no-op once it ended; else its ``finally`` runs now
+        return error
+
+    async def _items_async(self, p: Producer, agen: Any) -> BaseException | None:
+        """Send ``agen``'s items as credit allows, until it ends or the consumer goes."""
+        while True:
+            while p.credit <= 0 and not p.cancelled:
+                p.wake.clear()
+                try:
+                    await asyncio.wait_for(p.wake.wait(), PROBE_INTERVAL)
+                except TimeoutError:
+                    self._probe(p)
+            if p.cancelled:
+                return _Cancelled()
+            p.credit -= 1
+            p.inside = True  # a cancel from now on is thrown in where the generator awaits
+            try:
+                item = await agen.__anext__()
+            except StopAsyncIteration:
+                return None
+            finally:
+                p.inside = False
+            if p.cancelled:
+                return _Cancelled()  # (it caught the cancel and yielded anyway)
+            bad = self._send_item(p, item)
+            if bad is not None:
+                return bad
 
     # ------------------------------------------------------------ sync
 
@@ -222,7 +272,12 @@ class Producers:
         except BaseException as exc:  # carried back as a value (see zmesh._shared.invoke)
             return exc
         finally:
-            gen.close()  # in this thread, as the generator ran: its ``finally`` runs
+            # In this thread, as the generator ran: its ``finally`` runs. What
+            # that raises has no reader left (the stream ended or was cancelled).
+            try:
+                gen.close()
+            except Exception:
+                log.exception("the generator of stream %d raised while it closed", p.id)
 
     def _flush(self, p: Producer) -> None:
         """Send what a sync generator made so far, in order (on the loop)."""
@@ -270,6 +325,21 @@ class Producers:
             # meanwhile (ZMQ_FD is edge-triggered): without a second look the
             # proc stays deaf to it until something else arrives.
             router.recheck()
+
+
+def _stopping() -> bool:
+    """Whether the running task (the actor's) is being cancelled: the actor stops."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is not None and cancelling() > 0
+
+
+async def _aclose(p: Producer, agen: Any) -> None:
+    """Close ``agen``: what its ``finally`` raises has no reader left, so it is logged."""
+    try:
+        await agen.aclose()
+    except Exception:
+        log.exception("the generator of stream %d raised while it closed", p.id)
 
 
 class _Unsendable(Exception):

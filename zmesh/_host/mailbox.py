@@ -203,6 +203,8 @@ class Mailbox:
                     # A future the endpoint awaited failed with GeneratorExit:
                     # the task threw it here, and Python closed the endpoint
                     # on the way (which answered its call). The actor goes on.
+                except (Exception, asyncio.CancelledError) as err:
+                    self._failed(err, "a message")
                 finally:
                     self.busy = False
                 continue
@@ -232,8 +234,18 @@ class Mailbox:
                 except GeneratorExit:
                     if not self._stepping():
                         raise
+                except (Exception, asyncio.CancelledError) as err:
+                    self._failed(err, call.method)
                 finally:
                     self.busy = False
+
+    def _failed(self, err: BaseException, what: str) -> None:
+        """Handling ``what`` let ``err`` out: only the actor's own stop (its task
+        cancelled) ends this task; anything else is logged, and the actor goes on
+        with its next message."""
+        if _lifecycle.cancelled(err):
+            raise err
+        log.error("handling %s of %s failed; the actor goes on", what, self.name, exc_info=err)
 
     def _stepping(self) -> bool:
         """Whether this task is running now: a ``GeneratorExit`` that reaches

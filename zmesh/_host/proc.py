@@ -34,6 +34,7 @@ from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
+from zmesh._host import responseport as _responseport
 from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
 from zmesh._host.mailbox import Mailbox
@@ -287,6 +288,9 @@ class ProcServer:
         if ep.info.stream:  # a generator: its items stream back (zmesh._host.generators)
             await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
             return
+        guard = None
+        if ep.info.port and not call.oneway and args:  # (a oneway's port is the sender's own)
+            guard = _responseport.arm(args[0], ep, type(box.instance).__name__, self._where())
         t0 = counters.begin()
         try:
             if ep.info.is_async:
@@ -299,14 +303,20 @@ class ProcServer:
                 if type(result) is Raised:
                     raise result.exc
         except BadArguments as exc:
+            if guard is not None:
+                guard.disarm(exc)
             counters.end(t0, 1)
             cause = exc.__cause__
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
         except BaseException as exc:
             if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
+                if guard is not None:
+                    guard.disarm(None)
                 counters.in_flight -= 1
                 raise
+            if guard is not None:
+                guard.disarm(exc)  # the error answers the call
             # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
             # GeneratorExit, a user's BaseException), fails this call alone.
             counters.end(t0, 1)
@@ -320,6 +330,13 @@ class ProcServer:
         counters.end(t0, 0)
         if call.oneway:
             return
+        if guard is not None:
+            args = kwargs = ()  # type: ignore[assignment]  # (the port may be theirs alone)
+            wrong = guard.returned(result)
+            if wrong is not None:  # (a "port" failure's type says the mistake)
+                counters.errors += 1
+                self.fail(ident, call, "port", *wrong)
+                return
         try:
             payload, buffers = Codec.pack_value(result)
             frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
@@ -337,6 +354,10 @@ class ProcServer:
                 ident, call, "encode", type(exc).__name__,
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
+
+    def _where(self) -> dict[str, Any]:
+        """This proc, as an error's context names it."""
+        return {"mesh": self.mesh, "host": self.host, "log_path": self.spec.log_path or None}
 
     def fail(self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str) -> None:
         if call.oneway:
