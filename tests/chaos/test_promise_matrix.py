@@ -136,12 +136,6 @@ NOT_MEANINGFUL: dict[tuple[str, str], str] = {
 # Breaks that cells meet on today's code: (way, fault) -> reason. "issue 23 item N"
 # is a known break of that issue; "new:" one found by this matrix.
 KNOWN: dict[tuple[str, str], str] = {}
-for _fault in ("reader_killed", "reader_stopped"):
-    for _way in ("stream_async", "svc_stream"):
-        KNOWN[_way, _fault] = (
-            "issue 23 item 1: the reader of an async generator goes away and the producing "
-            "actor never serves another message"
-        )
 KNOWN["port_send", "reader_stalls"] = (
     "issue 23 item 4: a port receiver nobody reads keeps every value: 50,000 values of "
     "4 KiB grow the reader's RSS by ~200 MiB, past the documented 10,000 values"
@@ -151,10 +145,6 @@ for _fault in ("producer_killed", "agent_killed", "owner_exits"):
         "issue 23 item 5: the endpoint returned, keeping its port; its proc dies before "
         "sending on it and the caller waits for ever (nothing fails the pending port)"
     )
-KNOWN["explicit_port", "producer_stuck"] = (
-    "new: an explicit response port call ignores options(timeout=0.5) once the endpoint "
-    "has returned: the answer sent 1.5 s later is delivered instead of CallTimeoutError"
-)
 for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_send",
              "accumulator"):  # fmt: skip
     KNOWN[_way, "producer_stopped"] = (
