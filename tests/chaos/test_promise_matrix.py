@@ -140,11 +140,6 @@ KNOWN["port_send", "reader_stalls"] = (
     "issue 23 item 4: a port receiver nobody reads keeps every value: 50,000 values of "
     "4 KiB grow the reader's RSS by ~200 MiB, past the documented 10,000 values"
 )
-for _fault in ("producer_killed", "agent_killed", "owner_exits"):
-    KNOWN["explicit_port", _fault] = (
-        "issue 23 item 5: the endpoint returned, keeping its port; its proc dies before "
-        "sending on it and the caller waits for ever (nothing fails the pending port)"
-    )
 for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_send",
              "accumulator"):  # fmt: skip
     KNOWN[_way, "producer_stopped"] = (

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -162,6 +164,24 @@ async def test_a_kept_port_answered_later_answers(one: Any) -> None:
     await asyncio.sleep(0.2)
     await one.answer_kept.call_one(42)
     assert await asyncio.wait_for(waiting, PROMPT) == 42
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("whole", [False, True], ids=["call_one", "call"])
+async def test_a_kept_port_whose_proc_dies_fails_the_call(whole: bool) -> None:
+    mesh = await Answerer.options(procs=2).as_actor()
+    try:
+        ref = mesh.slice(procs=0) if not whole else mesh
+        waiting = asyncio.ensure_future(ref.keeps.call(1) if whole else ref.keeps.call_one(1))
+        await ref.ping.call()  # in order after keeps: its endpoint has returned, port kept
+        assert not waiting.done()
+        os.kill(mesh.state().ranks[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(zmesh.SupervisionError, match="SIGKILL"):
+            await asyncio.wait_for(waiting, PROMPT)
+        assert time.monotonic() - t0 < PROMPT
+    finally:
+        await mesh.stop()
 
 
 async def test_a_kept_and_forgotten_port_is_bounded_by_the_calls_timeout(one: Any) -> None:

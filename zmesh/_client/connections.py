@@ -26,6 +26,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -62,7 +63,7 @@ DISCONNECT_GRACE = AGENT_TIMEOUT + 0.5
 class ProcConn:
     """This runtime's DEALER to one proc, and the requests in flight on it."""
 
-    __slots__ = ("broken", "bytes", "mesh", "pending", "ref", "sock", "waiting")
+    __slots__ = ("broken", "bytes", "mesh", "pending", "ref", "sock", "waiting", "watchers")
 
     def __init__(self, ref: ProcRef, sock: AsyncSocket | None) -> None:
         self.ref = ref
@@ -76,6 +77,9 @@ class ProcConn:
         self.waiting: deque[tuple[list[Any], Request | OneRequest | None, int]] = deque()
         self.bytes = 0  # of large messages in ``pending``
         self.broken: ZmeshError | None = None  # set: calls fail before sending
+        # Told when this connection fails: waits that outlive their request (an
+        # explicit response port the proc still holds after its endpoint returned).
+        self.watchers: list[Callable[[ZmeshError], None]] = []
 
     @property
     def inflight(self) -> int:
@@ -257,6 +261,9 @@ class Connections:
         c.waiting.clear()
         for req in failed:
             fail(req, req.conns.index(c) if isinstance(req, Request) else 0, error)
+        watchers, c.watchers = c.watchers, []
+        for watcher in watchers:
+            watcher(error)
         for _, wreq, i in waiting:
             if isinstance(wreq, OneRequest):
                 if not wreq.fut.done():

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import on_runtime
+from zmesh._client.connections import ProcConn
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
 from zmesh._client.ports import Port, _open, _PortError
 from zmesh._client.portsockets import _server
 from zmesh._client.runtime import Runtime
-from zmesh._errors import CallTimeoutError
+from zmesh._errors import CallTimeoutError, ZmeshError
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
     no value), so an endpoint that raises, or a proc that dies before it
     answered, fails the future as for any call, and one that misuses its
     port fails it with ``ResponsePortError`` (``zmesh._host.responseport``).
-    A timeout (``options(timeout=...)``) covers the wait on the port too;
+    The proc keeps the port after its endpoint returned: if it dies before
+    it answers (its connection fails), so does the call, with the same error
+    as a call in flight. A timeout (``options(timeout=...)``) covers the wait on the port too;
     without one, the log says so once the endpoint has returned and no
     answer came for ``PATIENCE`` seconds.
     """
@@ -61,12 +64,16 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
         ranks = [p.rank for p in points]
         returned: list[int] = []  # the actors whose endpoint returned (the call answered)
         timers: list[asyncio.TimerHandle] = []
+        watched: list[tuple[ProcConn, Callable[[ZmeshError], None]]] = []
         where = f"{mesh.cls_name}.{ep._name}"
         mesh_name = refs[0].mesh if refs else None
 
         def settle(ok: bool, value: Any) -> None:
             for t in timers:
                 t.cancel()
+            for conn, watcher in watched:
+                if watcher in conn.watchers:
+                    conn.watchers.remove(watcher)
             server.forget(receiver._number)
             resolve(fut, ok, value)
 
@@ -104,8 +111,24 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
                 settle(False, value)
                 return
             returned.append(i)
+            watch(i)
             if len(returned) == len(refs) and ep._timeout is None:
                 timers.append(rt.loop.call_later(PATIENCE, impatient))
+
+        def watch(i: int) -> None:
+            # The endpoint returned and its proc holds the port: the proc's death
+            # (its connection failing) fails the call, as it would a call in flight.
+            conn = rt.conn(refs[i])
+
+            def lost(error: ZmeshError) -> None:
+                if not fut.done() and (not whole or ranks[i] not in results):
+                    settle(False, error)
+
+            if conn.broken is not None:
+                lost(conn.broken)
+            else:
+                conn.watchers.append(lost)
+                watched.append((conn, lost))
 
         receiver._listener = on_value
         if not refs:
