@@ -97,8 +97,12 @@ async def test_a_port_whose_receiver_is_gone_never_blocks_its_sender(relays: Any
     del receiver  # nobody receives: the values are dropped where they arrive
     assert await relays.slice(procs=0).burst.call_one(port, 20_000) < 5.0
     dead: Port[int] = Port("ipc:///nonexistent/zmesh-port", 1)  # a receiving process that is gone
-    assert await relays.slice(procs=1).burst.call_one(dead, 20_000) < 5.0
-    dead.send(1)  # from here too: dropped, not waiting
+    # Its sender is told, at once, when it has sent its bound of values unread.
+    t0 = time.monotonic()
+    with pytest.raises(zmesh.ActorError, match=r"PortFullError.*receiver not reading"):
+        await relays.slice(procs=1).burst.call_one(dead, 20_000)
+    assert time.monotonic() - t0 < 5.0
+    dead.send(1)  # from here too: nothing unread from here yet, so it goes, not waiting
 
 
 async def test_open_ranked_gives_the_senders_rank(relays: Any) -> None:
