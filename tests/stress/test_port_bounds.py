@@ -88,7 +88,7 @@ async def _proc_refusals(mesh: Any) -> int:
 @pytest.mark.parametrize(
     ("n", "size", "procs", "bound"),
     [
-        (100_000, 1024, 2, 48 * MiB),  # 200k 1 KiB values: the receiver keeps 10,000
+        (100_000, 1024, 2, 80 * MiB),  # 200k 1 KiB values: 10,000 kept, 2 x 10,000 in pipes
         (1_000, MiB, 2, 192 * MiB),  # 2k 1 MiB values: 64 MiB queued, 64 MiB in the pipe
     ],
     ids=["200k-small", "2k-1MiB"],

@@ -142,10 +142,8 @@ async def test_senders_never_block_when_the_receiver_is_killed_mid_flood() -> No
             assert max(slow, default=0) < 1.0, slow
         logs = [Path(ref.log_path) for ref in mesh._refs]  # said once per proc (from stderr)
         wait_for(lambda: all("are refused" in x.read_text() for x in logs), 10, f"notes {logs}")
-        for log in logs:  # once per reason: the receiver full, then not reading (killed)
-            text = log.read_text()
-            assert text.count("are refused") <= 2, log
-            assert text.count("receiver not reading") == 1, log
+        for log in logs:  # once per reason: the receiver full, or not reading (killed)
+            assert 1 <= log.read_text().count("are refused") <= 2, log
     finally:
         child.kill()
         child.wait()

@@ -101,9 +101,17 @@ class Port(Generic[R]):
                 of unread values, or its process has not read what this
                 process sent it already. Nothing was sent; retry later.
         """
-        rt, _ = _runtime.current()
-        addr, _key = self.route()
-        why = _senders(rt).refusal(addr, self.number)
+        if self.once:
+            if self.sent:
+                raise ValueError("this port was opened with once=True and has sent its value")
+        try:
+            payload, buffers = Codec.pack_value(value)
+        except Exception as exc:
+            raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
+        rt, home = _runtime.current()
+        addr, key = self.route()
+        nbytes = _portsockets.estimate(payload, buffers)
+        why = _senders(rt).admit(addr, self.number, nbytes) if addr else ""
         if why:
             _portsockets._totals["refused"] += 1
             raise PortFullError(
@@ -114,16 +122,10 @@ class Port(Generic[R]):
                 + "); the value was not sent",
                 port=self.number, reason=why,
             )  # fmt: skip
-        if self.once:
-            if self.sent:
-                raise ValueError("this port was opened with once=True and has sent its value")
-            self.sent = True
-        try:
-            payload, buffers = Codec.pack_value(value)
-        except Exception as exc:
-            raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
+        self.sent = True
         point = current_point()
-        self._send(payload, buffers, point.rank if point is not None else -1)
+        msg = w.PortSend(self.number, point.rank if point is not None else -1, payload)
+        rt.dispatch(_senders(rt).send, addr, msg, buffers, key, nbytes, here=home, targets=())
 
     def _send(self, payload: w.Payload, buffers: list[Any], rank: int) -> None:
         msg = w.PortSend(self.number, rank, payload)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,6 +54,7 @@ PIPE_MAX_VALUES = 10_000  # sent to one receiving process and not read by it yet
 PIPE_MAX_BYTES = 64 << 20  # and their bytes
 ACK_VALUES = 1000  # the server acks a connection every this many values read,
 ACK_BYTES = 1 << 20  # or this many bytes, whichever comes first
+MAX_PEERS = 4096  # sender connections the server keeps accounts for, before settling them
 PORT_HWM = PIPE_MAX_VALUES  # (the old name)
 
 _totals = {"dropped": 0, "refused": 0}  # this process's, over every runtime
@@ -97,6 +99,7 @@ class _Server:
         )
         self.dropped: set[int] = set()  # ports whose lost values were logged
         self.peers: dict[bytes, _Peer] = {}  # sender connections, by ROUTER identity
+        self.told: set[int] = set()  # ports some sender was told are full
         # Receivers kept alive while an adverb waits on them (nobody else holds them).
         self.pinned: dict[int, PortReceiver[Any]] = {}
         self.path = os.path.join(_paths.runtime_dir(), f"p{os.getpid()}-{id(rt):x}")
@@ -122,6 +125,7 @@ class _Server:
     def forget(self, number: int) -> None:
         self.receivers.pop(number, None)
         self.pinned.pop(number, None)
+        self.drained(number)  # its values are dropped as for any receiver gone, not refused
 
     def _on_tcp(self, frames: list[Any]) -> None:
         assert self.tcp is not None
@@ -131,6 +135,8 @@ class _Server:
         ident = frames[0]
         peer = self.peers.get(ident)
         if peer is None:
+            if len(self.peers) >= MAX_PEERS:
+                self._settle_peers()
             peer = self.peers[ident] = _Peer(sock)
         nbytes = size(frames[1:])
         peer.values += 1
@@ -151,6 +157,7 @@ class _Server:
             _totals["dropped"] += 1
             if msg.port not in peer.full:
                 peer.full.add(msg.port)
+                self.told.add(msg.port)
                 self._ack(ident, peer, force=True)  # tell the sender now
                 return
         self._ack(ident, peer)
@@ -163,8 +170,21 @@ class _Server:
         peer.values = peer.nbytes = 0
         peer.sock.send([ident, *self.acks.encode(ack)])
 
+    def _settle_peers(self) -> None:
+        """Forget the sender connections told nothing is full, acking what they
+        are owed first: the table stays bounded as senders come and go."""
+        for ident, peer in list(self.peers.items()):
+            if not peer.full:
+                if peer.values:
+                    self._ack(ident, peer, force=True)
+                del self.peers[ident]
+
     def drained(self, port: int) -> None:
-        """Port ``port``'s receiver has room again: tell the senders told it was full."""
+        """Port ``port``'s receiver has room again (or is gone): tell the senders
+        told it was full."""
+        if port not in self.told:
+            return
+        self.told.discard(port)
         for ident, peer in list(self.peers.items()):
             if port in peer.full:
                 peer.full.discard(port)
@@ -181,13 +201,19 @@ class _Server:
 
 
 class _Link:
-    """One DEALER to one receiving process, and what it sent that was not read yet."""
+    """One DEALER to one receiving process, and what was sent there and not read yet.
 
-    __slots__ = ("full", "nbytes", "sock", "values")
+    The account is kept from ``Port.send`` on (in any thread, under ``lock``),
+    not from when the loop sends: a thread sending faster than the loop
+    drains its queue is held to the same bound.
+    """
 
-    def __init__(self, sock: AsyncSocket) -> None:
-        self.sock = sock
-        self.values = 0  # sent and not acked: in this process, in ZeroMQ, or unread there
+    __slots__ = ("full", "lock", "nbytes", "sock", "values")
+
+    def __init__(self) -> None:
+        self.sock: AsyncSocket | None = None  # made by the loop, on the first value
+        self.lock = threading.Lock()
+        self.values = 0  # accepted and not acked: queued here, in ZeroMQ, or unread there
         self.nbytes = 0
         self.full: frozenset[int] = frozenset()  # its ports whose receivers said they are full
 
@@ -198,6 +224,20 @@ class _Link:
         if self.values >= PIPE_MAX_VALUES or self.nbytes >= PIPE_MAX_BYTES:
             return "receiver not reading"
         return ""
+
+    def count(self, values: int, nbytes: int) -> None:
+        with self.lock:
+            self.values = max(0, self.values + values)
+            self.nbytes = max(0, self.nbytes + nbytes)
+
+
+def estimate(payload: w.Payload, buffers: list[Any]) -> int:
+    """A port value's bytes before it is encoded (the loop corrects it after)."""
+    n = 64 + size(buffers) + (len(payload.blob) if payload.blob is not None else 0)
+    for arg in payload.args:
+        if isinstance(arg, (bytes, str)):
+            n += len(arg)
+    return n
 
 
 class _Senders:
@@ -210,39 +250,59 @@ class _Senders:
         self.links: dict[str, _Link] = {}
         self.warned: set[Any] = set()  # what was logged once
 
-    def refusal(self, addr: str, port: int) -> str:
-        """Why ``Port.send`` must refuse a value for ``port`` at ``addr`` now, or ``""``.
-
-        Read from any thread: a send from another thread sees the state of the
-        last ack the loop handled.
-        """
+    def _link(self, addr: str) -> _Link:
         link = self.links.get(addr)
-        why = link.refusal(port) if link is not None else ""
+        if link is None:
+            link = self.links.setdefault(addr, _Link())  # (atomic: any thread)
+        return link
+
+    def admit(self, addr: str, port: int, nbytes: int) -> str:
+        """Account for a value of about ``nbytes`` for ``port`` at ``addr`` (any
+        thread), or say why ``Port.send`` must refuse it now (``""``: admitted)."""
+        link = self._link(addr)
+        with link.lock:
+            why = link.refusal(port)
+            if not why:
+                link.values += 1
+                link.nbytes += nbytes
         if why and (addr, why) not in self.warned:
             self.warned.add((addr, why))  # once per receiving process and reason
             log.warning("port values to %s are refused (PortFullError): %s", addr, why)
         return why
 
-    def send(self, addr: str, msg: w.PortSend, buffers: list[Any], key: bytes = b"") -> None:
-        link = self.links.get(addr)
-        if link is None:
-            if not addr or not self._can_reach(addr, key):
-                return
+    def send(
+        self, addr: str, msg: w.PortSend, buffers: list[Any], key: bytes = b"",
+        admitted: int = -1,
+    ) -> None:  # fmt: skip
+        """Send a value (on the loop). ``admitted``: the bytes ``admit`` counted
+        for it; ``-1``: not admitted (answers of calls, bounded by the calls)."""
+        if not addr:
+            self._can_reach(addr, key)  # says why, once
+            return
+        link = self._link(addr)
+        if link.sock is None and not self._can_reach(addr, key):
+            if admitted >= 0:
+                link.count(-1, -admitted)  # never sent
+            return
+        if link.sock is None:
             sock = configure(self.rt.ctx.socket(zmq.DEALER))
             sock.setsockopt(zmq.SNDHWM, PIPE_MAX_VALUES)
             _portserver.secure_sender(sock, key)
             sock.connect(addr)
-            link = self.links[addr] = _Link(AsyncSocket(sock, self.rt.loop, None))
-            link.sock.on_message = lambda frames: self._on_ack(link, frames)
+            link.sock = AsyncSocket(sock, self.rt.loop, lambda f: self._on_ack(link, f))
         try:
             frames = self.codec.encode(msg, buffers)
         except Exception as exc:
             log.error("a port value could not be sent: %r", exc)
+            if admitted >= 0:
+                link.count(-1, -admitted)
             return
-        link.values += 1
-        link.nbytes += size(frames)
+        if admitted >= 0:
+            link.count(0, size(frames) - admitted)  # the exact size, now it is known
+        else:
+            link.count(1, size(frames))
         # AsyncSocket keeps what ZeroMQ cannot take now, in order: bounded by
-        # the refusals above (Port.send checks them first).
+        # the refusals above (Port.send admits first).
         link.sock.send(frames)
 
     def _on_ack(self, link: _Link, frames: list[Any]) -> None:
@@ -251,8 +311,7 @@ class _Senders:
         except Exception as exc:  # never fatal
             log.warning("dropped a port ack that does not decode: %r", exc)
             return
-        link.values = max(0, link.values - ack.values)
-        link.nbytes = max(0, link.nbytes - ack.nbytes)
+        link.count(-ack.values, -ack.nbytes)
         link.full = frozenset(ack.full)
 
     def _can_reach(self, addr: str, key: bytes) -> bool:
@@ -276,7 +335,8 @@ class _Senders:
 
     def close(self) -> None:
         for link in self.links.values():
-            link.sock.close(linger=0)
+            if link.sock is not None:
+                link.sock.close(linger=0)
         self.links.clear()
 
 
