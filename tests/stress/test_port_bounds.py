@@ -141,3 +141,53 @@ async def test_an_unread_port_stays_bounded_and_counts_every_drop(
         receiver.close()
     finally:
         await mesh.stop()
+
+
+class Holder(zmesh.Actor):
+    """Opens a channel in its proc and never reads it."""
+
+    @zmesh.endpoint
+    async def open(self) -> Port[bytes]:
+        self.port, self.receiver = Channel.open()
+        return self.port
+
+    @zmesh.endpoint
+    async def account(self) -> tuple[int, int, int]:
+        s = self.receiver.statistics()
+        return s.received, s.dropped, s.queued
+
+
+async def _proc_dropped(mesh: Any) -> int:
+    rt, _ = _runtime.current()
+    agent = rt.controller.agents[mesh._refs[0].agent]
+    reply = await agent.request(w.GetStats)
+    return sum(p.port_dropped for p in reply.stats.procs if p.mesh == mesh.proc_mesh)
+
+
+async def test_a_port_in_a_proc_counts_its_drops_in_the_procs_statistics() -> None:
+    holder = await Holder.options().as_actor()
+    try:
+        port = await holder.open.call_one()
+        refused_before = _portsockets.refused_values()
+        accepted = refused = 0
+        for i in range(50_000):  # from this client, as fast as it can
+            try:
+                port.send(b"c" * 1024)
+                accepted += 1
+            except PortFullError:
+                refused += 1
+            if i % 500 == 0:
+                await asyncio.sleep(0)
+        assert refused > 0 and _portsockets.refused_values() - refused_before == refused
+        deadline = time.monotonic() + 20
+        while True:
+            received, dropped, queued = await holder.account.call_one()
+            if received + dropped >= accepted or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert dropped == accepted - received and queued == received <= 10_000
+        while await _proc_dropped(holder) < dropped and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)  # statistics reach the agent about once a second
+        assert await _proc_dropped(holder) == dropped
+    finally:
+        await holder.stop()
