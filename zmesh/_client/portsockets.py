@@ -100,6 +100,7 @@ class _Server:
         self.dropped: set[int] = set()  # ports whose lost values were logged
         self.peers: dict[bytes, _Peer] = {}  # sender connections, by ROUTER identity
         self.told: set[int] = set()  # ports some sender was told are full
+        self.garbled = 0  # values that did not decode
         # Receivers kept alive while an adverb waits on them (nobody else holds them).
         self.pinned: dict[int, PortReceiver[Any]] = {}
         self.path = os.path.join(_paths.runtime_dir(), f"p{os.getpid()}-{id(rt):x}")
@@ -144,8 +145,10 @@ class _Server:
         try:
             msg = self.codec.decode(frames[1:])
             value = self.codec.unpack_value(msg.payload, frames[1:])
-        except Exception as exc:  # never fatal: a garbled value is dropped
-            log.warning("dropped a port value that does not decode: %r", exc)
+        except Exception as exc:  # never fatal: a garbled value is counted, dropped
+            self.garbled += 1
+            if self.garbled == 1:  # logged once, not per message
+                log.warning("dropped a port value that does not decode (counted): %r", exc)
             self._ack(ident, peer)
             return
         receiver = self.receivers.get(msg.port)
@@ -308,8 +311,10 @@ class _Senders:
     def _on_ack(self, link: _Link, frames: list[Any]) -> None:
         try:
             ack = self.acks.decode(frames)
-        except Exception as exc:  # never fatal
-            log.warning("dropped a port ack that does not decode: %r", exc)
+        except Exception as exc:  # never fatal; said once
+            if "ack" not in self.warned:
+                self.warned.add("ack")
+                log.warning("dropped a port ack that does not decode: %r", exc)
             return
         link.count(-ack.values, -ack.nbytes)
         link.full = frozenset(ack.full)
