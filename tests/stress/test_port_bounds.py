@@ -191,3 +191,35 @@ async def test_a_port_in_a_proc_counts_its_drops_in_the_procs_statistics() -> No
         assert await _proc_dropped(holder) == dropped
     finally:
         await holder.stop()
+
+
+async def test_garbage_sent_to_a_port_inbox_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import zmq
+
+    from zmesh._client.portsockets import _server
+
+    port, receiver = Channel.open()
+    rt, _ = _runtime.current()
+    server = _server(rt)
+    ctx: Any = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(port.addr)
+    try:
+        with caplog.at_level("WARNING", logger="zmesh.ports"):
+            for i in range(1000):
+                sock.send_multipart([b"\xc1 not msgpack %d" % i])
+            deadline = time.monotonic() + 10
+            while server.garbled < 1000 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        assert server.garbled == 1000
+        said = [r for r in caplog.records if "does not decode" in r.getMessage()]
+        assert len(said) == 1, len(said)
+        port.send("still works")  # the inbox serves on
+        with anyio.fail_after(10):
+            assert await receiver.recv() == "still works"
+    finally:
+        sock.close()
+        receiver.close()
