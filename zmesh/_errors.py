@@ -285,6 +285,27 @@ class OverloadedError(ZmeshError):
     """
 
 
+class PortFullError(OverloadedError):
+    """``Port.send`` refused a value: its receiver is not keeping up.
+
+    Either the ``PortReceiver`` holds its bound of unread values (count or
+    bytes) and said so, or the receiving process has not read what this
+    process already sent to it (its bound of values or bytes in the pipe:
+    it is gone, or far behind). Nothing was sent; a later ``send`` succeeds
+    once the receiver has read enough.
+
+    Attributes:
+        port: the port's number.
+        reason: ``"receiver full"`` or ``"receiver not reading"``.
+    """
+
+    def __init__(self, message: str = "", *, port: int = 0, reason: str = "",
+                 **context: object) -> None:  # fmt: skip
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.port = port
+        self.reason = reason
+
+
 class NameNotFoundError(ZmeshError):
     """``zmesh.lookup(name)`` found no detached service or mesh of yours by that name.
 

@@ -10,7 +10,7 @@ sees it, and prints each line with a prefix naming where it came from.
   ``[repeated Nx across ranks]``.
 * Rate-limited: at most ``MAX_LINES`` lines a second reach the terminal
   (the agent also caps each proc's bytes); what is cut is counted, and the
-  logs keep everything (``zmesh logs MESH``).
+  logs keep the rest (``zmesh logs MESH``; their last ``ZMESH_LOG_MAX_BYTES``).
 * Off with ``ZMESH_FORWARD_LOGS=0`` or ``zmesh.connect(..., forward_logs=False)``.
 
 What a proc writes to stdout is printed on the client's stdout, what it

@@ -16,8 +16,14 @@ that admits only the keys the agents admit: ``zmesh._client.portserver``),
 and the port carries that address, the inbox's public key and which host it
 is on: a sender on the same host uses the ipc:// address, one on another
 host the TCP one. A sender keeps one DEALER per receiving process (so one
-sender's values stay in order) and never waits on it: a value for a receiver
-that is gone, or one the socket cannot take now, is dropped and logged once.
+sender's values stay in order) and never waits on it.
+
+Bounded, and never silent: a receiver keeps at most ``PORT_MAX_VALUES``
+unread values (``PORT_MAX_BYTES`` of them); past that a value is dropped,
+counted (``receiver.statistics()``) and logged once, and its senders are
+told: ``Port.send`` raises ``PortFullError`` until the reader catches up.
+So it does when the receiving process has not read what was already sent
+to it (gone, or stalled). See ``zmesh._client.portsockets``.
 
 The sockets are ``zmesh._client.portsockets``'s; the calls answered through
 ports (explicit-response-port endpoints, ``send``) ``zmesh._client.portcalls``'s.
@@ -32,15 +38,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import msgspec
+
 from zmesh._actor import current_point
 from zmesh._client import portserver as _portserver
+from zmesh._client import portsockets as _portsockets
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
 from zmesh._client.portsockets import _senders, _server
 from zmesh._client.runtime import Runtime
-from zmesh._errors import EncodeError
+from zmesh._errors import EncodeError, PortFullError
 from zmesh._wire import messages as w
 from zmesh._wire import pickling as _pickling
 from zmesh._wire.codec import Codec
@@ -92,6 +101,9 @@ class Port(Generic[R]):
             ValueError: the port was opened with ``once=True`` and has sent already.
             ResponsePortError: the response port of an endpoint has sent its answer already.
             EncodeError: ``value`` cannot be sent.
+            PortFullError: the receiver is not keeping up: it holds its bound
+                of unread values, or its process has not read what this
+                process sent it already. Nothing was sent; retry later.
         """
         guard = self.guard
         if self.once and self.sent and guard is None:
@@ -100,11 +112,28 @@ class Port(Generic[R]):
             payload, buffers = Codec.pack_value(value)
         except Exception as exc:
             raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
+        if guard is not None and guard.sent:
+            guard.sending()  # raises: a response port answers once
+        rt, home = _runtime.current()
+        addr, key = self.route()
+        nbytes = _portsockets.estimate(payload, buffers)
+        why = _senders(rt).admit(addr, self.number, nbytes) if addr else ""
+        if why:
+            _portsockets._totals["refused"] += 1
+            raise PortFullError(
+                f"port {self.number}: {why} ("
+                + ("its receiver holds its bound of unread values"
+                   if why == "receiver full"
+                   else "its process has not read what this process sent it")
+                + "); the value was not sent",
+                port=self.number, reason=why,
+            )  # fmt: skip
         if guard is not None:
-            guard.sending()  # (raises for a second answer)
+            guard.sending()  # the answer goes now (admitted: it is sent)
         self.sent = True
         point = current_point()
-        self._send(payload, buffers, point.rank if point is not None else -1)
+        msg = w.PortSend(self.number, point.rank if point is not None else -1, payload)
+        rt.dispatch(_senders(rt).send, addr, msg, buffers, key, nbytes, here=home, targets=())
 
     def _send(self, payload: w.Payload, buffers: list[Any], rank: int) -> None:
         msg = w.PortSend(self.number, rank, payload)
@@ -170,6 +199,27 @@ def _raisable(exc: BaseException) -> BaseException:
     return EncodeError(f"a port was sent {type(exc).__name__}({exc}), which {why}")
 
 
+class PortStatistics(msgspec.Struct, frozen=True):
+    """One ``PortReceiver``'s account (``receiver.statistics()``).
+
+    Attributes:
+        port: the port's number.
+        received: values accepted (queued, or handed to a waiting ``recv``).
+        queued: values waiting to be received now; ``queued_bytes`` their bytes.
+        peak: the most values ever queued at once.
+        dropped: values dropped because the receiver was full (see ``Port.send``).
+        full: dropping now (senders are told) until the queue is down to half.
+    """
+
+    port: int
+    received: int
+    queued: int
+    queued_bytes: int
+    peak: int
+    dropped: int
+    full: bool
+
+
 class PortReceiver(Generic[R]):
     """The receiving end of a channel: ``await receiver.recv()`` or ``.recv().get()``."""
 
@@ -178,7 +228,11 @@ class PortReceiver(Generic[R]):
         self._number = number
         self._once = once
         self._ranked = ranked
-        self._values: deque[tuple[int, Any]] = deque()  # arrived, not received yet
+        self._values: deque[tuple[int, Any, int]] = deque()  # arrived, not received: +bytes
+        self._bytes = 0  # of the values queued
+        self._full = False  # dropping values (and senders were told) since the bound was met
+        self._dropped = 0
+        self._peak = 0
         self._waiters: deque[Sink] = deque()
         self._got = 0
         # Set by the adverbs of explicit-response-port endpoints: values go
@@ -190,27 +244,66 @@ class PortReceiver(Generic[R]):
 
         def start(rt: Runtime, fut: Sink) -> None:
             if self._values:
-                self._settle(fut, *self._values.popleft())
+                rank, value, nbytes = self._values.popleft()
+                self._bytes -= nbytes
+                if self._full and self._below_half():
+                    self._full = False
+                    _server(rt).drained(self._number)
+                self._settle(fut, rank, value)
             else:
                 self._waiters.append(fut)
 
         return on_runtime(start)
 
-    def _deliver(self, rank: int, value: Any) -> None:
-        """A value arrived (on the runtime's loop)."""
+    def _deliver(self, rank: int, value: Any, nbytes: int = 0) -> bool:
+        """A value of ``nbytes`` arrived (on the runtime's loop); ``False``: dropped, full."""
         if self._once and self._got:
             log.warning("a once port got a second value; dropped")
-            return
-        self._got += 1
+            return True
         if self._listener is not None:
+            self._got += 1
             self._listener(rank, value)
-            return
+            return True
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
+                self._got += 1
                 self._settle(fut, rank, value)
-                return
-        self._values.append((rank, value))
+                return True
+        if self._full or (
+            self._values
+            and (len(self._values) >= _portsockets.PORT_MAX_VALUES
+                 or self._bytes + nbytes > _portsockets.PORT_MAX_BYTES)
+        ):  # fmt: skip
+            if not self._dropped:
+                log.warning(
+                    "port %d: its receiver holds %d unread values (%d bytes), its bound: "
+                    "values are dropped and counted (statistics().dropped), and senders "
+                    "get PortFullError until it reads", self._number, len(self._values),
+                    self._bytes,
+                )  # fmt: skip
+            self._full = True
+            self._dropped += 1
+            return False
+        self._got += 1
+        self._values.append((rank, value, nbytes))
+        self._bytes += nbytes
+        if len(self._values) > self._peak:
+            self._peak = len(self._values)
+        return True
+
+    def _below_half(self) -> bool:
+        return (
+            len(self._values) <= _portsockets.PORT_MAX_VALUES // 2
+            and self._bytes <= _portsockets.PORT_MAX_BYTES // 2
+        )
+
+    def statistics(self) -> PortStatistics:
+        """What this receiver got, holds and dropped, as a frozen record."""
+        return PortStatistics(
+            self._number, self._got, len(self._values), self._bytes, self._peak, self._dropped,
+            self._full,
+        )  # fmt: skip
 
     def _settle(self, fut: Sink, rank: int, value: Any) -> None:
         if isinstance(value, _PortError):

@@ -20,6 +20,7 @@ import contextvars
 import time
 from typing import TYPE_CHECKING, Any
 
+from zmesh._host import bounds as _bounds
 from zmesh._shared import stats as _stats
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -59,7 +60,7 @@ class Batcher:
         if not self.pending:
             self.first_at = loop.time()
         self.pending.append((ident, call, frames))
-        self.server.took()
+        self.server.took(_bounds.call_bytes(call, frames))
         if self.running is not None:
             return  # the batch after the running one
         if len(self.pending) >= self.size:
@@ -97,7 +98,7 @@ class Batcher:
         callers: list[tuple[bytes, w.Call]] = []
         now = time.monotonic()  # deadlines are on this proc's clock (zmesh._wire.deadlines)
         for ident, call, frames in batch:
-            server.started()
+            server.started(_bounds.call_bytes(call, frames))
             if call.deadline and now > call.deadline:
                 server.late += 1
                 server.fail(ident, call, "deadline", "DeadlineExceeded", "request arrived too late")
@@ -166,7 +167,7 @@ class Batcher:
             self.timer.cancel()
         if self.running is not None:
             self.running.cancel()
-        for ident, call, _ in self.pending:
+        for ident, call, frames in self.pending:
             self.server.fail(ident, call, "stopped", "ActorStopped", "actor stopped")
-            self.server.started()
+            self.server.started(_bounds.call_bytes(call, frames))
         self.pending.clear()

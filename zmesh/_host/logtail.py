@@ -35,6 +35,7 @@ from typing import Any
 
 import zmq
 
+from zmesh._host import logcap as _logcap
 from zmesh._shared.paths import stderr_path
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -59,6 +60,7 @@ class _Tail:
     marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=CHECKPOINTS))
     err_offset: int = 0  # the stderr file copied into the log up to here
     err_partial: bytes = b""
+    shift: int = 0  # bytes cut from the log's head so far (zmesh._host.logcap)
 
 
 class LogTail:
@@ -79,6 +81,7 @@ class LogTail:
         self._pub: AsyncSocket | None = None
         self._codec = Codec(w.LOG_STREAM)
         self._last = time.monotonic()
+        self._shifts: dict[str, int] = {}  # logs no longer tailed: bytes cut from their head
 
     def bind(
         self, ctx: Any, loop: asyncio.AbstractEventLoop, keys: Keys | None, stream: str
@@ -134,6 +137,8 @@ class LogTail:
                     size = os.stat(tail.path).st_size
                 except OSError:
                     continue
+                if size > _logcap.MAX:
+                    size -= self._cap(tail)
                 if size != tail.size:
                     tail.size = size
                     tail.marks.append((wall, size))
@@ -141,7 +146,25 @@ class LogTail:
                     tail.budget = min(float(RATE), tail.budget + RATE * dt)
                     self._forward(owner, name, rank, tail)
         for key in [k for k in self._tails if k not in seen]:
-            del self._tails[key]  # the agent forgot the mesh
+            tail = self._tails.pop(key)  # the agent forgot the mesh (or the generation)
+            if tail.shift:  # offsets into that log (zmesh logs -g N) stay right
+                self._shifts[tail.path] = tail.shift
+        if len(self._shifts) > 10_000:  # logs of forgotten meshes, oldest first
+            for path in list(self._shifts)[:1000]:
+                del self._shifts[path]
+
+    def _cap(self, tail: _Tail) -> int:
+        """Cut ``tail``'s log to its last ``logcap.KEEP`` bytes; how far it moved."""
+        moved = _logcap.cap(tail.path, tail.shift)
+        if moved:
+            tail.shift += moved
+            tail.size = max(0, tail.size - moved)
+            if tail.offset > 0:  # forwarding goes on where it was (or at the marker)
+                tail.offset = max(0, tail.offset - moved)
+                if tail.offset == 0:
+                    tail.partial = b""
+            tail.marks = deque(((t, max(0, s - moved)) for t, s in tail.marks), maxlen=CHECKPOINTS)
+        return moved
 
     def _forward(self, owner: bytes, mesh: str, rank: int, tail: _Tail) -> None:
         if tail.offset < 0:
@@ -197,7 +220,14 @@ class LogTail:
             size = os.stat(path).st_size
         except OSError as exc:
             return w.LogsReply(msg.id, ok=False, path=path, error=f"cannot read {path}: {exc}")
-        start = msg.offset
+        # Offsets are into the log as if nothing had been cut from its head
+        # (zmesh._host.logcap): a reader that follows it keeps its place.
+        current = self._tails.get((msg.mesh, msg.rank, proc.generation))
+        shift = current.shift if current is not None and current.path == path else 0
+        shift = shift or self._shifts.get(path, 0)
+        start = msg.offset - shift if msg.offset >= 0 else msg.offset
+        if msg.offset >= 0 and start < 0:
+            start = 0  # cut already: from the marker on
         if start < 0:
             if msg.since:
                 tail = self._tails.get((msg.mesh, msg.rank, proc.generation))
@@ -210,8 +240,8 @@ class LogTail:
             cut = data.find(b"\n")  # we landed inside a line: begin at the next one
             data, start = (data[cut + 1 :], start + cut + 1) if cut >= 0 else (data, start)
         return w.LogsReply(
-            msg.id, text=data.decode("utf-8", "replace"), offset=start + len(data), size=size,
-            path=path, live=not proc.reaped,
+            msg.id, text=data.decode("utf-8", "replace"), offset=shift + start + len(data),
+            size=shift + size, path=path, live=not proc.reaped,
         )  # fmt: skip
 
 
@@ -230,7 +260,20 @@ def _copy_stderr(tail: _Tail) -> None:
     data = _read(path, tail.err_offset, COPY_MAX)
     if not data:
         return
+    behind = os.stat(path).st_size - tail.err_offset
+    if behind > _logcap.MAX:  # it floods faster than COPY_MAX: skip to its last KEEP bytes
+        skip = behind - _logcap.KEEP
+        tail.err_offset += skip
+        tail.err_partial = b""
+        data = _read(path, tail.err_offset, COPY_MAX)
+        cut = data.find(b"\n") + 1  # from the next whole line
+        tail.err_offset, data = tail.err_offset + cut, data[cut:]
+        note = f"[zmesh] {skip + cut} bytes of stderr were dropped here (not copied in time)"
+        with contextlib.suppress(OSError), open(tail.path, "ab") as f:
+            f.write(b"\n" + ERR_MARK + note.encode() + b"\n")
     tail.err_offset += len(data)
+    if tail.err_offset > _logcap.KEEP:  # what is copied need not stay in the stderr file
+        tail.err_offset -= _logcap.trim(path, tail.err_offset)
     *lines, tail.err_partial = (tail.err_partial + data).split(b"\n")
     if len(tail.err_partial) > MAX_LINE:
         lines.append(tail.err_partial)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from zmesh import _context
 from zmesh._actor import Endpoint, Point, set_current
+from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.batching import Batcher
 from zmesh._shared import stats as _stats
@@ -57,6 +58,7 @@ class Mailbox:
         self.instance = instance
         self.point = point
         self.queue: deque[tuple[bytes, w.Call, list[Any]]] = deque()
+        self.sizes: deque[int] = deque()  # each queued call's bytes (zmesh._host.bounds)
         # Set while the mailbox task waits for mail; put() resolves it.
         self.waiter: asyncio.Future[None] | None = None
         # An eagerly started message that suspended, for the task to finish:
@@ -105,7 +107,9 @@ class Mailbox:
                 self._start(ident, call, frames)
                 return
         self.queue.append((ident, call, frames))
-        self.server.took()
+        nbytes = _bounds.call_bytes(call, frames)
+        self.sizes.append(nbytes)
+        self.server.took(nbytes)
         if len(self.queue) > self.queue_peak:
             self.queue_peak = len(self.queue)
         self._wake()
@@ -223,7 +227,7 @@ class Mailbox:
                     self.waiter = None
                 continue
             ident, call, frames = self.queue.popleft()
-            self.server.started()
+            self.server.started(self.sizes.popleft())
             ep = self.endpoints.get(call.method)
             if ep is not None and ep.info.concurrent:
                 self._start_concurrent(ident, call, frames)
@@ -263,10 +267,11 @@ class Mailbox:
         if isinstance(ending, asyncio.Task):  # keep a reference until it ends
             self.server.spawning.add(ending)
             ending.add_done_callback(self.server.spawning.discard)
-        for ident, call, _ in self.queue:
+        for (ident, call, _), nbytes in zip(self.queue, self.sizes, strict=True):
             self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
-            self.server.started()
+            self.server.started(nbytes)
         self.queue.clear()
+        self.sizes.clear()
         return ending
 
 

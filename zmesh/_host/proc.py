@@ -31,6 +31,7 @@ from zmesh import _context
 from zmesh._actor import set_current
 from zmesh._client import local as _local
 from zmesh._host import actors as _actors
+from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
@@ -59,7 +60,7 @@ STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
 # until half have gone, so callers meet TCP backpressure instead of this
 # process's memory growing without bound. Each caller also keeps at most
 # zmesh._client.runtime.MAX_IN_FLIGHT calls in flight to one proc.
-MAX_BACKLOG = int(os.environ.get("ZMESH_PROC_MAX_BACKLOG", "100000"))
+MAX_BACKLOG = _bounds.MAX_BACKLOG  # (and MAX_BACKLOG_BYTES: zmesh._host.bounds)
 
 
 class ProcServer:
@@ -84,6 +85,7 @@ class ProcServer:
         self.dropped = 0
         self.late = 0
         self.backlog = 0  # see MAX_BACKLOG
+        self.backlog_bytes = 0  # and MAX_BACKLOG_BYTES
         self.spawning: set[asyncio.Task[None]] = set()
         self.pool = Workers()  # grows as threads block (see zmesh._shared.workers)
         self.sampler = _stats.ProcSampler()
@@ -96,7 +98,7 @@ class ProcServer:
         return _stats.ProcStatistics(
             self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
             self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
-            **(self.relay.counts() if self.relay is not None else {}),
+            **(self.relay.counts() if self.relay is not None else {}), **_bounds.counts(self),
         )  # fmt: skip
 
     def _report_statistics(self) -> None:
@@ -158,17 +160,30 @@ class ProcServer:
 
     # ------------------------------------------------------------ inbound
 
-    def took(self) -> None:
-        """A call joins the backlog; past ``MAX_BACKLOG`` reading stops."""
+    def took(self, nbytes: int = 0) -> None:
+        """A call (of ``nbytes``) joins the backlog; past ``MAX_BACKLOG`` calls
+        or ``MAX_BACKLOG_BYTES`` bytes reading stops (``zmesh._host.bounds``)."""
         self.backlog += 1
-        if self.backlog >= MAX_BACKLOG and not self.router.paused:
-            log.warning("%d calls waiting: reading stops until half have started", self.backlog)
+        self.backlog_bytes += nbytes
+        if (
+            self.backlog >= MAX_BACKLOG or self.backlog_bytes >= _bounds.MAX_BACKLOG_BYTES
+        ) and not self.router.paused:
+            log.log(
+                logging.WARNING if _bounds.first_pause(self) else logging.DEBUG,
+                "%d calls (%d bytes) waiting: reading stops until half have started",
+                self.backlog, self.backlog_bytes,
+            )  # fmt: skip
             self.router.pause()
 
-    def started(self) -> None:
-        """A call leaves the backlog; reading resumes at half ``MAX_BACKLOG``."""
+    def started(self, nbytes: int = 0) -> None:
+        """A call leaves the backlog; reading resumes at half of both bounds."""
         self.backlog -= 1
-        if self.router.paused and self.backlog <= MAX_BACKLOG // 2:
+        self.backlog_bytes -= nbytes
+        if (
+            self.router.paused
+            and self.backlog <= MAX_BACKLOG // 2
+            and self.backlog_bytes <= _bounds.MAX_BACKLOG_BYTES // 2
+        ):
             self.router.resume()
 
     def _on_message(self, frames: list[Any]) -> int | None:

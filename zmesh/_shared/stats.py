@@ -82,6 +82,10 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
         dropped: malformed messages dropped; late: requests past their deadline.
         relayed: tree fan-out messages this proc received as its host's relay;
         forwarded: the messages it sent on for them, one per target proc.
+        port_dropped: port values it received for a full ``PortReceiver``, dropped;
+        port_refused: its ``Port.send`` calls refused with ``PortFullError``.
+        backlog_bytes: bytes of the calls waiting in its mailboxes (see
+            ``ZMESH_PROC_MAX_BACKLOG_BYTES``).
     """
 
     mesh: str
@@ -97,6 +101,9 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
     actors: list[ActorStatistics] = []
     relayed: int = 0
     forwarded: int = 0
+    port_dropped: int = 0
+    port_refused: int = 0
+    backlog_bytes: int = 0
 
 
 class HostStatistics(msgspec.Struct, frozen=True, omit_defaults=True):

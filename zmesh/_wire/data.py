@@ -183,6 +183,19 @@ class PortSend(Message, frozen=True):
     payload: Payload
 
 
+class PortAck(Message, frozen=True):
+    """The receiving process to one sender: what it read, and which ports are full.
+
+    Sent back on the connection the values came in on, every ``ACK_VALUES``
+    values or ``ACK_BYTES`` bytes read from it and whenever the set of full
+    ports this sender was told about changes (``zmesh._client.portsockets``).
+    """
+
+    values: int  # values read from this connection since the last ack
+    nbytes: int  # and their bytes
+    full: list[int] = []  # this sender's ports whose receivers are full now
+
+
 # ------------------------------------------- tree fan-out (client <-> relay proc)
 #
 # A fan-out to a wide mesh sends one ``Relay`` per host, to one proc of the

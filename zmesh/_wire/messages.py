@@ -35,6 +35,7 @@ CLIENT_INBOX: Any = (
     Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames | RelayReply
 )
 PORT_INBOX: Any = PortSend
+PORT_ACKS: Any = PortAck
 AGENT_INBOX: Any = (
     CreateOrUpdate
     | GetState
