@@ -140,10 +140,15 @@ class Producer(zmesh.Actor):
     async def flood(self, port: zmesh.Port[bytes], marker: str, count: int, size: int) -> int:
         """Send ``count`` values of ``size`` bytes in bursts of 256, a short pause
         between bursts: as fast as a reading receiver takes them, so none is dropped
-        on the way for a full send queue (only a receiver's own bound may drop)."""
+        on the way for a full send queue (only a receiver's own bound may drop). A
+        receiver at its bound refuses a value (``PortFullError``): the sender is told,
+        and stops there; how many values went."""
         blob = b"x" * size
         for i in range(count):
-            port.send(blob)
+            try:
+                port.send(blob)
+            except zmesh.PortFullError:
+                return i
             if i % 256 == 0:
                 mark(marker)
                 await asyncio.sleep(0.002)

@@ -75,3 +75,12 @@ def test_errors_say_zmesh_in_tracebacks_and_pickles() -> None:
 def test_the_documented_error_tree_names_every_error() -> None:
     tree = set((zmesh._errors.__doc__ or "").split())
     assert [n for n in zmesh._errors.__all__ if n not in tree] == []
+
+
+def test_every_error_class_is_exported() -> None:
+    errors = {
+        name
+        for name, value in vars(zmesh._errors).items()
+        if isinstance(value, type) and issubclass(value, zmesh.ZmeshError)
+    }
+    assert sorted(errors) == sorted(zmesh._errors.__all__)

@@ -21,6 +21,7 @@ Hierarchy::
     │   └── AgentTimeoutError     it did not answer in time (also a TimeoutError)
     ├── SecurityError         keys missing or unreadable; an address needs keys
     ├── OverloadedError       a proc has too many of this caller's calls in flight
+    │   └── PortFullError         a port's receiver holds its bound of unread values
     ├── NameNotFoundError     zmesh.lookup(name): no detached service or mesh of yours by that name
     ├── HandleTypeError       a handle is not of the class asked for (also a TypeError)
     └── ServiceError          a service cannot take the call
@@ -50,6 +51,7 @@ __all__ = [
     "HandleTypeError",
     "NameNotFoundError",
     "OverloadedError",
+    "PortFullError",
     "ResponsePortError",
     "SecurityError",
     "ServiceError",

@@ -136,10 +136,6 @@ NOT_MEANINGFUL: dict[tuple[str, str], str] = {
 # Breaks that cells meet on today's code: (way, fault) -> reason. "issue 23 item N"
 # is a known break of that issue; "new:" one found by this matrix.
 KNOWN: dict[tuple[str, str], str] = {}
-KNOWN["port_send", "reader_stalls"] = (
-    "issue 23 item 4: a port receiver nobody reads keeps every value: 50,000 values of "
-    "4 KiB grow the reader's RSS by ~200 MiB, past the documented 10,000 values"
-)
 for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_send",
              "accumulator"):  # fmt: skip
     KNOWN[_way, "producer_stopped"] = (
