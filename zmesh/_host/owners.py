@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import OrderedDict
 
 from zmesh._shared import liveness as _liveness
 from zmesh._shared import ownership as _ownership
 from zmesh._wire import messages as w
 
+EARLY = 256  # heartbeats of owners with no mesh here kept, at most
 # An owner silent this long loses its procs. Generous (as Monarch's 60 s): an
 # owner in a long C call holds the GIL and cannot beat. A local owner's death
 # is seen at once by its pidfd; the grace is for owners on other machines.
@@ -39,8 +41,9 @@ def not_proven(owner: str) -> str:
 
 
 class Owners:
-    """The owners one agent knows: their secrets, when each was last heard, and
-    a pidfd on each that runs on this machine. Used from the agent's loop."""
+    """The owners with meshes on one agent: when each was last heard, and a
+    pidfd on each that runs on this machine (no secrets: an owner id proves
+    itself, ``zmesh._shared.ownership``). Used from the agent's loop."""
 
     def __init__(self) -> None:
         self.heard: dict[str, float] = {}  # owner -> when it was last heard
@@ -48,6 +51,8 @@ class Owners:
         # and those whose process exited, to be stopped on the next tick.
         self._fds: dict[str, int | None] = {}
         self._dead: dict[str, str] = {}
+        # Heartbeats of owners with no mesh here yet, newest last (see beat).
+        self._early: OrderedDict[str, w.OwnerHeartbeat] = OrderedDict()
 
     @staticmethod
     def is_owner(owner: str, secret: str) -> bool:
@@ -57,9 +62,25 @@ class Owners:
     def track(self, owner: str) -> None:
         """Start the grace of a new owner of a mesh."""
         self.heard.setdefault(owner, time.monotonic())
+        early = self._early.pop(owner, None)
+        if early is not None:
+            self.beat(early)
 
     def beat(self, msg: w.OwnerHeartbeat) -> None:
-        """An owner is alive; watch its process if it runs on this machine."""
+        """An owner is alive; watch its process if it runs on this machine.
+
+        Only owners with meshes here (``track``) are followed, so the table
+        holds one entry (and at most one pidfd) per owner with meshes here,
+        whatever a client sends. The last heartbeats of others wait in a
+        small queue (``EARLY``): a client's first beat may come just before
+        its first spawn, and it is what lets the agent watch its process.
+        """
+        if msg.owner not in self.heard:
+            self._early[msg.owner] = msg
+            self._early.move_to_end(msg.owner)
+            while len(self._early) > EARLY:
+                self._early.popitem(last=False)
+            return
         self.heard[msg.owner] = time.monotonic()
         if msg.owner in self._fds or msg.owner in self._dead:
             return
