@@ -32,8 +32,15 @@ def json_arg(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=1) + "\n")
+    """``obj`` as indented JSON on stdout (bytes as hex: a wire blob must not crash it)."""
+    sys.stdout.write(json.dumps(obj, indent=1, default=_json_default) + "\n")
     sys.stdout.flush()  # a reader of a pipe (zmesh up --attach --json) needs it now
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj).hex()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
 from typing import Any
 
 import msgspec
 from rich.console import Console
 
+from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
-from zmesh.cli._common import agent_addresses, agent_args
+from zmesh.cli._common import agent_addresses, agent_args, print_json
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, judge
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render
@@ -54,7 +54,7 @@ def run_top(args: argparse.Namespace) -> int:
                 "snapshot": plain(snap),
                 "endpoints": [_endpoint(e) for e in view.endpoints],
             }
-            sys.stdout.write(json.dumps(out, indent=1) + "\n")
+            print_json(out)
         else:
             width = args.width or (None if sys.stdout.isatty() else 120)
             screen = Screen(keep=args.keep * 60)
@@ -86,16 +86,31 @@ def _keep_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def plain(obj: Any) -> Any:
-    """``obj`` as JSON-ready builtins, every struct as a dict (wire structs are arrays)."""
-    if isinstance(obj, msgspec.Struct):
-        out = {"type": type(obj).__name__} if type(obj).__struct_config__.tag else {}
-        out.update((f, plain(getattr(obj, f))) for f in obj.__struct_fields__)
+    """``obj`` as JSON-ready builtins, every struct as a dict (wire structs are arrays).
+
+    A service's replica table (``ServiceSummary.table``, msgpack on the wire)
+    becomes its rows; any other bytes become hex.
+    """
+    if isinstance(obj, ServiceSummary):
+        out = plain_struct(obj)
+        out["table"] = plain(msgspec.msgpack.decode(obj.table)) if obj.table else []
         return out
+    if isinstance(obj, msgspec.Struct):
+        return plain_struct(obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj).hex()
     if isinstance(obj, list | tuple):
         return [plain(v) for v in obj]
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     return obj
+
+
+def plain_struct(obj: msgspec.Struct) -> dict[str, Any]:
+    """One struct's fields as a dict (``plain`` of each), with its tag as ``type``."""
+    out: dict[str, Any] = {"type": type(obj).__name__} if type(obj).__struct_config__.tag else {}
+    out.update((f, plain(getattr(obj, f))) for f in obj.__struct_fields__)
+    return out
 
 
 def _endpoint(e: object) -> dict[str, object]:
@@ -126,7 +141,7 @@ def run_status(args: argparse.Namespace) -> int:
                 for (agent, mesh), verdict in sorted(health.verdicts.items())
             ],
         }
-        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        print_json(out)
         return health.exit_code
     services = ""
     if h.services_ok or h.services_degraded:
@@ -173,7 +188,7 @@ def run_ps(args: argparse.Namespace) -> int:
         rows = [
             dict(vars(p), restarts=p.restarts, detached=detached.get(p.mesh, "")) for p in procs
         ]
-        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        print_json(rows)
         return 2 if silent else 0
     fmt = "{:<10} {:<28} {:>4} {:>8} {:<12} {:>5} {:>7} {:>3} {:>7}  {}"
     print(fmt.format("HOST", "MESH", "RANK", "PID", "STATE", "CPU", "RSS", "GEN", "UPTIME", "EXIT"))
@@ -231,7 +246,7 @@ def run_stack(args: argparse.Namespace) -> int:
         print(f"zmesh stack: {error}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(json.dumps(results, indent=1) + "\n")
+        print_json(results)
     else:
         for r in results:
             print(f"--- {r['mesh']}[{r['rank']}] pid {r['pid'] or '-'} on {r['host']} ---")
