@@ -60,7 +60,7 @@ def run_top(args: argparse.Namespace) -> int:
             screen = Screen(keep=args.keep * 60)
             frame = render(derive(snap, screen.options()), screen)
             Console(width=width, highlight=False).print(frame)
-        return 0
+        return 2 if unreachable(snap) else 0  # as ps: a silent agent is not a healthy view
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
         return 2

@@ -1,0 +1,59 @@
+"""The commands that watch agents, when agents are many, keyed differently, silent or missing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _helpers import own_runtime_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with own_runtime_dir(monkeypatch) as path:
+        yield path
+
+
+def zmesh_cmd(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zmesh", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_top_once_exits_2_when_no_agent_answers(runtime_dir: str) -> None:
+    silent = f"tcp://127.0.0.1:{free_port()}"
+    for how in ("--once", "--json"):
+        done = zmesh_cmd("top", how, "--agents", silent, "--timeout", "1")
+        assert done.returncode == 2, (how, done.returncode, done.stderr)  # as ps does
+        assert f"agent {silent} did not answer" in done.stderr, done.stderr
+
+
+def test_missing_zmesh_keys_does_not_advise_a_client_to_make_new_keys(
+    runtime_dir: str, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "nokeys")
+    for cmd in (["ps"], ["status"], ["top", "--once"]):
+        done = zmesh_cmd(*cmd, "--timeout", "1", ZMESH_KEYS=missing)
+        assert done.returncode == 2, (cmd, done.stderr)
+        err = done.stderr
+        assert f"ZMESH_KEYS={missing}" in err, err  # where the path came from
+        assert f"zmesh keygen {missing}" not in err, err  # new agents' keys: not authorised
+        assert "--authorize-in" in err and "Traceback" not in err, err
+    # An agent given a missing directory is told to make its keys.
+    done = zmesh_cmd("agent", "--bind", "tcp://127.0.0.1:0", "--keys", missing, timeout=30)
+    assert done.returncode == 2 and f"zmesh keygen {missing}" in done.stderr, done.stderr
