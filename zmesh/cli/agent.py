@@ -62,7 +62,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from zmesh._wire.security import Keys
 
     try:
-        keys = Keys.load(args.keys) if args.keys else None
+        keys = Keys.load(args.keys, agent=True) if args.keys else None
         agent = HostAgent(
             args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid,
             keys=keys, insecure=args.insecure, epoch=epoch, forkserver=forkserver,
