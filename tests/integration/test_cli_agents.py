@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from _helpers import own_runtime_dir
+from zmesh._wire import security as _security
+
+from _helpers import keyed_loopback_agent, own_runtime_dir
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +63,37 @@ def test_missing_zmesh_keys_does_not_advise_a_client_to_make_new_keys(
     # An agent given a missing directory is told to make its keys.
     done = zmesh_cmd("agent", "--bind", "tcp://127.0.0.1:0", "--keys", missing, timeout=30)
     assert done.returncode == 2 and f"zmesh keygen {missing}" in done.stderr, done.stderr
+
+
+def test_two_local_agents_with_different_keys_are_both_watched(
+    runtime_dir: str, tmp_path: Path
+) -> None:
+    a_keys, b_keys = str(tmp_path / "a-keys"), str(tmp_path / "b-keys")
+    _security.keygen(a_keys)
+    _security.keygen(b_keys)
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(keyed_loopback_agent(a_keys, tmp_path / "a", "alpha"))
+        b = stack.enter_context(keyed_loopback_agent(b_keys, tmp_path / "b", "beta"))
+        for cmd in (["ps", "--json"], ["status"], ["top", "--json"]):
+            done = zmesh_cmd(*cmd, "--timeout", "10")  # the registry: each with its own keys
+            assert done.returncode == 0, (cmd, done.stdout, done.stderr)
+        done = zmesh_cmd("status", "--timeout", "10")
+        assert "agents 2/2 ok" in done.stdout, done.stdout
+        # With a key directory given, the registered agents still use their own.
+        done = zmesh_cmd("status", "--timeout", "10", "--keys", a_keys, "--agents", f"{a},{b}")
+        assert done.returncode == 0 and "agents 2/2 ok" in done.stdout, done.stdout + done.stderr
+        assert json.loads(zmesh_cmd("ps", "--json").stdout) == []
+
+        # An agent we do not know, reached with keys it refuses: status says why.
+        elsewhere = tempfile.mkdtemp(prefix="zr-", dir="/tmp")
+        try:
+            done = zmesh_cmd(
+                "status", "--agents", b, "--keys", a_keys, "--timeout", "2",
+                ZMESH_RUNTIME_DIR=elsewhere,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(elsewhere, ignore_errors=True)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"({b}) is unreachable: the CURVE handshake with {b} failed" in done.stdout, (
+            done.stdout
+        )

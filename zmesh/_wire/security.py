@@ -220,6 +220,7 @@ def _write(path: str, text: str, mode: int) -> None:
 
 _keys: Keys | None = None
 _loaded = False
+_by_agent: dict[str, Keys] = {}  # agent address -> its own keys (use_for)
 
 
 def use(path: str | None) -> None:
@@ -245,6 +246,24 @@ def active() -> Keys | None:
             raise SecurityError(f"ZMESH_KEYS={path}: {exc.message}") from exc
         _loaded = True
     return _keys
+
+
+def use_for(address: str, path: str) -> None:
+    """Reach the agent at ``address`` with the keys in ``path`` (other agents: ``active()``).
+
+    The commands that watch this user's local agents read each one's keys
+    from the registry: two agents started with different ``--keys`` are
+    both reachable from one command.
+
+    Raises:
+        SecurityError: the keys cannot be read.
+    """
+    _by_agent[address] = Keys.load(path)
+
+
+def keys_for(address: str) -> Keys | None:
+    """The keys to reach the agent at ``address`` with: its own (``use_for``), else ``active()``."""
+    return _by_agent.get(address) or active()
 
 
 def _curve(addr: str | None) -> bool:

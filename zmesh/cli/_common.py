@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from typing import Any
 
-from zmesh._errors import AgentError
+from zmesh._errors import AgentError, SecurityError
 
 
 def agent_args(parser: argparse.ArgumentParser, *, timeout: float = 5.0) -> None:
@@ -68,8 +69,10 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
 
     ``--agents``, else ``--hostfile``; else every live agent of this user on
     this machine (the registry) together with ``ZMESH_AGENTS`` /
-    ``ZMESH_HOSTFILE``. Keys come from ``--keys`` or ``ZMESH_KEYS``, else
-    from the registry entry of a keyed local agent.
+    ``ZMESH_HOSTFILE``. An agent of the registry is reached with the keys it
+    registered (each its own: two local agents may use different ``--keys``);
+    every other with ``--keys`` or ``ZMESH_KEYS``, else the keys of the first
+    keyed local agent.
 
     Raises:
         AgentError: no agents at all, a bad address or an unreadable host file.
@@ -81,16 +84,20 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
 
     if args.keys:
         _security.use(args.keys)
+    entries = _registry.live()
+    for e in entries:
+        if e.keys:  # a keyed agent of ours: its keys are ours to reach it with
+            with contextlib.suppress(SecurityError):  # gone since: the common keys
+                _security.use_for(e.address, e.keys)
     if args.agents:
         found = [a for a in args.agents.split(",") if a.strip()]
     elif args.hostfile:
         found = _local.read_hostfile(args.hostfile)
     else:
-        entries = _registry.live()
         found = [e.address for e in entries] + (_local.configured_agents() or [])
         if _security.active() is None:
             keyed = [e.keys for e in entries if e.keys]
-            if keyed:  # a keyed agent of ours: its keys are ours to use
+            if keyed:  # for the agents the registry does not know
                 _security.use(keyed[0])
     out: list[str] = []
     for a in found:

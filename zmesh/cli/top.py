@@ -131,11 +131,15 @@ def run_status(args: argparse.Namespace) -> int:
     view = derive(snap)
     h = view.header
     health = judge(snap)
+    why = {a: r for a, r in silent_reasons(snap).items() if r}
+    problems = [
+        next((f"{p}: {r}" for a, r in why.items() if f"({a})" in p), p) for p in health.problems
+    ]
     if args.json:
         out = {
             "state": health.state,
             "exit_code": health.exit_code,
-            "problems": health.problems,
+            "problems": problems,
             "meshes": [
                 {"agent": agent, "mesh": mesh, "verdict": verdict}
                 for (agent, mesh), verdict in sorted(health.verdicts.items())
@@ -153,7 +157,7 @@ def run_status(args: argparse.Namespace) -> int:
         f"agents {h.agents_ok}/{h.agents_total} ok, procs {h.procs_running}/{h.procs_total} "
         f"running, actors {h.actors_alive} alive{services}{history}"
     )
-    for p in health.problems:
+    for p in problems:
         print(f"  {p}")
     if health.state == "healthy":
         print("healthy")
@@ -218,16 +222,26 @@ def run_ps(args: argparse.Namespace) -> int:
 
 
 def unreachable(snap: Snapshot) -> list[str]:
-    """The agents that never answered, each said on stderr."""
+    """The agents that never answered, each said on stderr (with why, when known)."""
+    why = silent_reasons(snap)
+    for address, reason in why.items():
+        print(
+            f"zmesh: agent {address} did not answer" + (f": {reason}" if reason else ""),
+            file=sys.stderr,
+        )
+    return list(why)
+
+
+def silent_reasons(snap: Snapshot) -> dict[str, str]:
+    """Each agent that never answered -> why, if its handshake says ("" if not)."""
     from zmesh._wire import security as _security
 
-    silent = [a.address for a in snap.agents if a.stats is None]
-    for address in silent:
-        why = _security.probe(address, 1.0)  # a keyed agent drops a keyless peer: say so
-        print(
-            f"zmesh: agent {address} did not answer" + (f": {why}" if why else ""), file=sys.stderr
-        )
-    return silent
+    # A keyed agent drops a peer with no keys or the wrong ones: the handshake tells.
+    return {
+        a.address: _security.probe(a.address, 1.0, _security.keys_for(a.address))
+        for a in snap.agents
+        if a.stats is None
+    }
 
 
 def configure_stack(parser: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from zmesh._shared.state import Status
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
-from zmesh._wire.security import secure_client
+from zmesh._wire.security import keys_for, secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 LOST_AFTER = 1.0  # seconds without a word from an agent (it heartbeats every 0.1 s)
@@ -107,7 +107,8 @@ class _Agent:
         self.health_asked = 0.0
         self.ended: dict[str, float] = {}
         self.stream_codec = Codec(w.OBSERVER_STREAM, allow_pickle=False)
-        self.client = AgentClient(col.ctx, address, col.loop, allow_pickle=False)
+        self.keys = keys_for(address)  # its own, when the registry says which
+        self.client = AgentClient(col.ctx, address, col.loop, allow_pickle=False, keys=self.keys)
         self.sub: AsyncSocket | None = None
         self.stats_sub: AsyncSocket | None = None
         self.task = col.loop.create_task(self._start())
@@ -121,7 +122,7 @@ class _Agent:
                 continue  # not up yet: keep asking
         self.label = self.client.label = info.label
         self.epoch = info.epoch
-        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=info.stream)
+        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), self.keys, info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.sub = AsyncSocket(sub, self.col.loop, self._on_stream)
@@ -132,7 +133,8 @@ class _Agent:
         with contextlib.suppress(AgentError):
             reply = await self.request(w.GetStats, 2.0)
             if self.stats_sub is None and reply.stream:
-                sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=reply.stream)
+                sock = configure(self.col.ctx.socket(zmq.SUB))
+                sub = secure_client(sock, self.keys, reply.stream)
                 sub.setsockopt(zmq.SUBSCRIBE, b"")
                 sub.connect(reply.stream)
                 self.stats_sub = AsyncSocket(sub, self.col.loop, self._on_stream)
