@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +98,47 @@ def test_two_local_agents_with_different_keys_are_both_watched(
         assert f"({b}) is unreachable: the CURVE handshake with {b} failed" in done.stdout, (
             done.stdout
         )
+
+
+RUN_HERE = """#!/bin/sh
+# Runs its command on this machine, whatever the host.
+shift
+exec "$@"
+"""
+
+
+def test_an_agent_on_a_taken_port_says_so_in_one_line(tmp_path: Path) -> None:
+    keys = str(tmp_path / "keys")
+    _security.keygen(keys)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        bind = f"tcp://127.0.0.1:{port}"
+        done = zmesh_cmd("agent", "--bind", bind, "--keys", keys, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"cannot bind {bind} (Address already in use)" in done.stderr, done.stderr
+
+        # zmesh up, detached and attached: the agent's exit ends the wait, not --timeout.
+        launcher = tmp_path / "launch.sh"
+        launcher.write_text(RUN_HERE)
+        launcher.chmod(0o700)
+        hosts = tmp_path / "hosts"
+        hosts.write_text("h1 127.0.0.1\n")
+        home = tmp_path / "home"
+        home.mkdir()
+        for attach in ([], ["--attach"]):
+            t0 = time.monotonic()
+            done = zmesh_cmd(
+                "up", str(hosts), "--launcher", f"{launcher} {{host}}", "--port", str(port),
+                "--timeout", "60", "--keys", keys, "--zmesh", f"{sys.executable} -m zmesh",
+                *attach, HOME=str(home), timeout=120,
+            )  # fmt: skip
+            took = time.monotonic() - t0
+            assert done.returncode == 2, (attach, done.stdout, done.stderr)
+            assert "the agent exited before it answered on h1" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr, done.stderr
+            if not attach:  # its log's last line says why
+                assert "Address already in use" in done.stderr, done.stderr
+            assert took < 30, f"zmesh up {attach} took {took:.1f}s"
