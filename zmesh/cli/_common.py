@@ -64,7 +64,7 @@ def normalize_address(addr: str) -> str:
     )
 
 
-def agent_addresses(args: argparse.Namespace) -> list[str]:
+def agent_addresses(args: argparse.Namespace, *, allow_none: bool = False) -> list[str]:
     """The agents a command talks to, and the keys it reaches them with.
 
     ``--agents``, else ``--hostfile``; else every live agent of this user on
@@ -75,7 +75,8 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
     keyed local agent.
 
     Raises:
-        AgentError: no agents at all, a bad address or an unreadable host file.
+        AgentError: no agents at all (unless ``allow_none``), a bad address
+            or an unreadable host file.
         SecurityError: unreadable keys.
     """
     from zmesh._client import local as _local
@@ -104,7 +105,7 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
         norm = normalize_address(a)
         if norm not in out:
             out.append(norm)
-    if not out:
+    if not out and not allow_none:  # (live top waits for agents to start)
         raise AgentError(
             "no agents to watch: none of yours runs on this machine; give --agents "
             "tcp://HOST:PORT,..., set ZMESH_AGENTS, or give --hostfile"

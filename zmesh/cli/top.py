@@ -44,7 +44,10 @@ def configure_top(parser: argparse.ArgumentParser) -> None:
 
 def run_top(args: argparse.Namespace) -> int:
     """``zmesh top``: a live dashboard of a mesh, straight from its agents."""
-    addresses = agent_addresses(args)
+    live = not (args.once or args.json)
+    # Live with no agents named: it follows this user's agents here, even none yet.
+    follow = live and not (args.agents or args.hostfile)
+    addresses = agent_addresses(args, allow_none=follow and sys.stdin.isatty())
     if args.once or args.json:
         # Two samples a second apart give rates over what happened between them.
         snap = asyncio.run(collect(addresses, 2, args.timeout, args.window))
@@ -69,7 +72,7 @@ def run_top(args: argparse.Namespace) -> int:
 
     operators = {e.address: e.operator for e in registry.live()}  # K stops as this user
     try:
-        asyncio.run(run(addresses, args.window, args.keep * 60, operators))
+        asyncio.run(run(addresses, args.window, args.keep * 60, operators, follow))
     except KeyboardInterrupt:  # Ctrl+C: quit, quietly
         pass
     return 0

@@ -191,15 +191,18 @@ async def run(
     window: float,
     keep: float = KEEP,
     operators: dict[str, str] | None = None,
+    follow: bool = False,
 ) -> None:
     """Run the dashboard in this terminal until ``q``.
 
     ``operators``: agent address -> the secret that lets this user stop its
-    meshes (``K``), from the registry.
+    meshes (``K``), from the registry (read again for agents found later).
+    ``follow``: also show the agents this user starts here later (no
+    agents were named).
     """
     console = Console()
     screen = Screen(window=window, keep=keep)
-    col = Collector(addresses, window)
+    col = Collector(addresses, window, follow=follow)
     loop = asyncio.get_running_loop()
     keys: asyncio.Queue[str] = asyncio.Queue()
     fd = sys.stdin.fileno()
@@ -248,7 +251,9 @@ async def run(
                         col.spawn(_actions.follow_logs(col, screen, *screen.logs_key))
                     if screen.stop_wanted is not None:
                         mesh, screen.stop_wanted = screen.stop_wanted, None
-                        col.spawn(_actions.stop_mesh(col, screen, view, mesh, operators or {}))
+                        known = {a: e.operator for a, e in col.entries.items()}
+                        known.update(operators or {})
+                        col.spawn(_actions.stop_mesh(col, screen, view, mesh, known))
             finally:
                 loop.remove_reader(fd)
     finally:
