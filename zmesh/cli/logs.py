@@ -13,7 +13,7 @@ from zmesh._wire import messages as w
 from zmesh.cli._common import agent_addresses, agent_args, json_arg, print_json
 from zmesh.top._actions import stop_one
 from zmesh.top._collect import Collector, Snapshot
-from zmesh.top._health import find_meshes
+from zmesh.top._health import find_meshes, service_of
 
 FOLLOW_EVERY = 0.3  # seconds between reads with -f
 LIMIT = 1 << 20  # bytes a read asks for
@@ -136,6 +136,12 @@ def _show(
 def configure_stop(parser: argparse.ArgumentParser) -> None:
     """``zmesh stop NAME``: a detached service or mesh, or a mesh (on every agent that has it)."""
     parser.add_argument("mesh", help="the name given (name=, spawn name) or the full name (ps)")
+    parser.add_argument(
+        "--replicas",
+        action="store_true",
+        help="stop the replicas of a service its script runs (not detached) anyway: "
+        "its owner replaces them at once",
+    )
     agent_args(parser)
     json_arg(parser, '[{"mesh", "host", "ok", "error"}]')
 
@@ -157,10 +163,16 @@ async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
         if rows:  # a detached service or mesh of that name: its agents stopped it
             _print_stopped(args, rows)
             return 0
-        _snap, targets, error = await _targets(col, args.mesh, None, args.timeout)
+        snap, targets, error = await _targets(col, args.mesh, None, args.timeout)
         if error:
             print(f"zmesh stop: {error}", file=sys.stderr)
             return 2
+        owned = _owned_services(snap, {t[2] for t in targets}, col)
+        if owned and not args.replicas:
+            # Its replicas stopped here would be replaced by its owner a second
+            # later: say so, and how to stop it for good, instead of "stopped".
+            print(f"zmesh stop: {owned}", file=sys.stderr)
+            return 1
         where = sorted({(t[0], t[1], t[2]) for t in targets})
         results = await asyncio.gather(
             *(stop_one(col, a, mesh, operators.get(a, ""), args.timeout) for a, _, mesh in where)
@@ -173,6 +185,31 @@ async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
     ]
     _print_stopped(args, rows)
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _owned_services(snap: Snapshot, meshes: set[str], col: Collector) -> str:
+    """Why stopping ``meshes`` would not stop them, if they are replicas of a
+    service a script runs (its orchestrator is in that script, not an agent:
+    it replaces a replica that stops); ``""`` if none is."""
+    services = {s.name for a in snap.agents if a.stats for s in a.stats.services}
+    names = sorted({svc for m in meshes if (svc := service_of(m, services)) is not None})
+    if not names:
+        return ""
+    owners = sorted(
+        {
+            e.owner
+            for a in snap.agents
+            if a.stats and any(m.name in meshes for m in a.stats.meshes)
+            if (e := col.entries.get(a.address)) is not None and e.owner
+        }
+    )
+    who = f"the script with pid {', '.join(map(str, owners))}" if owners else "the script"
+    return (
+        f"{', '.join(names)} is a service that {who} runs (not detached): it replaces "
+        "a replica that stops, so stopping its replicas here would not stop it. Stop it "
+        "in that script (svc.stop()), or end the script; 'zmesh stop --replicas' stops "
+        "the replicas anyway (the service then heals)"
+    )
 
 
 def _print_stopped(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
