@@ -6,6 +6,7 @@ The mesh is an embedded agent's, in another script, found with no arguments
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -115,8 +116,7 @@ def test_s_finds_the_proc_by_its_agent_and_the_detail_keys_act(
             tmux.keys("/")
             tmux.keys("-l", mesh)
             tmux.keys("Enter")
-            wait_for(lambda m=mesh: "procs" in tmux.screen() and f"filter: {m}" in tmux.screen(),
-                     10, "the filter")  # fmt: skip
+            wait_for(functools.partial(_shows, tmux, f"filter: {mesh}"), 10, "the filter")
             tmux.press("S", lambda s: "Thread" in s or "error" in s, 15, "the stack")
             assert "error" not in tmux.screen(), tmux.screen()
             tmux.keys("x")
@@ -143,6 +143,10 @@ def script_path_2(tmp_path: Path) -> Path:
     path = tmp_path / "talker2.py"
     path.write_text(SCRIPT)
     return path
+
+
+def _shows(tmux: Tmux, text: str) -> bool:
+    return text in tmux.screen()
 
 
 def _log_of(mesh: str) -> str:
