@@ -73,7 +73,7 @@ def test_two_local_agents_with_different_keys_are_both_watched(
     _security.keygen(a_keys)
     _security.keygen(b_keys)
     with contextlib.ExitStack() as stack:
-        a = stack.enter_context(keyed_loopback_agent(a_keys, tmp_path / "a", "alpha"))
+        stack.enter_context(keyed_loopback_agent(a_keys, tmp_path / "a", "alpha"))
         b = stack.enter_context(keyed_loopback_agent(b_keys, tmp_path / "b", "beta"))
         for cmd in (["ps", "--json"], ["status"], ["top", "--json"]):
             done = zmesh_cmd(*cmd, "--timeout", "10")  # the registry: each with its own keys
@@ -81,7 +81,7 @@ def test_two_local_agents_with_different_keys_are_both_watched(
         done = zmesh_cmd("status", "--timeout", "10")
         assert "agents 2/2 ok" in done.stdout, done.stdout
         # With a key directory given, the registered agents still use their own.
-        done = zmesh_cmd("status", "--timeout", "10", "--keys", a_keys, "--agents", f"{a},{b}")
+        done = zmesh_cmd("status", "--timeout", "10", ZMESH_KEYS=a_keys)
         assert done.returncode == 0 and "agents 2/2 ok" in done.stdout, done.stdout + done.stderr
         assert json.loads(zmesh_cmd("ps", "--json").stdout) == []
 

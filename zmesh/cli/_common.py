@@ -69,10 +69,10 @@ def agent_addresses(args: argparse.Namespace, *, allow_none: bool = False) -> li
 
     ``--agents``, else ``--hostfile``; else every live agent of this user on
     this machine (the registry) together with ``ZMESH_AGENTS`` /
-    ``ZMESH_HOSTFILE``. An agent of the registry is reached with the keys it
-    registered (each its own: two local agents may use different ``--keys``);
-    every other with ``--keys`` or ``ZMESH_KEYS``, else the keys of the first
-    keyed local agent.
+    ``ZMESH_HOSTFILE``. Found in the registry, an agent is reached with the
+    keys it registered (each its own: two local agents may use different
+    ``--keys``); every other agent with ``--keys`` or ``ZMESH_KEYS``, else
+    the keys of the first keyed local agent.
 
     Raises:
         AgentError: no agents at all (unless ``allow_none``), a bad address
@@ -85,16 +85,16 @@ def agent_addresses(args: argparse.Namespace, *, allow_none: bool = False) -> li
 
     if args.keys:
         _security.use(args.keys)
-    entries = _registry.live()
-    for e in entries:
-        if e.keys:  # a keyed agent of ours: its keys are ours to reach it with
-            with contextlib.suppress(SecurityError):  # gone since: the common keys
-                _security.use_for(e.address, e.keys)
     if args.agents:
         found = [a for a in args.agents.split(",") if a.strip()]
     elif args.hostfile:
         found = _local.read_hostfile(args.hostfile)
     else:
+        entries = _registry.live()
+        for e in entries:
+            if e.keys:  # a keyed agent of ours: its keys are ours to reach it with
+                with contextlib.suppress(SecurityError):  # gone since: the common keys
+                    _security.use_for(e.address, e.keys)
         found = [e.address for e in entries] + (_local.configured_agents() or [])
         if _security.active() is None:
             keyed = [e.keys for e in entries if e.keys]
