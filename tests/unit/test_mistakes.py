@@ -12,7 +12,7 @@ from zmesh._client.future import Future
 from zmesh._wire import excpickle
 
 
-@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints"])
+@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints", "get"])
 def test_an_endpoint_named_like_a_handle_attribute_is_refused_at_class_definition(
     name: str,
 ) -> None:
