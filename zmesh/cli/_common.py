@@ -28,6 +28,13 @@ def agent_args(parser: argparse.ArgumentParser, *, timeout: float = 5.0) -> None
     )
 
 
+def doc_help(parser: argparse.ArgumentParser, doc: str | None) -> None:
+    """Make a module's docstring ``parser``'s description, as a terminal shows text:
+    without the reStructuredText markup (````x````, ``::``), line breaks kept."""
+    parser.description = (doc or "").replace("``", "").replace("::\n", ":\n")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def json_arg(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zmesh._errors import AgentError
-from zmesh.cli._common import json_arg, print_json
+from zmesh.cli._common import doc_help, json_arg, print_json
 
 DEFAULT_LAUNCHER = "ssh {host} --"
 REMOTE_DIR = '"$HOME/.zmesh/up/{host}"'
@@ -93,8 +93,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def configure_up(parser: argparse.ArgumentParser) -> None:
     """``zmesh up``'s options."""
-    parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    doc_help(parser, __doc__)
     _common(parser)
     parser.add_argument("--keys", default=None, help="the agents' keys (made if missing)")
     parser.add_argument(
