@@ -103,3 +103,57 @@ def test_top_started_before_any_agent_waits_for_one(
         if script is not None:
             script.close()
         tmux.close()
+
+
+ONE_PROC = """
+import sys
+import zmesh
+
+
+class Idle(zmesh.Actor):
+    @zmesh.endpoint
+    def ping(self) -> int:
+        return 1
+
+
+mesh = Idle.options(name="idle").as_actor().get(timeout=120)
+print("READY", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.stress
+def test_top_through_six_scripts_starting_and_ending_at_once(
+    runtime_dir: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "idle.py"
+    path.write_text(ONE_PROC)
+    err = tmp_path / "top.err"
+    tmux = Tmux()
+    scripts: list[Script] = []
+    try:
+        cmd = f"{sys.executable} -m zmesh top 2>{err}; echo TOP-EXIT=$?; sleep 60"
+        tmux.start(["sh", "-c", cmd], 120, 40)
+        wait_for(lambda: "agents 0/0" in tmux.screen(), 30, "top with no agent yet")
+        scripts = [Script(path, {"ZMESH_FORWARD_LOGS": "0"}) for _ in range(6)]
+        wait_for(lambda: "agents 6/6" in tmux.screen(), 30, "the six scripts' agents")
+        wait_for(lambda: "procs 6/6" in tmux.screen(), 30, "the six scripts' procs")
+        for s in scripts:  # all end together: six normal exits, no partition
+            assert s.p.stdin is not None
+            s.p.stdin.close()
+        for s in scripts:
+            s.close()
+        scripts = []
+        wait_for(lambda: "agents 0/0" in tmux.screen(), 30, "every agent gone")
+        tmux.keys("5")
+        wait_for(lambda: tmux.screen().count("agent exited") >= 6, 10, "six exits")
+        screen = tmux.screen()
+        for wrong in ("STALE", "lost", "partition", "Traceback"):
+            assert wrong not in screen, screen
+        tmux.keys("q")
+        wait_for(lambda: "TOP-EXIT=0" in tmux.screen(), 15, "top to quit")
+        assert err.read_text() == "", err.read_text()
+    finally:
+        for s in scripts:
+            s.close()
+        tmux.close()
