@@ -126,3 +126,34 @@ def test_a_class_typed_into_the_repl(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert "HI hi repl" in res.stdout, res.stdout + res.stderr
     wait_for(lambda: session_pids() <= before, 10, "the session's agent and procs to exit")
+
+
+RAISES = """
+import zmesh
+
+
+class Boom(zmesh.Actor):
+    @zmesh.endpoint
+    def boom(self):
+        raise ValueError("kaboom")
+
+
+mesh = Boom.options().as_actor().get(timeout=60)
+try:
+    mesh.boom.call_one().get(timeout=30)
+except zmesh.ActorError as exc:
+    print(exc)
+"""
+
+
+def test_a_remote_traceback_names_the_scripts_file_and_line(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text(RAISES)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f'File "{script}", line 8, in boom' in out, out  # was: File "<dynamic-code>"
+    assert 'raise ValueError("kaboom")' in out and "<dynamic-code>" not in out, out

@@ -56,6 +56,12 @@ def test_an_unknown_command_says_so() -> None:
 
 
 @pytest.mark.parametrize("name", COMMANDS)
+def test_help_shows_no_markup(name: str) -> None:
+    done = zmesh_cmd(name, "--help")
+    assert done.returncode == 0 and "``" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_takes_json(name: str) -> None:
     done = zmesh_cmd(name, "--help")
     assert done.returncode == 0, done.stderr

@@ -203,9 +203,9 @@ def test_zmesh_logs_by_name_all_ranks_one_rank_since_and_follow(
         s.send("say followed")
         s.until("DONE")
         wait_for(lambda: "followed" in out.readline(), 30, "the new line")
-        # No such mesh: the known ones are named.
+        # No such mesh: the live ones are named.
         none = zmesh_cmd("logs", "nosuch")
-        assert none.returncode == 2 and "known: talk-" in none.stderr
+        assert none.returncode == 2 and "live: talk-" in none.stderr, none.stderr
     finally:
         if follow is not None:
             follow.kill()
@@ -240,3 +240,41 @@ def test_zmesh_stop_by_name(runtime_dir: str, script_path: Path, tmp_path: Path)
         )
     finally:
         s.close()
+
+
+def test_zmesh_logs_of_a_script_that_ended_by_name_and_list(
+    runtime_dir: str, script_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZMESH_LOG_DIR", str(tmp_path / "logs"))
+    s = Script(script_path, {"ZMESH_FORWARD_LOGS": "0"})
+    try:
+        s.send("say said-before-the-end")
+        s.until("DONE")
+        s.send("one only-rank-one")
+        s.until("DONE")
+    finally:
+        s.close()  # the script ends, and its embedded agent with it
+    assert s.p.returncode == 0
+
+    done = zmesh_cmd("logs", "talk")  # was: "no agents to watch" / "no mesh named"
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "has ended" in done.stderr, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("said-before-the-end" in ln for ln in lines) == 2, lines
+    assert any(ln.startswith("[talk-") and " 1] only-rank-one" in ln for ln in lines), lines
+    one = zmesh_cmd("logs", "talk", "0")
+    assert one.returncode == 0 and "said-before-the-end" in one.stdout, one.stderr
+    assert "only-rank-one" not in one.stdout, one.stdout
+    as_json = json.loads(zmesh_cmd("logs", "talk", "1", "--json").stdout)
+    assert "only-rank-one" in as_json["text"] and as_json["rank"] == 1, as_json
+
+    listed = zmesh_cmd("logs", "--list")
+    assert listed.returncode == 0, listed.stderr
+    row = next(ln for ln in listed.stdout.splitlines() if ln.startswith("talk "))
+    assert "talk-" in row and " 2 " in row, listed.stdout
+    rows = json.loads(zmesh_cmd("logs", "--list", "--json").stdout)
+    assert [(r["name"], r["ranks"]) for r in rows] == [("talk", 2)], rows
+
+    none = zmesh_cmd("logs", "nosuch")
+    assert none.returncode == 2 and "zmesh logs --list" in none.stderr, none.stderr
+    assert len(none.stderr.splitlines()) == 1, none.stderr

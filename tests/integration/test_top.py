@@ -288,3 +288,29 @@ def test_top_shows_the_batches_and_mean_batch_size_of_a_batched_endpoint(
         stop.set()
         thread.join(30)
         one.stop().get(timeout=30)
+
+
+def test_top_json_with_a_service_running_shows_its_replica_table(
+    cluster: list[AgentProcess],
+) -> None:
+    agents = ",".join(a.control for a in cluster)
+    svc = Busy.options(replicas=2, name="jsonsvc").as_service().get(timeout=60)
+    try:
+        assert svc.incr(1).get(timeout=30) == 1
+
+        def summaries() -> list[dict[str, object]] | None:
+            done = zmesh_cmd("top", "--agents", agents, "--json")
+            assert done.returncode == 0, done.stderr  # was: bytes is not JSON serializable
+            found = [
+                s
+                for a in json.loads(done.stdout)["snapshot"]["agents"]
+                for s in (a["stats"] or {}).get("services", [])
+            ]
+            return found or None
+
+        found = wait_for(summaries, 30, "the service in top --json")
+        table = found[0]["table"]
+        assert isinstance(table, list) and len(table) == 2, found
+        assert {row["state"] for row in table} == {"HEALTHY"}, table
+    finally:
+        svc.stop().get(timeout=30)

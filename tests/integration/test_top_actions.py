@@ -6,6 +6,7 @@ The mesh is an embedded agent's, in another script, found with no arguments
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -95,3 +96,62 @@ def test_enter_l_s_k_h_and_ctrl_c_in_80_columns(talker: Script, tmp_path: Path) 
     finally:
         tmux.close()
     assert os.path.exists(err)
+
+
+def test_s_finds_the_proc_by_its_agent_and_the_detail_keys_act(
+    talker: Script, script_path_2: Path, tmp_path: Path
+) -> None:
+    # Two scripts: two embedded agents, both labelled "local".
+    other = Script(script_path_2, {"ZMESH_FORWARD_LOGS": "0"})
+    tmux = Tmux()
+    try:
+        other.send("say from-the-second-script")
+        other.until("DONE")
+        meshes = sorted({str(p["mesh"]) for p in _ps()})
+        assert len(meshes) == 2, meshes
+        pane = tmux.start([sys.executable, "-m", "zmesh", "top"], 100, 30)
+        wait_for(lambda: "procs 4/4" in tmux.screen(), 30, "both scripts")
+        tmux.keys("2")
+        for mesh in meshes:  # each through a filter: the hosts pane does not list its agent
+            tmux.keys("/")
+            tmux.keys("-l", mesh)
+            tmux.keys("Enter")
+            wait_for(functools.partial(_shows, tmux, f"filter: {mesh}"), 10, "the filter")
+            tmux.press("S", lambda s: "Thread" in s or "error" in s, 15, "the stack")
+            assert "error" not in tmux.screen(), tmux.screen()
+            tmux.keys("x")
+            wait_for(lambda: "Thread" not in tmux.screen(), 10, "the stack closed")
+            tmux.keys("Escape")
+        # Enter, then the keys its footer offers: S and L act on that proc.
+        tmux.keys("/")
+        tmux.keys("-l", meshes[0] if "from-the-second" in _log_of(meshes[0]) else meshes[1])
+        tmux.keys("Enter")
+        tmux.press("Enter", lambda s: "L logs  S stack" in s, 10, "the detail view")
+        tmux.press("S", lambda s: "Thread" in s, 15, "the stack from the detail view")
+        tmux.keys("x")
+        tmux.press("Enter", lambda s: "L logs  S stack" in s, 10, "the detail view again")
+        tmux.press("L", lambda s: "from-the-second-script" in s, 15, "the log from the detail")
+        tmux.keys("x")
+        tmux.quit(pane)
+    finally:
+        tmux.close()
+        other.close()
+
+
+@pytest.fixture
+def script_path_2(tmp_path: Path) -> Path:
+    path = tmp_path / "talker2.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _shows(tmux: Tmux, text: str) -> bool:
+    return text in tmux.screen()
+
+
+def _log_of(mesh: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "zmesh", "logs", mesh],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout

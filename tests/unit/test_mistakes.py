@@ -12,7 +12,7 @@ from zmesh._client.future import Future
 from zmesh._wire import excpickle
 
 
-@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints"])
+@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints", "get"])
 def test_an_endpoint_named_like_a_handle_attribute_is_refused_at_class_definition(
     name: str,
 ) -> None:
@@ -39,6 +39,9 @@ def test_options_say_what_is_wrong_in_their_own_terms() -> None:
         Counter.options(hosts=0)
     with pytest.raises(TypeError, match=r"unknown setting 'procz' \(did you mean 'procs'\?\)"):
         Counter.options(procz=2)
+    hint = r"'actor_per_proc' \(did you mean 'actors_per_proc'\?\).*as_actor\(\): actors_per_proc"
+    with pytest.raises(TypeError, match=hint):
+        Counter.options(actor_per_proc=2)
     with pytest.raises(ValueError, match=r"Counter\.options\(\): max_concurrent_requests"):
         Counter.options(replicas=2, max_concurrent_requests=0)
 

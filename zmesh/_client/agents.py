@@ -32,7 +32,7 @@ import zmq
 from zmesh._errors import AgentError, AgentTimeoutError, SecurityError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
-from zmesh._wire.security import secure_client
+from zmesh._wire.security import Keys, secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 # A request is built from its id: ``lambda i: w.GetState(i)``, ``w.Describe``,
@@ -64,6 +64,7 @@ class AgentClient:
         loop: the loop that owns the socket.
         allow_pickle: whether replies may carry pickled values (``False`` for
             observers such as ``zmesh top``).
+        keys: the keys to reach it with (default: this process's, ``active()``).
 
     Attributes:
         label: the agent's name in errors (its address until told otherwise).
@@ -79,6 +80,7 @@ class AgentClient:
         loop: asyncio.AbstractEventLoop,
         *,
         allow_pickle: bool = True,
+        keys: Keys | None = None,
     ) -> None:
         self.addr = addr
         self.label = addr
@@ -87,7 +89,7 @@ class AgentClient:
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Any]] = {}
         self._codec = Codec(w.AGENT_REPLIES, allow_pickle=allow_pickle)
-        sock = secure_client(configure(ctx.socket(zmq.DEALER)), addr=addr)
+        sock = secure_client(configure(ctx.socket(zmq.DEALER)), keys, addr=addr)
         sock.connect(addr)
         self._sock = AsyncSocket(sock, loop, self._on_reply)
 

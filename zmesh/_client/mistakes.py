@@ -24,6 +24,9 @@ _HANDLE_ATTRS = {
     "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
     "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
     "statistics", "stop", "supervision_events",
+    # Not an attribute but the handle's own: ``as_actor().get(timeout)`` waits
+    # for the mesh, and typed code (zmesh._typing) sees ``.get`` as that.
+    "get",
 }  # fmt: skip
 _SIZES = ("procs", "hosts", "replicas")
 
@@ -57,10 +60,11 @@ def check_endpoint_names(cls: type) -> None:
     clash = sorted(set(endpoints) & reserved_names())
     if clash:
         name = clash[0]
+        other = "value" if name == "get" else f"get_{name}"
         raise TypeError(
             f"{cls.__name__}.{name}: an endpoint may not be named {name!r}: on a mesh or "
             f"service handle, .{name} is the handle's own, so calls would never reach the "
-            f"endpoint. Rename it (e.g. {name}_ or get_{name}). Reserved names: "
+            f"endpoint. Rename it (e.g. {name}_ or {other}). Reserved names: "
             f"{', '.join(sorted(reserved_names()))}"
         )
 
@@ -86,12 +90,13 @@ def check_options(cls: type, sizes: dict[str, Any], service_config: dict[str, An
     settings = [f.name for f in dataclasses.fields(ServiceConfig)]
     for key in service_config:
         if key not in settings:
-            known = [*_SIZES, "name", "detached", *settings]
+            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", *settings]
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(
                 f"{where} got an unknown setting {key!r}{hint}; it takes procs, hosts, "
-                f"name, detached, and for as_service(): replicas, {', '.join(settings)}"
+                "name, detached, for as_actor(): actors_per_proc, and for as_service(): "
+                f"replicas, config, {', '.join(settings)}"
             )
     try:
         ServiceConfig(**service_config)

@@ -47,7 +47,7 @@ from typing import Any
 
 import zmq
 
-from zmesh._errors import SecurityError
+from zmesh._errors import AgentError, SecurityError
 from zmesh._host import agentops as _agentops
 from zmesh._host import detached as _detached
 from zmesh._host import forkserver as _forkserver
@@ -433,9 +433,25 @@ def _bind_host(addr: str) -> str:
 
 
 def _bind(sock: zmq.Socket, addr: str) -> str:
+    """Bind ``sock`` to ``addr``; the address it got.
+
+    Raises:
+        AgentError: the address is taken or cannot be bound here.
+    """
     if addr.startswith("tcp://") and addr.endswith(":0"):
         addr = addr[:-2] + ":*"
-    sock.bind(addr)
+    try:
+        sock.bind(addr)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        hint = (
+            ": another program (or another agent) listens there; choose another port, "
+            "or tcp://HOST:0 for a free one"
+            if exc.errno == zmq.EADDRINUSE
+            else ""
+        )
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise AgentError(f"cannot bind {addr} ({why}){hint}") from exc
     path = _paths.ipc_path(addr)
     if path:  # the directory keeps others out; the file's mode says so too
         os.chmod(path, 0o600)

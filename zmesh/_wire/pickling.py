@@ -11,11 +11,21 @@ a pickle that fails, or that names ``__main__``, is redone with cloudpickle.
 A class cloudpickle sent by value keeps its identity: cloudpickle tracks it
 by id on both sides, so an instance a proc sends back unpickles as the
 caller's own class.
+
+cloudpickle names the file of all code it sends ``<dynamic-code>`` (its
+payloads then do not depend on where they were made). Code from a file that
+exists keeps that file's name here, so a remote traceback says
+``File "train.py", line 12, in step`` and shows the line, as a local one does.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import os
 import pickle
+import types
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +62,30 @@ def dumps(obj: Any, in_band: Callable[[pickle.PickleBuffer], bool]) -> tuple[byt
         blob = None
     if blob is not None and _MAIN not in blob:
         return blob, out
+    out.clear()
+    with io.BytesIO() as f:
+        _cloud_pickler()(f, protocol=5, buffer_callback=keep).dump(obj)
+        return f.getvalue(), out
+
+
+@functools.cache
+def _cloud_pickler() -> Any:
+    """cloudpickle's pickler, keeping the file name of code whose file exists."""
     import cloudpickle  # only when needed: importing it costs milliseconds
 
-    out.clear()
-    return cloudpickle.dumps(obj, protocol=5, buffer_callback=keep), out
+    reduce_code = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+    if reduce_code is None:  # another cloudpickle: its own names, still by value
+        return cloudpickle.Pickler
+
+    def code_with_file(code: types.CodeType) -> Any:
+        fn, args = reduce_code(code)
+        if not os.path.isfile(code.co_filename):  # <stdin>, a notebook cell: none to name
+            return fn, args
+        return fn, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+    class Pickler(cloudpickle.Pickler):
+        dispatch_table = ChainMap(
+            {types.CodeType: code_with_file}, cloudpickle.Pickler.dispatch_table
+        )
+
+    return Pickler

@@ -80,8 +80,8 @@ class Keys:
         return self.public == self.server and os.path.isdir(self.authorized)
 
     @classmethod
-    def load(cls, path: str) -> Keys:
-        """Read the keys in ``path``.
+    def load(cls, path: str, *, agent: bool = False) -> Keys:
+        """Read the keys in ``path`` (``agent``: an agent's own, else a client's).
 
         Raises:
             SecurityError: the directory or a key file is missing or unreadable,
@@ -93,10 +93,15 @@ class Keys:
             public, secret = zmq.auth.load_certificate(secret_file)
             mode = stat.S_IMODE(os.stat(secret_file).st_mode)
         except (OSError, ValueError) as exc:
-            raise SecurityError(
-                f"cannot read CURVE keys from {path!r} ({exc}); "
+            # New agents' keys are right for an agent; a client's new keys would
+            # be refused by every agent until authorised there.
+            fix = (
                 f"make them with 'zmesh keygen {path}'"
-            ) from exc
+                if agent
+                else "use the agents' key directory, or a client key authorised in it "
+                "('zmesh keygen --client DIR --authorize-in AGENTS_DIR')"
+            )
+            raise SecurityError(f"cannot read CURVE keys from {path!r} ({exc}); {fix}") from exc
         if not secret:
             raise SecurityError(f"{secret_file} holds no secret key")
         if mode & 0o077:
@@ -180,7 +185,7 @@ def authorize(agents_dir: str, public: bytes, name: str) -> str:
         SecurityError: ``agents_dir`` is not an agents' key directory, the
             name is not a plain file name, or a key of that name exists.
     """
-    Keys.load(agents_dir).check_server()
+    Keys.load(agents_dir, agent=True).check_server()
     if not name or "/" in name or name.startswith("."):
         raise SecurityError(f"{name!r} cannot name a key file")
     target = os.path.join(agents_dir, "authorized", f"{name}.key")
@@ -215,6 +220,7 @@ def _write(path: str, text: str, mode: int) -> None:
 
 _keys: Keys | None = None
 _loaded = False
+_by_agent: dict[str, Keys] = {}  # agent address -> its own keys (use_for)
 
 
 def use(path: str | None) -> None:
@@ -234,9 +240,30 @@ def active() -> Keys | None:
     global _keys, _loaded
     if not _loaded:
         path = os.environ.get("ZMESH_KEYS")
-        _keys = Keys.load(path) if path else None
+        try:
+            _keys = Keys.load(path) if path else None
+        except SecurityError as exc:
+            raise SecurityError(f"ZMESH_KEYS={path}: {exc.message}") from exc
         _loaded = True
     return _keys
+
+
+def use_for(address: str, path: str) -> None:
+    """Reach the agent at ``address`` with the keys in ``path`` (other agents: ``active()``).
+
+    The commands that watch this user's local agents read each one's keys
+    from the registry: two agents started with different ``--keys`` are
+    both reachable from one command.
+
+    Raises:
+        SecurityError: the keys cannot be read.
+    """
+    _by_agent[address] = Keys.load(path)
+
+
+def keys_for(address: str) -> Keys | None:
+    """The keys to reach the agent at ``address`` with: its own (``use_for``), else ``active()``."""
+    return _by_agent.get(address) or active()
 
 
 def _curve(addr: str | None) -> bool:

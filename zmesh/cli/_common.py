@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from typing import Any
 
-from zmesh._errors import AgentError
+from zmesh._errors import AgentError, SecurityError
 
 
 def agent_args(parser: argparse.ArgumentParser, *, timeout: float = 5.0) -> None:
@@ -27,13 +28,27 @@ def agent_args(parser: argparse.ArgumentParser, *, timeout: float = 5.0) -> None
     )
 
 
+def doc_help(parser: argparse.ArgumentParser, doc: str | None) -> None:
+    """Make a module's docstring ``parser``'s description, as a terminal shows text:
+    without the reStructuredText markup (````x````, ``::``), line breaks kept."""
+    parser.description = (doc or "").replace("``", "").replace("::\n", ":\n")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def json_arg(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=1) + "\n")
+    """``obj`` as indented JSON on stdout (bytes as hex: a wire blob must not crash it)."""
+    sys.stdout.write(json.dumps(obj, indent=1, default=_json_default) + "\n")
     sys.stdout.flush()  # a reader of a pipe (zmesh up --attach --json) needs it now
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj).hex()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})")
@@ -56,16 +71,19 @@ def normalize_address(addr: str) -> str:
     )
 
 
-def agent_addresses(args: argparse.Namespace) -> list[str]:
+def agent_addresses(args: argparse.Namespace, *, allow_none: bool = False) -> list[str]:
     """The agents a command talks to, and the keys it reaches them with.
 
     ``--agents``, else ``--hostfile``; else every live agent of this user on
     this machine (the registry) together with ``ZMESH_AGENTS`` /
-    ``ZMESH_HOSTFILE``. Keys come from ``--keys`` or ``ZMESH_KEYS``, else
-    from the registry entry of a keyed local agent.
+    ``ZMESH_HOSTFILE``. Found in the registry, an agent is reached with the
+    keys it registered (each its own: two local agents may use different
+    ``--keys``); every other agent with ``--keys`` or ``ZMESH_KEYS``, else
+    the keys of the first keyed local agent.
 
     Raises:
-        AgentError: no agents at all, a bad address or an unreadable host file.
+        AgentError: no agents at all (unless ``allow_none``), a bad address
+            or an unreadable host file.
         SecurityError: unreadable keys.
     """
     from zmesh._client import local as _local
@@ -80,17 +98,21 @@ def agent_addresses(args: argparse.Namespace) -> list[str]:
         found = _local.read_hostfile(args.hostfile)
     else:
         entries = _registry.live()
+        for e in entries:
+            if e.keys:  # a keyed agent of ours: its keys are ours to reach it with
+                with contextlib.suppress(SecurityError):  # gone since: the common keys
+                    _security.use_for(e.address, e.keys)
         found = [e.address for e in entries] + (_local.configured_agents() or [])
         if _security.active() is None:
             keyed = [e.keys for e in entries if e.keys]
-            if keyed:  # a keyed agent of ours: its keys are ours to use
+            if keyed:  # for the agents the registry does not know
                 _security.use(keyed[0])
     out: list[str] = []
     for a in found:
         norm = normalize_address(a)
         if norm not in out:
             out.append(norm)
-    if not out:
+    if not out and not allow_none:  # (live top waits for agents to start)
         raise AgentError(
             "no agents to watch: none of yours runs on this machine; give --agents "
             "tcp://HOST:PORT,..., set ZMESH_AGENTS, or give --hostfile"

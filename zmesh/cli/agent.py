@@ -52,7 +52,7 @@ def run_agent(args: argparse.Namespace) -> int:
     except OSError:
         popen = None  # the agent tries again, and says why
 
-    from zmesh._errors import SecurityError
+    from zmesh._errors import AgentError, SecurityError
     from zmesh._host.agent import HostAgent
     from zmesh._host.forkserver import ForkServer
 
@@ -62,7 +62,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from zmesh._wire.security import Keys
 
     try:
-        keys = Keys.load(args.keys) if args.keys else None
+        keys = Keys.load(args.keys, agent=True) if args.keys else None
         agent = HostAgent(
             args.bind, label=args.label, log_dir=args.log_dir, parent_pid=args.parent_pid,
             keys=keys, insecure=args.insecure, epoch=epoch, forkserver=forkserver,
@@ -101,7 +101,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
     try:
         agent.run(ready)
-    except SecurityError as exc:  # a socket or log directory that is not ours alone
+    except (SecurityError, AgentError) as exc:  # not ours alone, or taken: say so, no traceback
         print(f"zmesh agent: error: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:

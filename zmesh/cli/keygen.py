@@ -22,12 +22,12 @@ import sys
 
 from zmesh._errors import SecurityError
 from zmesh._wire.security import PUBLIC_FILE, authorize, keygen, keygen_client, read_public
+from zmesh.cli._common import doc_help
 
 
 def configure_keygen(parser: argparse.ArgumentParser) -> None:
     """``zmesh keygen``'s options."""
-    parser.description = (__doc__ or "").replace("``", "").replace("::\n", ":\n")
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    doc_help(parser, __doc__)
     parser.add_argument("dir", help="the directory to write (created if missing)")
     parser.add_argument("--client", action="store_true", help="a client's keypair")
     parser.add_argument(

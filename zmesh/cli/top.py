@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
 from typing import Any
 
 import msgspec
 from rich.console import Console
 
+from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
-from zmesh.cli._common import agent_addresses, agent_args
+from zmesh.cli._common import agent_addresses, agent_args, print_json
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, judge
 from zmesh.top._render import Screen, fmt_bytes, fmt_duration, fmt_pct, render
@@ -44,7 +44,10 @@ def configure_top(parser: argparse.ArgumentParser) -> None:
 
 def run_top(args: argparse.Namespace) -> int:
     """``zmesh top``: a live dashboard of a mesh, straight from its agents."""
-    addresses = agent_addresses(args)
+    live = not (args.once or args.json)
+    # Live with no agents named: it follows this user's agents here, even none yet.
+    follow = live and not (args.agents or args.hostfile)
+    addresses = agent_addresses(args, allow_none=follow and sys.stdin.isatty())
     if args.once or args.json:
         # Two samples a second apart give rates over what happened between them.
         snap = asyncio.run(collect(addresses, 2, args.timeout, args.window))
@@ -54,13 +57,13 @@ def run_top(args: argparse.Namespace) -> int:
                 "snapshot": plain(snap),
                 "endpoints": [_endpoint(e) for e in view.endpoints],
             }
-            sys.stdout.write(json.dumps(out, indent=1) + "\n")
+            print_json(out)
         else:
             width = args.width or (None if sys.stdout.isatty() else 120)
             screen = Screen(keep=args.keep * 60)
             frame = render(derive(snap, screen.options()), screen)
             Console(width=width, highlight=False).print(frame)
-        return 0
+        return 2 if unreachable(snap) else 0  # as ps: a silent agent is not a healthy view
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
         return 2
@@ -69,7 +72,7 @@ def run_top(args: argparse.Namespace) -> int:
 
     operators = {e.address: e.operator for e in registry.live()}  # K stops as this user
     try:
-        asyncio.run(run(addresses, args.window, args.keep * 60, operators))
+        asyncio.run(run(addresses, args.window, args.keep * 60, operators, follow))
     except KeyboardInterrupt:  # Ctrl+C: quit, quietly
         pass
     return 0
@@ -86,16 +89,31 @@ def _keep_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def plain(obj: Any) -> Any:
-    """``obj`` as JSON-ready builtins, every struct as a dict (wire structs are arrays)."""
-    if isinstance(obj, msgspec.Struct):
-        out = {"type": type(obj).__name__} if type(obj).__struct_config__.tag else {}
-        out.update((f, plain(getattr(obj, f))) for f in obj.__struct_fields__)
+    """``obj`` as JSON-ready builtins, every struct as a dict (wire structs are arrays).
+
+    A service's replica table (``ServiceSummary.table``, msgpack on the wire)
+    becomes its rows; any other bytes become hex.
+    """
+    if isinstance(obj, ServiceSummary):
+        out = plain_struct(obj)
+        out["table"] = plain(msgspec.msgpack.decode(obj.table)) if obj.table else []
         return out
+    if isinstance(obj, msgspec.Struct):
+        return plain_struct(obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj).hex()
     if isinstance(obj, list | tuple):
         return [plain(v) for v in obj]
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
     return obj
+
+
+def plain_struct(obj: msgspec.Struct) -> dict[str, Any]:
+    """One struct's fields as a dict (``plain`` of each), with its tag as ``type``."""
+    out: dict[str, Any] = {"type": type(obj).__name__} if type(obj).__struct_config__.tag else {}
+    out.update((f, plain(getattr(obj, f))) for f in obj.__struct_fields__)
+    return out
 
 
 def _endpoint(e: object) -> dict[str, object]:
@@ -116,17 +134,21 @@ def run_status(args: argparse.Namespace) -> int:
     view = derive(snap)
     h = view.header
     health = judge(snap)
+    why = {a: r for a, r in silent_reasons(snap).items() if r}
+    problems = [
+        next((f"{p}: {r}" for a, r in why.items() if f"({a})" in p), p) for p in health.problems
+    ]
     if args.json:
         out = {
             "state": health.state,
             "exit_code": health.exit_code,
-            "problems": health.problems,
+            "problems": problems,
             "meshes": [
                 {"agent": agent, "mesh": mesh, "verdict": verdict}
                 for (agent, mesh), verdict in sorted(health.verdicts.items())
             ],
         }
-        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        print_json(out)
         return health.exit_code
     services = ""
     if h.services_ok or h.services_degraded:
@@ -138,7 +160,7 @@ def run_status(args: argparse.Namespace) -> int:
         f"agents {h.agents_ok}/{h.agents_total} ok, procs {h.procs_running}/{h.procs_total} "
         f"running, actors {h.actors_alive} alive{services}{history}"
     )
-    for p in health.problems:
+    for p in problems:
         print(f"  {p}")
     if health.state == "healthy":
         print("healthy")
@@ -173,7 +195,7 @@ def run_ps(args: argparse.Namespace) -> int:
         rows = [
             dict(vars(p), restarts=p.restarts, detached=detached.get(p.mesh, "")) for p in procs
         ]
-        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        print_json(rows)
         return 2 if silent else 0
     fmt = "{:<10} {:<28} {:>4} {:>8} {:<12} {:>5} {:>7} {:>3} {:>7}  {}"
     print(fmt.format("HOST", "MESH", "RANK", "PID", "STATE", "CPU", "RSS", "GEN", "UPTIME", "EXIT"))
@@ -203,16 +225,26 @@ def run_ps(args: argparse.Namespace) -> int:
 
 
 def unreachable(snap: Snapshot) -> list[str]:
-    """The agents that never answered, each said on stderr."""
+    """The agents that never answered, each said on stderr (with why, when known)."""
+    why = silent_reasons(snap)
+    for address, reason in why.items():
+        print(
+            f"zmesh: agent {address} did not answer" + (f": {reason}" if reason else ""),
+            file=sys.stderr,
+        )
+    return list(why)
+
+
+def silent_reasons(snap: Snapshot) -> dict[str, str]:
+    """Each agent that never answered -> why, if its handshake says ("" if not)."""
     from zmesh._wire import security as _security
 
-    silent = [a.address for a in snap.agents if a.stats is None]
-    for address in silent:
-        why = _security.probe(address, 1.0)  # a keyed agent drops a keyless peer: say so
-        print(
-            f"zmesh: agent {address} did not answer" + (f": {why}" if why else ""), file=sys.stderr
-        )
-    return silent
+    # A keyed agent drops a peer with no keys or the wrong ones: the handshake tells.
+    return {
+        a.address: _security.probe(a.address, 1.0, _security.keys_for(a.address))
+        for a in snap.agents
+        if a.stats is None
+    }
 
 
 def configure_stack(parser: argparse.ArgumentParser) -> None:
@@ -231,7 +263,7 @@ def run_stack(args: argparse.Namespace) -> int:
         print(f"zmesh stack: {error}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(json.dumps(results, indent=1) + "\n")
+        print_json(results)
     else:
         for r in results:
             print(f"--- {r['mesh']}[{r['rank']}] pid {r['pid'] or '-'} on {r['host']} ---")

@@ -32,14 +32,17 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from zmesh._errors import AgentError
-from zmesh.cli._common import json_arg, print_json
+from zmesh.cli._common import doc_help, json_arg, print_json
 
 DEFAULT_LAUNCHER = "ssh {host} --"
 REMOTE_DIR = '"$HOME/.zmesh/up/{host}"'
+PID_SAYS = "zmesh-agent-pid="  # the start command's word for the detached agent's pid
+CHECK_EVERY = 1.0  # seconds between asking whether silent agents have exited
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def configure_up(parser: argparse.ArgumentParser) -> None:
     """``zmesh up``'s options."""
-    parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    doc_help(parser, __doc__)
     _common(parser)
     parser.add_argument("--keys", default=None, help="the agents' keys (made if missing)")
     parser.add_argument(
@@ -130,8 +132,9 @@ def run_up(args: argparse.Namespace) -> int:
     keys = os.path.abspath(keys)
     children: list[subprocess.Popen[bytes]] = []
     started: list[Host] = []  # detached agents started: they outlive a failed up
+    pids: dict[str, int] = {}  # host -> its detached agent's pid there (the start said)
     try:
-        _start_agents(args, hosts, _key_tar(keys), children, started)
+        _start_agents(args, hosts, _key_tar(keys), children, started, pids)
     except AgentError as exc:
         _stop(children)
         raise AgentError(exc.message + _left_running(args, started)) from exc
@@ -142,11 +145,26 @@ def run_up(args: argparse.Namespace) -> int:
         raise
     controls = [h.control(args.port) for h in hosts]
     _security.use(keys)
+    child_of = dict(zip((h.name for h in hosts), children, strict=False))  # attached only
+
+    def exited(silent: list[str]) -> dict[str, str]:
+        # An agent that could not start (its port taken, say) never answers:
+        # say so at once rather than at the end of --timeout.
+        waiting = [h for h in hosts if h.control(args.port) in silent]
+        return _exited(args, waiting, child_of, pids)
+
     try:
-        silent = wait_answering(controls, args.timeout)
+        silent, ended = wait_started(controls, args.timeout, exited)
     except BaseException:
         _stop(children)
         raise
+    if ended:
+        _stop(children)
+        answering = [h for h in started if h.control(args.port) not in silent]
+        why = "; ".join(f"{name}: {reason}" for name, reason in ended.items())
+        raise AgentError(
+            f"the agent exited before it answered on {why}" + _left_running(args, answering)
+        )
     if silent:
         _stop(children)
         answering = [h for h in started if h.control(args.port) not in silent]
@@ -197,9 +215,10 @@ def _start_agents(
     tar: bytes,
     children: list[subprocess.Popen[bytes]],
     started: list[Host],
+    pids: dict[str, int],
 ) -> None:
     """Copy the keys (``tar``) to each host and start its agent; attached ones join
-    ``children``, the hosts of detached ones ``started``.
+    ``children``, the hosts of detached ones ``started`` (and their pids ``pids``).
 
     Raises:
         AgentError: a launcher failed (the message says which host, and why).
@@ -225,12 +244,60 @@ def _start_agents(
                 subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr.fileno())
             )
         else:
-            start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null &"
+            start = f"nohup {agent} >> {remote}/agent.log 2>&1 < /dev/null & echo {PID_SAYS}$!"
             done = _run(_launch(args.launcher, h, start), args.timeout, "start the agent", h)
             if done.returncode != 0:
                 err = done.stderr.decode(errors="replace")
                 raise AgentError(f"starting the agent on {h.name} failed: {err}")
             started.append(h)
+            said = done.stdout.decode(errors="replace").rpartition(PID_SAYS)[2].split()
+            if said and said[0].isdigit():
+                pids[h.name] = int(said[0])
+
+
+def _exited(
+    args: argparse.Namespace,
+    hosts: list[Host],
+    child_of: dict[str, subprocess.Popen[bytes]],
+    pids: dict[str, int],
+) -> dict[str, str]:
+    """Of ``hosts`` (silent so far), the names of those whose agent has exited -> why.
+
+    An attached agent is our child (its error went to our stderr); a detached
+    one is asked about through the launcher, all hosts at once, and its log's
+    last lines say why.
+    """
+    out: dict[str, str] = {}
+    if args.attach:
+        for h in hosts:
+            c = child_of.get(h.name)
+            if c is not None and c.poll() is not None:
+                out[h.name] = f"exit code {c.returncode} (its error is above)"
+        return out
+    checks = []
+    for h in hosts:
+        if h.name not in pids:
+            continue  # the launcher did not say (it may not run the command at all)
+        remote = REMOTE_DIR.format(host=h.name)
+        script = (
+            f"kill -0 {pids[h.name]} 2>/dev/null && exit 0; tail -n 2 {remote}/agent.log; exit 3"
+        )
+        cmd = _launch(args.launcher, h, script)
+        checks.append((h, subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )))  # fmt: skip
+    for h, popen in checks:
+        try:
+            out_bytes, _ = popen.communicate(timeout=max(args.timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            _kill_group(popen, signal.SIGKILL)
+            popen.communicate()
+            continue  # no word: the wait for its answer goes on
+        if popen.returncode == 3:
+            tail = " ".join(out_bytes.decode(errors="replace").split())
+            out[h.name] = tail or "it exited (its agent.log says nothing)"
+    return out
 
 
 def _run(
@@ -287,6 +354,21 @@ def _stop(children: list[subprocess.Popen[bytes]]) -> None:
 
 def wait_answering(controls: list[str], timeout: float) -> list[str]:
     """Ask each agent ``Describe`` until it answers; the ones silent at ``timeout``."""
+    return wait_started(controls, timeout)[0]
+
+
+def wait_started(
+    controls: list[str],
+    timeout: float,
+    exited: Callable[[list[str]], dict[str, str]] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """Ask each agent ``Describe`` until it answers, or ``exited`` says it ended.
+
+    Returns:
+        The controls still silent (at ``timeout`` or when one ended), and
+        what ``exited`` said (asked every ``CHECK_EVERY`` seconds about the
+        silent ones) once it said anything.
+    """
     import zmq
 
     from zmesh._wire import messages as w
@@ -296,7 +378,13 @@ def wait_answering(controls: list[str], timeout: float) -> list[str]:
     ctx: Any = zmq.Context.instance()
     deadline = time.monotonic() + timeout
     silent = list(controls)
+    checked = time.monotonic()
     while silent and time.monotonic() < deadline:
+        if exited is not None and time.monotonic() - checked >= CHECK_EVERY:
+            checked = time.monotonic()
+            ended = exited(silent)
+            if ended:
+                return silent, ended
         for addr in list(silent):
             s = secure_client(ctx.socket(zmq.DEALER), addr=addr)
             s.setsockopt(zmq.LINGER, 0)
@@ -307,7 +395,7 @@ def wait_answering(controls: list[str], timeout: float) -> list[str]:
                     silent.remove(addr)
             finally:
                 s.close(linger=0)
-    return silent
+    return silent, {}
 
 
 def configure_down(parser: argparse.ArgumentParser) -> None:

@@ -74,6 +74,21 @@ def open_logs(view: View, screen: Screen) -> None:
     screen.logs_wanted = (row.address, row.mesh, row.rank)
 
 
+def open_stack(view: View, screen: Screen) -> None:
+    """``S`` in the procs pane: the selected proc's stack, from the agent that runs it.
+
+    The row carries its agent's address: labels repeat (every embedded
+    agent is ``local``) and the hosts pane may be filtered.
+    """
+    row = selected_row(view, screen)
+    if screen.pane != "procs" or row is None:
+        return
+    screen.overlay = "stack"
+    screen.stack_title = f"{row.mesh}[{row.rank}] pid {row.pid or '-'} on {row.host}"
+    screen.stack = ["asking its agent for the stack..."]
+    screen.stack_wanted = (row.address, row.mesh, row.rank)
+
+
 def ask_stop(view: View, screen: Screen) -> None:
     """``K``: ask to confirm stopping the selected row's mesh."""
     row = selected_row(view, screen)

@@ -94,9 +94,12 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
         screen.help = False
         return key not in ("q", "ctrl-c")
     if screen.stack is not None:
+        detail = screen.overlay == "detail" and screen.pane == "procs"
         screen.stack = None  # any key closes the overlay (stack, detail, logs)
         screen.logs_key = None
-        return key not in ("q", "ctrl-c")
+        if not (detail and key in ("L", "S", "K")):
+            return key not in ("q", "ctrl-c")
+        # The proc detail's footer offers these: they act on its row (still selected).
     pane = screen.pane
     n = pane_rows(view, pane)
     sel = screen.selected.get(pane, 0)
@@ -138,13 +141,8 @@ def apply_key(screen: Screen, key: str, view: View, page: int) -> bool:
     elif key == "H":
         screen.show_history = not screen.show_history
         screen.selected.clear()
-    elif key == "S" and pane == "procs" and view.procs:
-        p = view.procs[min(sel, len(view.procs) - 1)]
-        address = next((h.address for h in view.hosts if h.label == p.host), "")
-        screen.overlay = "stack"
-        screen.stack_title = f"{p.mesh}[{p.rank}] pid {p.pid or '-'} on {p.host}"
-        screen.stack = ["asking its agent for the stack..."]
-        screen.stack_wanted = (address, p.mesh, p.rank)
+    elif key == "S":
+        _actions.open_stack(view, screen)
     elif key in ("+", "="):
         screen.window = next((w for w in WINDOWS if w > screen.window), WINDOWS[-1])
     elif key in ("-", "_"):
@@ -191,15 +189,18 @@ async def run(
     window: float,
     keep: float = KEEP,
     operators: dict[str, str] | None = None,
+    follow: bool = False,
 ) -> None:
     """Run the dashboard in this terminal until ``q``.
 
     ``operators``: agent address -> the secret that lets this user stop its
-    meshes (``K``), from the registry.
+    meshes (``K``), from the registry (read again for agents found later).
+    ``follow``: also show the agents this user starts here later (no
+    agents were named).
     """
     console = Console()
     screen = Screen(window=window, keep=keep)
-    col = Collector(addresses, window)
+    col = Collector(addresses, window, follow=follow)
     loop = asyncio.get_running_loop()
     keys: asyncio.Queue[str] = asyncio.Queue()
     fd = sys.stdin.fileno()
@@ -248,7 +249,9 @@ async def run(
                         col.spawn(_actions.follow_logs(col, screen, *screen.logs_key))
                     if screen.stop_wanted is not None:
                         mesh, screen.stop_wanted = screen.stop_wanted, None
-                        col.spawn(_actions.stop_mesh(col, screen, view, mesh, operators or {}))
+                        known = {a: e.operator for a, e in col.entries.items()}
+                        known.update(operators or {})
+                        col.spawn(_actions.stop_mesh(col, screen, view, mesh, known))
             finally:
                 loop.remove_reader(fd)
     finally:

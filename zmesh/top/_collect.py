@@ -8,6 +8,13 @@ the stats stream (host, meshes, procs' counters) and an ``Event`` for every
 rank transition on the event stream. ``snapshot()`` turns what was heard into
 a frozen ``Snapshot``: the latest sample of each agent, an older one a window
 ago (rates and percentiles are differences of the two), and the event log.
+
+The agents of this user on this machine are known from the registry (their
+pids): one whose process has ended is taken off with an ``exited`` event (its
+script ended, or it was stopped), not reported ``lost`` as if the network had
+cut it off. With ``follow=True`` (no agents named) the registry is read again
+every ``FOLLOW_EVERY`` seconds, so agents started later (a new script's
+embedded agent) appear.
 """
 
 from __future__ import annotations
@@ -23,15 +30,17 @@ import msgspec
 import zmq
 
 from zmesh._client.agents import AgentClient
-from zmesh._errors import AgentError
+from zmesh._errors import AgentError, SecurityError
+from zmesh._shared import registry
 from zmesh._shared.state import Status
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
-from zmesh._wire.security import secure_client
+from zmesh._wire.security import keys_for, secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 LOST_AFTER = 1.0  # seconds without a word from an agent (it heartbeats every 0.1 s)
+FOLLOW_EVERY = 1.0  # seconds between reads of the registry (new agents, ended ones)
 HISTORY = 180  # samples kept per agent (3 minutes at one a second)
 EVENTS = 500  # events kept
 
@@ -40,7 +49,9 @@ class EventRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One line of the event log.
 
     ``kind`` is a rank status (``Initializing``, ``Running``, ``Failed``, ...)
-    for a rank transition, or ``lost`` / ``back`` for an agent's heartbeats.
+    for a rank transition, ``lost`` / ``back`` for an agent's heartbeats, or
+    ``exited`` / ``joined`` for a local agent that ended or started (the
+    registry says).
     """
 
     time: float
@@ -92,9 +103,10 @@ class Snapshot(msgspec.Struct, frozen=True):
 class _Agent:
     """One agent followed: a control DEALER and a SUB on its stream."""
 
-    def __init__(self, col: Collector, address: str) -> None:
+    def __init__(self, col: Collector, address: str, entry: registry.Entry | None) -> None:
         self.col = col
         self.address = address
+        self.entry = entry  # its registry entry (a local agent of ours), else None
         self.label = address
         self.epoch = ""
         self.state = "connecting"
@@ -107,7 +119,8 @@ class _Agent:
         self.health_asked = 0.0
         self.ended: dict[str, float] = {}
         self.stream_codec = Codec(w.OBSERVER_STREAM, allow_pickle=False)
-        self.client = AgentClient(col.ctx, address, col.loop, allow_pickle=False)
+        self.keys = keys_for(address)  # its own, when the registry says which
+        self.client = AgentClient(col.ctx, address, col.loop, allow_pickle=False, keys=self.keys)
         self.sub: AsyncSocket | None = None
         self.stats_sub: AsyncSocket | None = None
         self.task = col.loop.create_task(self._start())
@@ -121,7 +134,7 @@ class _Agent:
                 continue  # not up yet: keep asking
         self.label = self.client.label = info.label
         self.epoch = info.epoch
-        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=info.stream)
+        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), self.keys, info.stream)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.sub = AsyncSocket(sub, self.col.loop, self._on_stream)
@@ -132,7 +145,8 @@ class _Agent:
         with contextlib.suppress(AgentError):
             reply = await self.request(w.GetStats, 2.0)
             if self.stats_sub is None and reply.stream:
-                sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), addr=reply.stream)
+                sock = configure(self.col.ctx.socket(zmq.SUB))
+                sub = secure_client(sock, self.keys, reply.stream)
                 sub.setsockopt(zmq.SUBSCRIBE, b"")
                 sub.connect(reply.stream)
                 self.stats_sub = AsyncSocket(sub, self.col.loop, self._on_stream)
@@ -226,8 +240,15 @@ class _Agent:
             first.get((p.mesh, p.rank, p.generation)) != p.time for p in self.history[-1].procs
         )
 
+    def process_ended(self) -> bool:
+        """Whether this is a local agent whose process is gone (not a lost network)."""
+        return self.entry is not None and not registry.running(self.entry)
+
     def check(self, now: float) -> None:
         if self.state == "ok" and now - self.heard > LOST_AFTER:
+            if self.process_ended():
+                self.col.retire(self, now)
+                return
             self.state = "lost"
             self.col.add_event(
                 EventRecord(now, self.label, "lost", reason=f"silent for {now - self.heard:.1f}s")
@@ -270,16 +291,20 @@ class Collector:
     Args:
         addresses: the agents' control addresses (``tcp://host:port``).
         window: the default sliding window for rates, in seconds.
+        follow: also follow the agents this user starts on this machine
+            later (the registry), as ``zmesh top`` with no agents named does.
     """
 
-    def __init__(self, addresses: list[str], window: float = 10.0) -> None:
+    def __init__(self, addresses: list[str], window: float = 10.0, follow: bool = False) -> None:
         self.loop = asyncio.get_running_loop()
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.ids = itertools.count(1)
         self.window = window
+        self.follow = follow
         self.events: deque[EventRecord] = deque(maxlen=EVENTS)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.agents = [_Agent(self, a) for a in dict.fromkeys(addresses)]
+        self.entries = {e.address: e for e in registry.live()}  # this user's local agents
+        self.agents = [_Agent(self, a, self.entries.get(a)) for a in dict.fromkeys(addresses)]
         self._watch = self.loop.create_task(self._watch_forever())
 
     def add_event(self, ev: EventRecord) -> None:
@@ -304,12 +329,47 @@ class Collector:
             raise LookupError(f"not following an agent at {address!r}")
         return await agent.request(make, timeout)
 
+    def retire(self, agent: _Agent, now: float) -> None:
+        """Stop following ``agent``, whose process has ended; say so in the event log."""
+        if agent not in self.agents:
+            return
+        self.agents.remove(agent)
+        agent.close()
+        pid = agent.entry.pid if agent.entry is not None else 0
+        self.add_event(EventRecord(now, agent.label, "exited", reason=f"agent pid {pid} ended"))
+
+    def _follow_registry(self, now: float) -> None:
+        """Read the registry: agents that ended go, new ones (``follow``) are followed."""
+        from zmesh._wire import security as _security
+
+        self.entries = {e.address: e for e in registry.live()}
+        for a in list(self.agents):
+            if a.entry is None:
+                a.entry = self.entries.get(a.address)
+            if a.process_ended():
+                self.retire(a, now)
+        if not self.follow:
+            return
+        known = {a.address for a in self.agents}
+        for address, entry in self.entries.items():
+            if address in known:
+                continue
+            if entry.keys:  # reached with its own keys, as the commands do
+                with contextlib.suppress(SecurityError):
+                    _security.use_for(address, entry.keys)
+            self.agents.append(_Agent(self, address, entry))
+            self.add_event(EventRecord(now, entry.label, "joined", reason=f"agent pid {entry.pid}"))
+
     async def _watch_forever(self) -> None:
+        followed = time.monotonic()
         while True:
             await asyncio.sleep(0.2)
             now = time.time()
-            for a in self.agents:
+            for a in list(self.agents):
                 a.check(now)
+            if time.monotonic() - followed >= FOLLOW_EVERY:
+                followed = time.monotonic()
+                self._follow_registry(now)
 
     def snapshot(self, window: float | None = None) -> Snapshot:
         """What is known now, with rates over ``window`` seconds (default: ``self.window``)."""

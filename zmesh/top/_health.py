@@ -48,6 +48,16 @@ def base_name(mesh: str) -> str:
     return _SUFFIX.sub("", mesh)
 
 
+def means(name: str, full: str) -> bool:
+    """Whether ``name`` (as a user gives it) means the mesh ``full``: its full
+    name, the name given at spawn, or the name of the service it is a replica of."""
+    if name == full:
+        return True
+    base = base_name(full)
+    replica = _REPLICA.match(base)
+    return base == name or (replica is not None and replica.group("service") == name)
+
+
 def service_of(mesh: str, services: Iterable[str]) -> str | None:
     """The service ``mesh`` is a replica of, if one of ``services``."""
     m = _REPLICA.match(base_name(mesh))
@@ -166,12 +176,6 @@ def find_meshes(snap: Snapshot, name: str) -> list[str]:
             meshes[m.name] = meshes.get(m.name, False) or running
     if name in meshes:
         return [name]
-
-    def meant(full: str) -> bool:
-        base = base_name(full)
-        replica = _REPLICA.match(base)
-        return base == name or (replica is not None and replica.group("service") == name)
-
-    found = sorted(n for n in meshes if meant(n))
+    found = sorted(n for n in meshes if means(name, n))
     live = [n for n in found if meshes[n]]
     return live or found

@@ -350,6 +350,10 @@ def describe_event(e: EventRecord) -> str:
         return f"{e.agent}: heartbeat lost ({e.reason}); partition or host down"
     if e.kind == "back":
         return f"{e.agent}: reachable again"
+    if e.kind == "exited":  # its process ended (script done, or stopped): no partition
+        return f"{e.agent}: agent exited ({e.reason})"
+    if e.kind == "joined":
+        return f"{e.agent}: agent started ({e.reason})"
     if e.kind == "Initializing":
         verb = "restarted" if e.generation > 1 else "spawned"
         return f"{where} {verb} on {e.agent} (gen {e.generation})"
