@@ -155,12 +155,6 @@ KNOWN["explicit_port", "producer_stuck"] = (
     "new: an explicit response port call ignores options(timeout=0.5) once the endpoint "
     "has returned: the answer sent 1.5 s later is delivered instead of CallTimeoutError"
 )
-for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_send",
-             "accumulator"):  # fmt: skip
-    KNOWN[_way, "producer_stopped"] = (
-        "new: ActorMesh.stop() of actors spawned on a ProcMesh (procs live on) leaves the "
-        "calls and streams in flight to them pending for ever, not ActorStoppedError"
-    )
 for _way in ("svc_call", "svc_session"):
     KNOWN[_way, "owner_exits"] = (
         "new: the process that made a service dies (SIGKILL); in another process holding "

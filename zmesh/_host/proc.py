@@ -285,7 +285,11 @@ class ProcServer:
         fn = ep.fn
         set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
         if ep.info.stream:  # a generator: its items stream back (zmesh._host.generators)
-            await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
+            try:
+                await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
+            except asyncio.CancelledError:
+                self._stopped(box, ident, call)  # the stream ends: its reader is told why
+                raise
             return
         t0 = counters.begin()
         try:
@@ -306,6 +310,7 @@ class ProcServer:
         except BaseException as exc:
             if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
                 counters.in_flight -= 1
+                self._stopped(box, ident, call)
                 raise
             # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
             # GeneratorExit, a user's BaseException), fails this call alone.
@@ -337,6 +342,12 @@ class ProcServer:
                 ident, call, "encode", type(exc).__name__,
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
+
+    def _stopped(self, box: Mailbox, ident: bytes, call: w.Call) -> None:
+        """``call`` was running when its actor was stopped: its caller learns so now
+        (``ActorStoppedError``) rather than waiting for an answer that will never come."""
+        if box.stopped and (ident, call.id) not in box.told:
+            self.fail(ident, call, "stopped", "ActorStopped", f"actor {box.name} stopped")
 
     def fail(self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str) -> None:
         if call.oneway:
