@@ -155,19 +155,9 @@ KNOWN["explicit_port", "producer_stuck"] = (
     "new: an explicit response port call ignores options(timeout=0.5) once the endpoint "
     "has returned: the answer sent 1.5 s later is delivered instead of CallTimeoutError"
 )
-for _way in ("svc_call", "svc_session"):
-    KNOWN[_way, "owner_exits"] = (
-        "new: the process that made a service dies (SIGKILL); in another process holding "
-        "its handle the service is DOWN for good, yet a call in flight (or made after) is "
-        "not failed: it waits for its timeout (30 s here), for ever without one"
-    )
 KNOWN["svc_fanout_stream", "producer_stopped"] = (
     "new: a fan-out stream of a stopped service raises ServiceError ('every replica failed "
     "during the call'), where the fan-out call says ActorStoppedError (you stopped it)"
-)
-KNOWN["svc_fanout", "owner_exits"] = (
-    "new: the process that made a service dies (SIGKILL); in another process a fan-out "
-    "to it hangs (the service is DOWN for good there)"
 )
 
 

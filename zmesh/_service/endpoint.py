@@ -251,7 +251,7 @@ class ServiceEndpoint(Generic[R]):
             if not d.recovering():
                 raise ServiceError(
                     f"service {svc.name} is DOWN: no replica can take the broadcast of "
-                    f"{name!r} (every replica reached its restart limit)",
+                    f"{name!r} ({d.why_down()})",
                     mesh=svc.name,
                 )
 
