@@ -155,10 +155,6 @@ KNOWN["explicit_port", "producer_stuck"] = (
     "new: an explicit response port call ignores options(timeout=0.5) once the endpoint "
     "has returned: the answer sent 1.5 s later is delivered instead of CallTimeoutError"
 )
-KNOWN["svc_fanout_stream", "producer_stopped"] = (
-    "new: a fan-out stream of a stopped service raises ServiceError ('every replica failed "
-    "during the call'), where the fan-out call says ActorStoppedError (you stopped it)"
-)
 
 
 # ------------------------------------------------------------ one cell's record

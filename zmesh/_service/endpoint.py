@@ -218,6 +218,11 @@ class ServiceEndpoint(Generic[R]):
 
         ``async for v in svc.ep.stream(...)``, or plain ``for`` in sync code.
         A replica that fails during the call is left out, as with ``call``.
+
+        Raises (while iterating):
+            ServiceError: no replica became healthy in time, or every replica
+                called failed during the call.
+            ActorStoppedError: the service was stopped (before or during it).
         """
         self._no_stream("stream")
         rt, _ = _runtime.current()
@@ -314,6 +319,15 @@ def _all_lost(service: str, name: str, n: int) -> ServiceError:
     )
 
 
+def _lost(service: str, name: str, n: int, lost: list[BaseException]) -> ZmeshError:
+    """Why a fan-out stream that every replica failed ends: ``ActorStoppedError``
+    when each was stopped (the service was: as its fan-out call says), else
+    ``ServiceError``."""
+    if all(isinstance(e, ActorStoppedError) for e in lost):
+        return ActorStoppedError(f"service {service} was stopped", mesh=service)
+    return _all_lost(service, name, n)
+
+
 def _settled(futs: list[asyncio.Future[Any]]) -> list[concurrent.futures.Future[Any]]:
     """The replies of a fan-out as thread-safe futures (for a stream anywhere)."""
     out: list[concurrent.futures.Future[Any]] = []
@@ -340,32 +354,32 @@ class ServiceStream(Generic[R]):
 
     async def __aiter__(self) -> AsyncIterator[R]:
         futs = await self._started
-        lost: BaseException | None = None
+        lost: list[BaseException] = []
         for next_done in asyncio.as_completed([asyncio.wrap_future(f) for f in futs]):
             try:
                 value = await next_done
             except (SupervisionError, ActorStoppedError) as exc:
-                lost = lost or exc
+                lost.append(exc)
                 continue
             futs = []  # (one value came: not every replica was lost)
             yield value
-        if futs and lost is not None:
-            raise _all_lost(*self._about, len(futs)) from lost
+        if futs and lost:
+            raise _lost(*self._about, len(futs), lost) from lost[0]
 
     def __iter__(self) -> Iterator[R]:
         if asyncio._get_running_loop() is self._rt.loop:
             raise RuntimeError("a stream on this loop is iterated with 'async for'")
         futs = self._started.get()
-        lost: BaseException | None = None
+        lost: list[BaseException] = []
         yielded = False
         for f in concurrent.futures.as_completed(futs):
             exc = f.exception()
             if exc is not None:
                 if _skip(exc):
-                    lost = lost or exc
+                    lost.append(exc)
                     continue
                 raise exc
             yielded = True
             yield f.result()
-        if not yielded and lost is not None:
-            raise _all_lost(*self._about, len(futs)) from lost
+        if not yielded and lost:
+            raise _lost(*self._about, len(futs), lost) from lost[0]
