@@ -230,9 +230,16 @@ async def _wrap(aw: Awaitable[Any]) -> Any:
 
 
 async def _marked(marker: str, task: asyncio.Future[Any], limit: float = 15.0) -> None:
-    """Wait until the producer marked its work under way (or the call ended first)."""
+    """Wait until the producer marked its work under way (or the call failed first).
+
+    A call that ended well may still be ahead of its work: a ``broadcast``
+    returns once sent (from a ``Reader``, the reply to its caller can arrive
+    before the producer has the message), so it is waited for too.
+    """
     deadline = time.monotonic() + limit
-    while marked_pid(marker) is None and not task.done() and time.monotonic() < deadline:
+    while marked_pid(marker) is None and time.monotonic() < deadline:
+        if task.done() and (task.cancelled() or task.exception() is not None):
+            return
         await asyncio.sleep(0.01)
 
 
