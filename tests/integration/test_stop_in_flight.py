@@ -2,7 +2,7 @@
 
 ``ActorMesh.stop()`` of actors spawned on a ``ProcMesh`` leaves the procs
 running; the calls to the stopped actors that were running (an ``async def``
-endpoint awaiting, a sync one in its worker thread, ``concurrent`` ones),
+endpoint awaiting, a sync one in its worker thread, ``concurrent`` ones, a batch),
 queued behind them, or streaming (a sync and an async generator) fail at once
 with ``ActorStoppedError``, not at their timeout, and an actor beside them on
 the same procs serves on.
@@ -52,6 +52,12 @@ class Busy(zmesh.Actor):
         await asyncio.sleep(seconds)
         return seconds
 
+    @zmesh.endpoint(batch=4, batch_wait=0.01)
+    async def batched(self, items: list[float]) -> list[float]:
+        self.running += 1
+        await asyncio.sleep(max(items))
+        return items
+
     @zmesh.endpoint(concurrent=True)
     async def started(self) -> int:
         return self.running
@@ -85,12 +91,12 @@ async def test_stop_fails_running_queued_and_streaming_calls_at_once() -> None:
     try:
         bystander = await procs.spawn("bystander", Busy)
         # One actor mesh per kind of running work: an actor runs one message at a time.
-        names = ("nap", "block", "gen_sync", "gen_async")
+        names = ("nap", "block", "batched", "gen_sync", "gen_async")
         meshes = {n: await procs.spawn(f"busy-{n.replace('_', '-')}", Busy) for n in names}
         calls: dict[str, asyncio.Future[Any]] = {}
         for n, mesh in meshes.items():
             ep = getattr(mesh, n).options(timeout=BUDGET)
-            if n in ("nap", "block"):
+            if n in ("nap", "block", "batched"):
                 calls[n] = asyncio.ensure_future(_awaited(ep.call(BUDGET)))
                 await _started(mesh, n)
                 # Concurrent calls beside it, and many queued behind it.
