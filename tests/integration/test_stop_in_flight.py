@@ -90,11 +90,29 @@ async def test_stop_fails_running_queued_and_streaming_calls_at_once() -> None:
     procs = await zmesh.this_host().spawn_procs(per_host={"procs": 2})
     try:
         bystander = await procs.spawn("bystander", Busy)
+        calls: dict[str, asyncio.Future[Any]] = {}
         # One actor mesh per kind of running work: an actor runs one message at a time.
         names = ("nap", "block", "batched", "gen_sync", "gen_async")
         meshes = {n: await procs.spawn(f"busy-{n.replace('_', '-')}", Busy) for n in names}
-        calls: dict[str, asyncio.Future[Any]] = {}
-        for n, mesh in meshes.items():
+        # Several actors per proc: a call to all of them is one message per proc.
+        group = await procs.spawn("busy-group", Busy, actors_per_proc=3)
+        calls["group"] = asyncio.ensure_future(
+            _awaited(group.nap.options(timeout=BUDGET).call(BUDGET))
+        )
+        await _started(group, "the group's nap")
+        for k in range(QUEUED // 10):
+            calls[f"group/queued{k}"] = asyncio.ensure_future(
+                _awaited(group.nap.options(timeout=BUDGET).call(0.0))
+            )
+        meshes["group"] = group
+        # A sync endpoint's parts run in a worker thread, outside the actors' tasks.
+        sync_group = await procs.spawn("busy-group-sync", Busy, actors_per_proc=3)
+        blocking = sync_group.block.options(timeout=BUDGET)
+        calls["group/block"] = asyncio.ensure_future(_awaited(blocking.call(BUDGET)))
+        await _started(sync_group, "the group's block")
+        meshes["group/block"] = sync_group
+        for n in names:
+            mesh = meshes[n]
             ep = getattr(mesh, n).options(timeout=BUDGET)
             if n in ("nap", "block", "batched"):
                 calls[n] = asyncio.ensure_future(_awaited(ep.call(BUDGET)))

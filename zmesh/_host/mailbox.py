@@ -80,6 +80,8 @@ class Mailbox:
         # Held (busy) while a worker thread runs this actor's part of a fan-out
         # (zmesh._host.groupfast): its task leaves the queue alone until release().
         self.held = False
+        # That part, to fail if the actor stops meanwhile: (its gather, index, method).
+        self.part: tuple[Any, int, str] | None = None
         # Running ``concurrent`` messages, with the call each answers.
         self.running: dict[asyncio.Task[None], tuple[bytes, w.Call]] = {}
         # Set by close(): a message cancelled from now on was running when the
@@ -145,13 +147,17 @@ class Mailbox:
         self.handoff = (coro, yielded, None)
         self._wake()
 
-    def hold(self) -> None:
-        """The actor is busy with work run outside its task (it must be idle now)."""
+    def hold(self, part: tuple[Any, int, str] | None = None) -> None:
+        """The actor is busy with work run outside its task (it must be idle now):
+        ``part`` of a fan-out (its gather, index and method), answered "stopped"
+        at once if the actor stops before it ends."""
         self.busy = self.held = True
+        self.part = part
 
     def release(self) -> None:
         """That work is done: the task goes on with the queue."""
         self.busy = self.held = False
+        self.part = None
         if self.queue:
             self._wake()
 
@@ -257,6 +263,9 @@ class Mailbox:
         """
         self.stopped = True
         self.task.cancel()
+        if self.part is not None:  # its thread runs on; its answer comes too late to count
+            gather, index, method = self.part
+            gather.fail(index, "stopped", "ActorStopped", f"actor {self.name} stopped", method)
         for task, (ident, call) in list(self.running.items()):
             # Answered here: a task cancelled before its first step never runs
             # the handler that would answer it.
