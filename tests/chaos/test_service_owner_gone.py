@@ -4,9 +4,10 @@ A (non-detached) service's supervisor lives in the process that made it.
 When that process gets SIGKILL its agent stops the replicas, and nothing will
 ever start new ones: another process calling the service through its handle
 must not wait for a recovery that cannot come. Its calls in flight, its
-sessions, its fan-outs, and the calls it makes afterwards (with a timeout or
-without) fail promptly with ``ServiceError`` naming the service and saying
-that its maker is gone. Real processes, a real SIGKILL.
+sessions, its fan-outs (calls and streams), and the calls it makes
+afterwards (with a timeout or without) fail promptly with ``ServiceError``
+naming the service and saying that its maker is gone. Real processes, a
+real SIGKILL.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ async def test_calls_fail_promptly_when_the_services_maker_is_killed(tmp_path: P
 
             calls["session"] = asyncio.ensure_future(in_session())
             calls["fanout"] = asyncio.ensure_future(_awaited(nap.call(BUDGET)))
+
+            async def fanout_stream() -> list[Any]:
+                return [v async for v in nap.stream(BUDGET)]
+
+            calls["fanout_stream"] = asyncio.ensure_future(fanout_stream())
             deadline = time.monotonic() + 20
             while sum(r.in_flight for r in svc.statistics().replicas) < IN_FLIGHT:
                 assert time.monotonic() < deadline, "the calls never got under way"
@@ -101,7 +107,8 @@ async def test_calls_fail_promptly_when_the_services_maker_is_killed(tmp_path: P
             assert svc.statistics().state == "DOWN"
 
             # Calls made afterwards fail at once, without a timeout too.
-            for made in (lambda: svc.nap(1.0), lambda: nap(1.0), lambda: nap.call(1.0)):
+            for made in (lambda: svc.nap(1.0), lambda: nap(1.0), lambda: nap.call(1.0),
+                         lambda: fanout_stream()):  # fmt: skip
                 t1 = time.monotonic()
                 with pytest.raises(zmesh.ServiceError, match="process that made it is gone"):
                     await asyncio.wait_for(_awaited(made()), PROMPT)

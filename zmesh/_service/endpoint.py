@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._client import runtime as _runtime
@@ -227,7 +227,8 @@ class ServiceEndpoint(Generic[R]):
         self._no_stream("stream")
         rt, _ = _runtime.current()
         started = run_on(rt, lambda: asyncio.ensure_future(self._stream_start(rt, args, kwargs)))
-        return ServiceStream(rt, started, self._svc.name, self._name)
+        svc = self._svc
+        return ServiceStream(rt, started, svc.name, self._name, lambda: svc._clients.get(id(rt)))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry.
@@ -347,10 +348,21 @@ class ServiceStream(Generic[R]):
         started: Future[list[concurrent.futures.Future[Any]]],
         service: str = "",
         name: str = "",
+        client: Callable[[], Any] | None = None,
     ):
         self._rt = rt
         self._started = started
         self._about = (service, name)
+        self._client = client  # the service's client that made it (why it is DOWN)
+
+    def _ended(self, n: int, lost: list[BaseException]) -> ZmeshError:
+        """Why the stream ends when every replica failed during it."""
+        client = self._client() if self._client is not None else None
+        service = self._about[0]
+        if client is not None and client.dispatcher.orphaned:
+            why = client.dispatcher.why_down()
+            return ServiceError(f"service {service} is DOWN: {why}", mesh=service)
+        return _lost(*self._about, n, lost)
 
     async def __aiter__(self) -> AsyncIterator[R]:
         futs = await self._started
@@ -364,7 +376,7 @@ class ServiceStream(Generic[R]):
             futs = []  # (one value came: not every replica was lost)
             yield value
         if futs and lost:
-            raise _lost(*self._about, len(futs), lost) from lost[0]
+            raise self._ended(len(futs), lost) from lost[0]
 
     def __iter__(self) -> Iterator[R]:
         if asyncio._get_running_loop() is self._rt.loop:
@@ -382,4 +394,4 @@ class ServiceStream(Generic[R]):
             yielded = True
             yield f.result()
         if not yielded and lost:
-            raise _lost(*self._about, len(futs), lost) from lost[0]
+            raise self._ended(len(futs), lost) from lost[0]
