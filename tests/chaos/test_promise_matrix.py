@@ -136,26 +136,6 @@ NOT_MEANINGFUL: dict[tuple[str, str], str] = {
 # Breaks that cells meet on today's code: (way, fault) -> reason. "issue 23 item N"
 # is a known break of that issue; "new:" one found by this matrix.
 KNOWN: dict[tuple[str, str], str] = {}
-for _way in ("call_one", "call", "choose", "stream_sync", "stream_async", "port_send",
-             "accumulator"):  # fmt: skip
-    KNOWN[_way, "producer_stopped"] = (
-        "new: ActorMesh.stop() of actors spawned on a ProcMesh (procs live on) leaves the "
-        "calls and streams in flight to them pending for ever, not ActorStoppedError"
-    )
-for _way in ("svc_call", "svc_session"):
-    KNOWN[_way, "owner_exits"] = (
-        "new: the process that made a service dies (SIGKILL); in another process holding "
-        "its handle the service is DOWN for good, yet a call in flight (or made after) is "
-        "not failed: it waits for its timeout (30 s here), for ever without one"
-    )
-KNOWN["svc_fanout_stream", "producer_stopped"] = (
-    "new: a fan-out stream of a stopped service raises ServiceError ('every replica failed "
-    "during the call'), where the fan-out call says ActorStoppedError (you stopped it)"
-)
-KNOWN["svc_fanout", "owner_exits"] = (
-    "new: the process that made a service dies (SIGKILL); in another process a fan-out "
-    "to it hangs (the service is DOWN for good there)"
-)
 
 
 # ------------------------------------------------------------ one cell's record
@@ -231,9 +211,16 @@ async def _wrap(aw: Awaitable[Any]) -> Any:
 
 
 async def _marked(marker: str, task: asyncio.Future[Any], limit: float = 15.0) -> None:
-    """Wait until the producer marked its work under way (or the call ended first)."""
+    """Wait until the producer marked its work under way (or the call failed first).
+
+    A call that ended well may still be ahead of its work: a ``broadcast``
+    returns once sent (from a ``Reader``, the reply to its caller can arrive
+    before the producer has the message), so it is waited for too.
+    """
     deadline = time.monotonic() + limit
-    while marked_pid(marker) is None and not task.done() and time.monotonic() < deadline:
+    while marked_pid(marker) is None and time.monotonic() < deadline:
+        if task.done() and (task.cancelled() or task.exception() is not None):
+            return
         await asyncio.sleep(0.01)
 
 

@@ -154,3 +154,33 @@ def test_a_service_outlives_the_loop_that_made_it() -> None:
         assert svc.statistics().state == "OK"
     finally:
         svc.stop().get(timeout=30)
+
+
+@pytest.mark.stress
+@pytest.mark.anyio
+async def test_a_fanout_stream_of_a_service_stopped_under_it_says_it_was_stopped() -> None:
+    # As the fan-out call does: "you stopped it" (ActorStoppedError), never
+    # "every replica failed" (ServiceError), read with async for or plain for.
+    svc = await Napper.options(replicas=3).as_service()
+    try:
+        nap = svc.nap.options(timeout=30)
+        streams = [nap.stream(30.0) for _ in range(20)]
+        plain = [nap.stream(30.0) for _ in range(5)]
+
+        async def read(stream: Any) -> list[int]:
+            return [v async for v in stream]
+
+        reads = [asyncio.ensure_future(read(s)) for s in streams]
+        reads += [asyncio.ensure_future(asyncio.to_thread(list, s)) for s in plain]
+        deadline = time.monotonic() + 20
+        while sum(r.in_flight for r in svc.statistics().replicas) < 3 * 25:
+            assert time.monotonic() < deadline, "the fan-outs never got under way"
+            await asyncio.sleep(0.02)
+        await svc.stop()
+        outcomes = await asyncio.wait_for(asyncio.gather(*reads, return_exceptions=True), 10)
+        wrong = [o for o in outcomes if not isinstance(o, zmesh.ActorStoppedError)]
+        assert not wrong, f"{len(wrong)} fan-out streams ended otherwise: {wrong[:3]}"
+        with pytest.raises(zmesh.ActorStoppedError):
+            await read(nap.stream(0.0))  # and one made after the stop
+    finally:
+        await svc.stop()

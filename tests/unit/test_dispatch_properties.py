@@ -123,7 +123,7 @@ events_st = st.lists(
         st.tuples(st.just("submit"), requests_st),
         st.tuples(st.sampled_from(["ok", "error", "broken", "item"]), st.integers(0, 50)),
         st.tuples(st.just("cancel"), st.integers(0, 50)),
-        st.tuples(st.sampled_from(["fail", "up", "gone"]), st.integers(0, REPLICAS - 1)),
+        st.tuples(st.sampled_from(["fail", "up", "gone", "orphan"]), st.integers(0, REPLICAS - 1)),
         st.tuples(st.just("tick"), st.floats(0.0, 2.0)),
         st.tuples(st.just("stop"), st.none()),
     ),
@@ -205,6 +205,12 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
             d.replica_up(arg, gens[arg])
         elif kind == "gone" and d.slots[arg].state != HEALTHY:
             d.replica_gone(arg)
+        elif kind == "orphan" and d.slots[arg].state != "UNHEALTHY":
+            # Stopped because the process that made the service is gone (as a
+            # client away from the supervisor hears it): down for good.
+            if d.slots[arg].state == HEALTHY:
+                shell.fail(arg)
+            d.owner_gone(arg, d.slots[arg].generation, "owner gone")
         elif kind == "tick":
             shell.now += arg
             for req in shell.requests:
@@ -352,3 +358,30 @@ def test_a_session_rebinds_when_its_generation_is_replaced() -> None:
     assert isinstance(call(strict), SessionLostError)
     assert call(strict) == "v"  # bound afresh
     assert strict.rebinds == 1
+
+
+def test_when_its_maker_is_gone_waiting_and_later_requests_fail_at_once() -> None:
+    """Every replica stopped because the process that made the service died:
+    nothing will replace them, so nothing waits for a recovery."""
+    shell = Shell(ServiceConfig(), RoundRobinRouter())
+    d = shell.d
+    for i in range(REPLICAS):
+        d.replica_up(i, 1)
+    for i in range(REPLICAS - 1):
+        shell.fail(i)
+        d.owner_gone(i, 1, "owner gone")
+    shell.fail(REPLICAS - 1)  # heard as failed first: a request now waits for it
+    waiting = Request("w", "ep", 100.0)
+    d.submit(waiting)
+    assert "w" not in shell.ended and list(d.waiting) == [waiting]
+    d.owner_gone(REPLICAS - 1, 1, "owner gone")
+    for rid in ("w", "later"):
+        if rid == "later":
+            d.submit(Request(rid, "ep", 100.0))
+        (error,) = shell.ended[rid]
+        assert isinstance(error, ServiceError)
+        assert "the process that made it is gone" in str(error), error
+    d.replica_up(0, 2)  # someone does replace it after all: it serves again
+    assert not d.orphaned
+    d.submit(Request("again", "ep", 100.0))
+    assert shell.sends[-1][1:] == (0, 2)

@@ -60,7 +60,7 @@ from zmesh._host.procs import Mesh, ProcTable, spec_error
 from zmesh._host.statsbook import StatsBook
 from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
-from zmesh._shared.state import Rank
+from zmesh._shared.state import OWNER_GONE, Rank
 from zmesh._wire import messages as w
 from zmesh._wire.boundary import AgentReady
 from zmesh._wire.codec import Codec, explain, request_of
@@ -377,7 +377,7 @@ class HostAgent:
         if self._gate is not None:
             self._gate.refresh()  # keys added to or removed from authorized/
         for owner, why in self.owners.due(now):
-            self._stop_owner(owner, f"stopped by its agent: {why}", failure=True)
+            self._stop_owner(owner, f"{OWNER_GONE}: {why}", failure=True)
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.info("parent %d is gone; stopping", self.parent_pid)
             self._stopping.set()

@@ -53,6 +53,10 @@ class Batcher:
         self.first_at = 0.0  # loop time the oldest pending call arrived
         self.timer: asyncio.TimerHandle | None = None
         self.running: asyncio.Task[None] | None = None
+        # The running batch's calls, and whether its task took its first step
+        # (close() answers them: a task cancelled before that never runs).
+        self.current: list[tuple[bytes, w.Call, list[Any]]] = []
+        self.begun = False
 
     def add(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         """A call to the endpoint arrived: batch it."""
@@ -77,6 +81,7 @@ class Batcher:
         batch, self.pending = self.pending[: self.size], self.pending[self.size :]
         if self.pending:
             self.first_at = asyncio.get_running_loop().time()
+        self.current, self.begun = batch, False
         run = self._run(batch)
         ctx = self.context if self.context is not None else contextvars.copy_context()
         self.running = ctx.run(asyncio.ensure_future, run)
@@ -93,6 +98,7 @@ class Batcher:
             self.timer = loop.call_at(self.first_at + self.wait, self._flush)
 
     async def _run(self, batch: list[tuple[bytes, w.Call, list[Any]]]) -> None:
+        self.begun = True
         server, counters = self.server, self.counters
         items: list[Any] = []
         callers: list[tuple[bytes, w.Call]] = []
@@ -162,10 +168,16 @@ class Batcher:
         return await loop.run_in_executor(self.server.pool, ctx.run, fn, self.instance, items)
 
     def close(self) -> None:
-        """The actor stops: pending calls fail, a running batch is cancelled."""
+        """The actor stops: pending calls fail, a running batch is cancelled
+        and its calls fail too (none waits for an answer that cannot come)."""
         if self.timer is not None:
             self.timer.cancel()
-        if self.running is not None:
+        if self.running is not None and not self.running.done():
+            # Not answered yet: replies go out only after the batch's work ends.
+            for ident, call, _ in self.current:
+                self.server.fail(ident, call, "stopped", "ActorStopped", "actor stopped")
+                if not self.begun:
+                    self.server.started()
             self.running.cancel()
         for ident, call, frames in self.pending:
             self.server.fail(ident, call, "stopped", "ActorStopped", "actor stopped")

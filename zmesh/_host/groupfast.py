@@ -161,6 +161,8 @@ async def _part(
     except BaseException as exc:
         if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
             counters.in_flight -= 1
+            if box.stopped:  # its caller learns so now, not never
+                gather.fail(index, "stopped", "ActorStopped", f"actor {box.name} stopped", method)
             raise
         counters.end(t0, 1)
         gather.raised(index, exc, method)
@@ -205,7 +207,8 @@ def dispatch(
             if is_async:
                 box.step(_part(gather, j, box, ep, msg, args, kwargs), msg.method)
             else:
-                box.hold()  # busy until its part has run: later mail waits behind it
+                # Busy until its part has run: later mail waits behind it.
+                box.hold((gather, j, msg.method))
                 held.append((j, box))
         else:
             # Busy: its part waits its turn behind what the actor has (per-actor order).

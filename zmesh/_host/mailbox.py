@@ -82,7 +82,15 @@ class Mailbox:
         # Held (busy) while a worker thread runs this actor's part of a fan-out
         # (zmesh._host.groupfast): its task leaves the queue alone until release().
         self.held = False
-        self.running: set[asyncio.Task[None]] = set()
+        # That part, to fail if the actor stops meanwhile: (its gather, index, method).
+        self.part: tuple[Any, int, str] | None = None
+        # Running ``concurrent`` messages, with the call each answers.
+        self.running: dict[asyncio.Task[None], tuple[bytes, w.Call]] = {}
+        # Set by close(): a message cancelled from now on was running when the
+        # actor stopped, and its caller is answered "stopped" (ProcServer.handle),
+        # unless close() answered it already (``told``: (ident, request id)).
+        self.stopped = False
+        self.told: set[tuple[bytes, int]] = set()
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
@@ -143,13 +151,17 @@ class Mailbox:
         self.handoff = (coro, yielded, None)
         self._wake()
 
-    def hold(self) -> None:
-        """The actor is busy with work run outside its task (it must be idle now)."""
+    def hold(self, part: tuple[Any, int, str] | None = None) -> None:
+        """The actor is busy with work run outside its task (it must be idle now):
+        ``part`` of a fan-out (its gather, index and method), answered "stopped"
+        at once if the actor stops before it ends."""
         self.busy = self.held = True
+        self.part = part
 
     def release(self) -> None:
         """That work is done: the task goes on with the queue."""
         self.busy = self.held = False
+        self.part = None
         if self.queue:
             self._wake()
 
@@ -159,12 +171,12 @@ class Mailbox:
         # The task copies the context current when it is made: the actor's.
         coro = self.server.handle(self, ident, call, frames)
         task = self.context.run(asyncio.ensure_future, coro)
-        self.running.add(task)  # keep a reference until it ends
+        self.running[task] = (ident, call)  # keep a reference until it ends
         self.server.took()
         task.add_done_callback(self._concurrent_done)
 
     def _concurrent_done(self, task: asyncio.Task[None]) -> None:
-        self.running.discard(task)
+        self.running.pop(task, None)
         self.server.started()
 
     def statistics(self) -> _stats.ActorStatistics:
@@ -259,8 +271,23 @@ class Mailbox:
 
     def close(self) -> asyncio.Future[Any] | None:
         """Stop the actor: its queued calls fail, its ``__cleanup__`` starts
-        (once, as the actor); what to wait for to see that cleanup done."""
+        (once, as the actor); what to wait for to see that cleanup done.
+
+        Every call of the actor ends now: the queued ones fail here, and the
+        running ones (the message in progress, ``concurrent`` ones, open
+        streams) are cancelled, which answers each of them "stopped".
+        """
+        self.stopped = True
         self.task.cancel()
+        if self.part is not None:  # its thread runs on; its answer comes too late to count
+            gather, index, method = self.part
+            gather.fail(index, "stopped", "ActorStopped", f"actor {self.name} stopped", method)
+        for task, (ident, call) in list(self.running.items()):
+            # Answered here: a task cancelled before its first step never runs
+            # the handler that would answer it.
+            self.told.add((ident, call.id))
+            self.server.fail(ident, call, "stopped", "ActorStopped", f"actor {self.name} stopped")
+            task.cancel()
         for batcher in self.batchers.values():
             batcher.close()
         ending = _lifecycle.cleanup(self, None)

@@ -301,7 +301,11 @@ class ProcServer:
         fn = ep.fn
         set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
         if ep.info.stream:  # a generator: its items stream back (zmesh._host.generators)
-            await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
+            try:
+                await self.producers.run(box.instance, ident, call, ep, args, kwargs, counters)
+            except asyncio.CancelledError:
+                self._stopped(box, ident, call)  # the stream ends: its reader is told why
+                raise
             return
         guard = None
         if ep.info.port and not call.oneway and args:  # (a oneway's port is the sender's own)
@@ -329,6 +333,7 @@ class ProcServer:
                 if guard is not None:
                     guard.disarm(None)
                 counters.in_flight -= 1
+                self._stopped(box, ident, call)
                 raise
             if guard is not None:
                 guard.disarm(exc)  # the error answers the call
@@ -373,6 +378,12 @@ class ProcServer:
     def _where(self) -> dict[str, Any]:
         """This proc, as an error's context names it."""
         return {"mesh": self.mesh, "host": self.host, "log_path": self.spec.log_path or None}
+
+    def _stopped(self, box: Mailbox, ident: bytes, call: w.Call) -> None:
+        """``call`` was running when its actor was stopped: its caller learns so now
+        (``ActorStoppedError``) rather than waiting for an answer that will never come."""
+        if box.stopped and (ident, call.id) not in box.told:
+            self.fail(ident, call, "stopped", "ActorStopped", f"actor {box.name} stopped")
 
     def fail(self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str) -> None:
         if call.oneway:

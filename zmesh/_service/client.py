@@ -37,6 +37,7 @@ from zmesh._errors import (
 )
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceConfig, Session
+from zmesh._shared.state import owner_gone
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 from zmesh._wire.deadlines import SPENT
@@ -112,6 +113,10 @@ class ServiceClient:
         def on_failure(ev: SupervisionEvent) -> None:
             why = f"{ev.status.value}: {ev.reason} (rank {ev.rank})"
             d.replica_failed(index, generation, why)
+            if self.follower is not None and owner_gone(ev.reason):
+                # Away from the service's supervisor, which lived in the
+                # process that is gone: no new generation will come.
+                d.owner_gone(index, generation, why)
 
         self._listeners[index] = (mesh.proc_mesh, on_failure)
         ctl.listeners.setdefault(mesh.proc_mesh, []).append(on_failure)
@@ -287,7 +292,7 @@ class ServiceClient:
         Raises:
             ServiceError: no replica became healthy within ``timeout`` (default
                 ``request_timeout``), or none can (every one reached its
-                restart limit).
+                restart limit, or the process that made the service is gone).
             ActorStoppedError: the service was stopped.
         """
         d, loop = self.dispatcher, self.rt.loop
@@ -302,7 +307,7 @@ class ServiceClient:
             if not d.recovering():
                 raise ServiceError(
                     f"service {self.name} is DOWN: no replica can take {endpoint!r} "
-                    f"(every replica reached its restart limit; replicas {states})",
+                    f"({d.why_down()}; replicas {states})",
                     mesh=self.name,
                 )
             left = end - loop.time()

@@ -103,6 +103,9 @@ class Dispatcher:
         self.failed = 0
         self.retried = 0
         self.stopped = False
+        # Set when a replica was stopped because the process that made the
+        # service is gone (``owner_gone``): why nothing will replace replicas.
+        self.orphaned = ""
 
     # ------------------------------------------------------------ replicas
 
@@ -116,6 +119,7 @@ class Dispatcher:
         slot.generation = generation
         slot.state = HEALTHY
         slot.sent = 0
+        self.orphaned = ""  # someone does replace replicas
         self._pump(slot)
         self._pump_waiting()
         self._tell_watchers()
@@ -178,6 +182,25 @@ class Dispatcher:
             self._dispatch(req)
         self._pump_waiting()  # if nothing can recover, waiting calls fail now
         self._tell_watchers()
+
+    def owner_gone(self, index: int, generation: int, reason: str) -> None:
+        """Generation ``generation`` of replica ``index`` was stopped because the
+        process that made the service (its supervisor) is gone: nothing will
+        replace it, so it is down for good, and once no replica serves or may
+        recover, what waits fails now (``why_down``)."""
+        slot = self.slots[index]
+        if self.stopped or slot.generation != generation:
+            return
+        self.orphaned = reason
+        slot.last_failure = reason
+        self.replica_gone(index)
+
+    def why_down(self) -> str:
+        """Why no replica can serve when none is healthy or recovering."""
+        if self.orphaned:
+            gone = "the process that made it is gone, and nothing restarts its replicas"
+            return f"{gone}: {self.orphaned}"
+        return "every replica reached its restart limit"
 
     def stop(self) -> None:
         """No more work: what waits fails with ``ActorStoppedError``.
@@ -322,9 +345,10 @@ class Dispatcher:
         healthy = self.healthy()
         if not healthy:
             if not self.recovering():
-                # Every replica stays down (restart limit): no recovery to wait for.
+                # Every replica stays down (restart limit, or its owner is
+                # gone): no recovery to wait for.
                 self._finish(req, None, ServiceError(
-                    f"service {self.name} is DOWN: every replica reached its restart limit",
+                    f"service {self.name} is DOWN: {self.why_down()}",
                     mesh=self.name,
                 ))  # fmt: skip
             elif len(self.waiting) >= cfg.max_queue * len(self.slots):

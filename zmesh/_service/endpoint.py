@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._client import runtime as _runtime
@@ -219,11 +219,17 @@ class ServiceEndpoint(Generic[R]):
 
         ``async for v in svc.ep.stream(...)``, or plain ``for`` in sync code.
         A replica that fails during the call is left out, as with ``call``.
+
+        Raises (while iterating):
+            ServiceError: no replica became healthy in time, or every replica
+                called failed during the call.
+            ActorStoppedError: the service was stopped (before or during it).
         """
         self._no_stream("stream")
         rt, _ = _runtime.current()
         started = run_on(rt, lambda: asyncio.ensure_future(self._stream_start(rt, args, kwargs)))
-        return ServiceStream(rt, started, self._svc.name, self._name)
+        svc = self._svc
+        return ServiceStream(rt, started, svc.name, self._name, lambda: svc._clients.get(id(rt)))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every healthy replica (all its ranks); no reply, no retry.
@@ -252,7 +258,7 @@ class ServiceEndpoint(Generic[R]):
             if not d.recovering():
                 raise ServiceError(
                     f"service {svc.name} is DOWN: no replica can take the broadcast of "
-                    f"{name!r} (every replica reached its restart limit)",
+                    f"{name!r} ({d.why_down()})",
                     mesh=svc.name,
                 )
 
@@ -315,6 +321,15 @@ def _all_lost(service: str, name: str, n: int) -> ServiceError:
     )
 
 
+def _lost(service: str, name: str, n: int, lost: list[BaseException]) -> ZmeshError:
+    """Why a fan-out stream that every replica failed ends: ``ActorStoppedError``
+    when each was stopped (the service was: as its fan-out call says), else
+    ``ServiceError``."""
+    if all(isinstance(e, ActorStoppedError) for e in lost):
+        return ActorStoppedError(f"service {service} was stopped", mesh=service)
+    return _all_lost(service, name, n)
+
+
 def _settled(futs: list[asyncio.Future[Any]]) -> list[concurrent.futures.Future[Any]]:
     """The replies of a fan-out as thread-safe futures (for a stream anywhere)."""
     out: list[concurrent.futures.Future[Any]] = []
@@ -334,39 +349,50 @@ class ServiceStream(Generic[R]):
         started: Future[list[concurrent.futures.Future[Any]]],
         service: str = "",
         name: str = "",
+        client: Callable[[], Any] | None = None,
     ):
         self._rt = rt
         self._started = started
         self._about = (service, name)
+        self._client = client  # the service's client that made it (why it is DOWN)
+
+    def _ended(self, n: int, lost: list[BaseException]) -> ZmeshError:
+        """Why the stream ends when every replica failed during it."""
+        client = self._client() if self._client is not None else None
+        service = self._about[0]
+        if client is not None and client.dispatcher.orphaned:
+            why = client.dispatcher.why_down()
+            return ServiceError(f"service {service} is DOWN: {why}", mesh=service)
+        return _lost(*self._about, n, lost)
 
     async def __aiter__(self) -> AsyncIterator[R]:
         futs = await self._started
-        lost: BaseException | None = None
+        lost: list[BaseException] = []
         for next_done in asyncio.as_completed([asyncio.wrap_future(f) for f in futs]):
             try:
                 value = await next_done
             except (SupervisionError, ActorStoppedError) as exc:
-                lost = lost or exc
+                lost.append(exc)
                 continue
             futs = []  # (one value came: not every replica was lost)
             yield value
-        if futs and lost is not None:
-            raise _all_lost(*self._about, len(futs)) from lost
+        if futs and lost:
+            raise self._ended(len(futs), lost) from lost[0]
 
     def __iter__(self) -> Iterator[R]:
         if running_loop() is self._rt.loop:
             raise RuntimeError("a stream on this loop is iterated with 'async for'")
         futs = self._started.get()
-        lost: BaseException | None = None
+        lost: list[BaseException] = []
         yielded = False
         for f in concurrent.futures.as_completed(futs):
             exc = f.exception()
             if exc is not None:
                 if _skip(exc):
-                    lost = lost or exc
+                    lost.append(exc)
                     continue
                 raise exc
             yielded = True
             yield f.result()
-        if not yielded and lost is not None:
-            raise _all_lost(*self._about, len(futs)) from lost
+        if not yielded and lost:
+            raise self._ended(len(futs), lost) from lost[0]

@@ -71,6 +71,17 @@ class ServiceState(str, enum.Enum):
         return self.value
 
 
+# How a rank's Failed reason starts when its agent stopped it because its
+# owner (the client that made it) exited or went silent: nothing of that
+# owner's, such as a service's supervisor, will replace it.
+OWNER_GONE = "stopped by its agent"
+
+
+def owner_gone(reason: str) -> bool:
+    """Whether a rank failed with ``reason`` because its owner is gone."""
+    return reason.startswith(OWNER_GONE + ":")
+
+
 def service_state(healthy: int, replicas: int, stopped: bool) -> ServiceState:
     """A service's state from how many of its ``replicas`` are ``healthy``."""
     if stopped:
