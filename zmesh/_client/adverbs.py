@@ -35,7 +35,7 @@ from zmesh._errors import EncodeError
 from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
-from zmesh._wire.deadlines import budget
+from zmesh._wire.deadlines import CLOCK, budget
 
 if TYPE_CHECKING:
     from zmesh._client.mesh import ActorMesh
@@ -241,8 +241,9 @@ class EndpointRef(Generic[R]):
         deadline = time.monotonic() + self._timeout if self._timeout is not None else 0.0
         actor, name = self._mesh.actor, self._name
         return lambda i: w.Call(
-            i, actor, name, payload, budget(deadline) if deadline else 0.0, oneway
-        )
+            i, actor, name, payload, budget(deadline) if deadline else 0.0, oneway,
+            sent=time.monotonic(), clock=CLOCK,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ adverbs
 

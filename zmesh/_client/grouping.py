@@ -203,8 +203,9 @@ def send(
 
             def group_call(i: int, picks: list[int] = picks) -> w.GroupCall:
                 return w.GroupCall(
-                    i, t.actor, t.method, t.payload, t.deadline, t.oneway, t.request, picks
-                )
+                    i, t.actor, t.method, t.payload, t.deadline, t.oneway, t.request, picks,
+                    t.sent, t.clock,
+                )  # fmt: skip
 
             d = _expand(rt, gs, deliver) if deliver is not None else None
             req_id = (via or rt.send)([g.proc for g in gs], group_call, buffers, d, timeout, block)

@@ -62,7 +62,7 @@ from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, CallTimeoutError, ConnectionLostError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BATCH_MARK, BIG_BUFFER, MAX_MSG_SIZE, Codec
-from zmesh._wire.deadlines import SPENT
+from zmesh._wire.deadlines import CLOCK, SPENT
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import configure
 
@@ -240,7 +240,7 @@ class Lane:
         req_id = next(self._ids)
         # The budget, not a clock reading (zmesh._wire.deadlines): sent right now.
         left = (timeout if timeout > SPENT else SPENT) if timeout is not None else 0.0
-        msg = _Call(req_id, actor, method, payload, left)
+        msg = _Call(req_id, actor, method, payload, left, sent=_monotonic(), clock=CLOCK)
         env = self.encode(msg)
         if len(env) > MAX_MSG_SIZE:
             try:  # the codec says what is wrong

@@ -26,6 +26,7 @@ import concurrent.futures
 import functools
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,7 @@ from zmesh._errors import EncodeError
 from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
-from zmesh._wire.deadlines import budget
+from zmesh._wire.deadlines import CLOCK, budget
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -170,7 +171,8 @@ class Runtime(Connections):
         req_id = next(self._ids)
         try:
             left = budget(deadline) if deadline else 0.0  # a budget (zmesh._wire.deadlines)
-            frames = self.codec.encode(w.Call(req_id, actor, method, payload, left), buffers)
+            call = w.Call(req_id, actor, method, payload, left, sent=time.monotonic(), clock=CLOCK)
+            frames = self.codec.encode(call, buffers)
         except EncodeError as exc:
             raise EncodeError(
                 f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()

@@ -38,7 +38,7 @@ from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import CallTimeoutError, EncodeError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import nbytes
-from zmesh._wire.deadlines import budget
+from zmesh._wire.deadlines import CLOCK, budget
 
 T = TypeVar("T")
 
@@ -407,7 +407,16 @@ def send_stream_call(
             src.set_exception(c.broken)
             return
         src.id = req_id = rt.next_id()
-        msg = w.StreamCall(req_id, actor, method, payload, budget(deadline), window=window)
+        msg = w.StreamCall(
+            req_id,
+            actor,
+            method,
+            payload,
+            budget(deadline),
+            window=window,
+            sent=time.monotonic(),
+            clock=CLOCK,
+        )
         frames = rt.codec.encode(msg, buffers)
         size = sum(nbytes(f) for f in frames) if buffers or len(frames[0]) >= BIG else 0
         rt.post(c, frames, OneRequest(req_id, c, src, size), block)  # type: ignore[arg-type]

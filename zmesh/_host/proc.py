@@ -223,6 +223,8 @@ class ProcServer:
         if isinstance(msg, w.Call):
             if msg.deadline:  # a budget: a deadline on this proc's clock from now
                 _deadlines.arrive(msg)
+            elif msg.sent:
+                _deadlines.transit(msg.clock, msg.sent)  # (it keeps the sender's clock offset)
             box = self.actors.get(msg.actor)
             if box is None:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
@@ -231,6 +233,8 @@ class ProcServer:
         elif isinstance(msg, w.GroupCall):  # several actors of this proc at once
             if msg.deadline:
                 _deadlines.arrive(msg)
+            elif msg.sent:
+                _deadlines.transit(msg.clock, msg.sent)
             _actors.dispatch(self, ident, msg, frames)
         elif isinstance(msg, w.SpawnActor):
             if not self._owned(ident, msg, "spawn actors into it"):

@@ -40,7 +40,7 @@ from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceCon
 from zmesh._shared.state import owner_gone
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
-from zmesh._wire.deadlines import SPENT
+from zmesh._wire.deadlines import CLOCK, SPENT
 
 # How often a handle away from its owner re-reads the replica table, and how
 # often while one of its replicas is known to be down (a respawn is coming).
@@ -278,7 +278,9 @@ class ServiceClient:
         # late. The attempt keeps its slot until the replica answers.
         self.rt.send(
             refs,
-            lambda i: w.Call(i, actor, method, payload, left, False, req_id),
+            lambda i: w.Call(
+                i, actor, method, payload, left, False, req_id, time.monotonic(), CLOCK
+            ),
             buffers,
             deliver,
         )

@@ -35,6 +35,11 @@ class Call(Message, frozen=True):
     deadline: float = 0.0
     oneway: bool = False
     request: str = ""  # a service request id, the same across retries
+    # The sender's time.monotonic() when it sent this (0: not said), and which
+    # clock that is (one per process): the proc tells time on the wire from
+    # clock offsets with them (zmesh._wire.deadlines).
+    sent: float = 0.0
+    clock: int = 0
 
 
 class SpawnActor(Message, frozen=True):
@@ -108,6 +113,8 @@ class GroupCall(Message, frozen=True):
     oneway: bool = False
     request: str = ""
     actors: Annotated[list[Count], msgspec.Meta(max_length=1 << 16)] = []
+    sent: float = 0.0  # as ``Call.sent``
+    clock: int = 0
 
 
 class Gathered(Message, frozen=True):
