@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -50,7 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("zmesh.proc")
 
 PROBE_INTERVAL = 0.25  # seconds without credit between checks that the consumer is there
-_EARLY_CANCELS = 4096  # cancels of streams not started yet, remembered at most
+# Cancels of streams not started yet, remembered at most: as many as calls
+# may wait in the proc (its backlog bound), so none of a queued stream is
+# forgotten. A forgotten one would start with its reader still connected but
+# no longer reading, and wait for its credit for ever: its actor wedged.
+_EARLY_CANCELS = _bounds.MAX_BACKLOG
 
 
 class _Cancelled(Exception):

@@ -91,6 +91,10 @@ class Mailbox:
         # unless close() answered it already (``told``: (ident, request id)).
         self.stopped = False
         self.told: set[tuple[bytes, int]] = set()
+        # The ``__health__`` check running now, and the one waiting for it (at
+        # most one of each: see ``_check``).
+        self.checking: asyncio.Task[None] | None = None
+        self.next_check: tuple[bytes, w.Call, list[Any]] | None = None
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
@@ -98,9 +102,7 @@ class Mailbox:
             self.batchers[call.method].add(ident, call, frames)
             return
         if call.method == "__health__" and self.context is not None:
-            # The health check runs beside the mailbox, never behind it: a
-            # replica busy with a queue of slow requests is alive, and says so.
-            self._start_concurrent(ident, call, frames)
+            self._check(ident, call, frames)
             return
         if not self.queue and self.context is not None:
             ep = self.endpoints.get(call.method)
@@ -165,7 +167,9 @@ class Mailbox:
         if self.queue:
             self._wake()
 
-    def _start_concurrent(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+    def _start_concurrent(
+        self, ident: bytes, call: w.Call, frames: list[Any]
+    ) -> asyncio.Task[None]:
         """Start a ``concurrent`` endpoint's message as a task of its own."""
         assert self.context is not None
         # The task copies the context current when it is made: the actor's.
@@ -174,6 +178,43 @@ class Mailbox:
         self.running[task] = (ident, call)  # keep a reference until it ends
         self.server.took()
         task.add_done_callback(self._concurrent_done)
+        return task
+
+    def _check(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        """Run a ``__health__`` check beside the mailbox, never behind it: a
+        replica busy with a queue of slow requests is alive, and says so.
+
+        One check at a time: the supervisor sends one every interval whether
+        the last answered or not, so a check that never returns would leave
+        a task (a worker thread, for a ``def`` check) per interval, for ever.
+        A check that comes while one runs waits for it; a newer one replaces
+        it, and the replaced caller is told as if no reply came in time.
+        """
+        if self.checking is None:
+            self.checking = self._start_concurrent(ident, call, frames)
+            self.checking.add_done_callback(self._check_done)
+            return
+        if self.next_check is not None:
+            self._skip_check(self.next_check, "a newer check replaced it")
+        self.next_check = (ident, call, frames)
+
+    def _check_done(self, task: asyncio.Task[None]) -> None:
+        self.checking = None
+        waiting, self.next_check = self.next_check, None
+        if waiting is None:
+            return
+        if task.cancelled() or self.task.done():  # the actor stops
+            self._skip_check(waiting, f"actor {self.name} stopped")
+        else:
+            self._check(*waiting)
+
+    def _skip_check(self, check: tuple[bytes, w.Call, list[Any]], why: str) -> None:
+        """Answer a check that will not run (its caller reads ``CallTimeoutError``)."""
+        ident, call, _ = check
+        self.server.fail(
+            ident, call, "deadline", "HealthCheckSkipped",
+            f"not run: the check before it has not returned ({why})",
+        )  # fmt: skip
 
     def _concurrent_done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
@@ -299,6 +340,9 @@ class Mailbox:
             self.server.started(nbytes)
         self.queue.clear()
         self.sizes.clear()
+        if self.next_check is not None:
+            self._skip_check(self.next_check, f"actor {self.name} stopped")
+            self.next_check = None
         return ending
 
 

@@ -64,9 +64,13 @@ def _hold_mesh_key(mesh: str) -> None:
     stop their actors); the processes they start do not inherit it.
     """
     from zmesh._client import local as _local
-    from zmesh._shared.ownership import MESH_KEY_VAR
+    from zmesh._shared.ownership import MESH_KEY_FD_VAR, MESH_KEY_VAR
 
     key = os.environ.pop(MESH_KEY_VAR, "")
+    fd = os.environ.pop(MESH_KEY_FD_VAR, "")
+    if fd:  # a fresh interpreter: the key came on a pipe (zmesh._host.spawner)
+        with os.fdopen(int(fd), "rb") as pipe:
+            key = pipe.read().decode()
     if key:
         _local.hold_key(mesh, key)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import ptree as _ptree
+from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
 from zmesh._wire import boundary as b
 
@@ -98,8 +99,13 @@ class Spawner:
         self._popen(launch, _environment(launch))
 
     def _popen(self, launch: Launch, env: dict[str, str]) -> None:
+        key_fd = -1
         try:
             err_path = _paths.stderr_path(launch.spec.log_path)
+            key = env.pop(_ownership.MESH_KEY_VAR, "")
+            if key:  # on a pipe, not in the environment (see MESH_KEY_FD_VAR)
+                key_fd = _key_pipe(key)
+                env = {**env, _ownership.MESH_KEY_FD_VAR: str(key_fd)}
             with (
                 os.fdopen(_paths.open_private(launch.spec.log_path), "ab") as out,
                 os.fdopen(_paths.open_private(err_path), "ab") as err,
@@ -112,12 +118,27 @@ class Spawner:
                     env=env,
                     start_new_session=True,  # Ctrl+C at the client's terminal is the client's
                     cwd=launch.cwd,
+                    pass_fds=(key_fd,) if key_fd >= 0 else (),
                 )
         except Exception as exc:  # this rank fails; the others still start
             log.warning("cannot start %s[%d]: %r", launch.spec.mesh, launch.spec.rank, exc)
             self._on_failed(launch, exc)
             return
+        finally:
+            if key_fd >= 0:
+                os.close(key_fd)  # (the child has its own copy)
         self._on_started(launch, popen)
+
+
+def _key_pipe(key: str) -> int:
+    """A pipe's read end holding ``key``, all of it written (a key is far below
+    a pipe's buffer) and the write end closed."""
+    r, w = os.pipe()
+    try:
+        os.write(w, key.encode())
+    finally:
+        os.close(w)
+    return r
 
 
 def _environment(launch: Launch) -> dict[str, str]:

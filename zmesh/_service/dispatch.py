@@ -290,6 +290,11 @@ class Dispatcher:
         if attempt.held and attempt.request.attempt is attempt:
             attempt.request.items += 1
 
+    def alive(self, attempt: Attempt) -> None:
+        """``attempt``'s stream waits for its reader's credit: progress of its
+        replica, which must not be judged silent for a reader that pauses."""
+        attempt.slot.answers += 1
+
     def cancel(self, req: Request) -> None:
         """The reader of a stream stopped reading: ``req`` ends (without an error).
 

@@ -38,6 +38,7 @@ from zmesh._client.streams import (
 from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import Session
+from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -105,8 +106,14 @@ class RoutedSource(Source):
         before = self.items
         super().on_message(conn, req, msg, frames)
         attempt = self.attempt
-        if self.items != before and attempt is not None and self.dispatcher is not None:
+        if attempt is None or self.dispatcher is None:
+            return
+        if self.items != before:
             self.dispatcher.item(attempt)
+        elif type(msg) is w.StreamAlive:
+            # The producer waits for our credit: the replica is alive, the
+            # silence is this reader's (it is not reading).
+            self.dispatcher.alive(attempt)
 
     def _end(self, kind: int, value: Any) -> None:
         # The stream's own end (``StreamEnd``, a plain reply, an undecodable item).

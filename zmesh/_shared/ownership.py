@@ -24,6 +24,10 @@ from zmesh._wire.security import same_secret
 # Where a proc finds its mesh's key; the proc removes it from its
 # environment at start, so its actors' subprocesses do not inherit it.
 MESH_KEY_VAR = "ZMESH_MESH_KEY"
+# A proc started as a fresh interpreter finds it on this inherited pipe
+# instead: what ``execve`` is given stays in ``/proc/<pid>/environ`` for the
+# process's life, readable by every process of the user.
+MESH_KEY_FD_VAR = "ZMESH_MESH_KEY_FD"
 
 _TOKEN_CHARS = 16  # 64 bits of a SHA-256: finding a secret for a given id is out of reach
 
