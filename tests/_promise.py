@@ -184,10 +184,10 @@ class Reader(zmesh.Actor):
         return await stall(way, target, marker, seconds)
 
 
-# A stalled reader's producer: this many values of this many bytes (~200 MiB in
+# A stalled reader's producer: this many values of this many bytes (~400 MiB in
 # all; a receiver that keeps at most 10,000 of them holds ~40 MiB). The reader
 # measures once they are all sent (about 1-5 s), or after FLOOD_LIMIT seconds.
-FLOOD = (50_000, 4096)
+FLOOD = (100_000, 4096)
 FLOOD_LIMIT = 20.0
 STREAM_WAYS = ("stream_sync", "stream_async", "svc_stream")
 

@@ -19,7 +19,7 @@ Faults (what is done; the survivor that must serve its next message):
 - ``reader_stopped``: the same, the reader's mesh stopped cleanly.
 - ``reader_stalls``: the reader (an actor) takes one item or value and then
   stops reading, alive, while its producer goes on (a stream's generator
-  runs as fast as it may; a feeder sends 50,000 values of 4 KiB); survivor:
+  runs as fast as it may; a feeder sends up to 100,000 values of 4 KiB); survivor:
   the producer, once the reader closes; memory: the reader's RSS and the
   producer's stay under ``RSS_BOUND_MIB``.
 - ``producer_killed``: SIGKILL of the proc running the call; survivor: the
@@ -121,6 +121,11 @@ BUDGET = 5.0  # a call resolves this soon after its fault (supervision: ~0.2-1.2
 HARD = 6.0  # past this a call counts as hung (its cell fails; the suite goes on)
 NEXT = 4.0  # the survivor's next message, after the producer's own work ends
 RSS_BOUND_MIB = 64.0
+# A stalled port reader holds what its receiver may queue (10,000 values: 40 MiB
+# of 4 KiB ones) plus what its senders may have in flight to it (as much again),
+# and the allocator's slack: measured 33-94 MiB. Unbounded, the flood (400 MiB)
+# grows it by 300 MiB or more.
+PORT_RSS_BOUND_MIB = 160.0
 
 # Cells that test nothing, and why (each is a skipped test saying so).
 NOT_MEANINGFUL: dict[tuple[str, str], str] = {
@@ -637,4 +642,7 @@ def test_cell(worlds: Callable[[str], dict[str, Cell]], way: str, fault: str) ->
         assert result.startswith(refusals), f"a non-owner's {name} was not refused: {where}"
     # 4. Memory stays bounded.
     if cell.rss_growth is not None:
-        assert cell.rss_growth < RSS_BOUND_MIB, f"RSS grew {cell.rss_growth:.0f} MiB: {where}"
+        bound = (
+            PORT_RSS_BOUND_MIB if (way, fault) == ("port_send", "reader_stalls") else RSS_BOUND_MIB
+        )
+        assert cell.rss_growth < bound, f"RSS grew {cell.rss_growth:.0f} MiB: {where}"
