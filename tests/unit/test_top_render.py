@@ -267,3 +267,55 @@ def test_two_services_of_one_name_are_two_rows_in_top_and_in_the_agent() -> None
         ("embedder", "embedder-bbb", 1),
     ]
     assert derive(snap).header.services_degraded == 1
+
+
+LONG = "a-very-long-mesh-name-for-embedding-service-9f3e2a1b"
+
+
+def _long_named() -> Snapshot:
+    """One proc of a long-named mesh on a long-named host, a 7-digit pid, slow calls."""
+
+    def one(t: float, calls: int) -> _stats.ProcStatistics:
+        ep = _stats.EndpointStatistics(
+            "generate_streaming_tokens", calls, 12, 4, 3, 0, hist(20, calls)
+        )
+        actors = [_stats.ActorStatistics("embedder_actor", "E", 3, 0, [ep])]
+        return _stats.ProcStatistics(
+            LONG, 0, 1, 4194301, t, 12.0, 300 << 20, 108000.0, 0, 0, actors
+        )
+
+    label = "worker-node-long-label-07"
+    new, base = (
+        agent_stats(label, NOW, [one(NOW, 5000)]),
+        agent_stats(label, NOW - 10, [one(NOW - 10, 10)]),
+    )
+    sample = AgentSample("tcp://192.168.100.200:47411", label, "ok", NOW, NOW, new, base)
+    return Snapshot(NOW, 10.0, [sample], [])
+
+
+def test_an_80x24_frame_keeps_units_pids_and_every_column_with_long_names() -> None:
+    for focus, heads in [(0, "host address procs cpu mem load seen state"),
+                         (1, "host mesh rank pid state cpu rss rst up exit"),
+                         (2, "actor endpoint calls/s p50 p99 err/s inflight queue")]:  # fmt: skip
+        out = draw(_long_named(), Screen(focus=focus), width=80, height=24)
+        lines = out.rstrip("\n").split("\n")
+        assert len(lines) == 24 and all(len(ln) <= 80 for ln in lines), out
+        head = lines[next(n for n, ln in enumerate(lines) if ln.startswith("────")) - 1]
+        assert head.split() == heads.split(), out  # every column, none cut
+        if focus == 1:
+            row = line_with(out, "4194301").split()  # the pid whole
+            assert row[1].startswith("a-very-") and row[1].endswith("9f3e2a1b") and "…" in row[1]
+            assert row[2:] == ["0", "4194301", "Running", "12%", "300M", "0", "1d06h"], row
+        if focus == 2:
+            row = line_with(out, "a-very-").split()
+            assert row[-6:] == ["499.0", "805.3ms", "1.07s", "0", "4", "3"], row  # units kept
+            assert row[1].startswith("generate") and "…" in row[0] + row[1]
+
+
+def test_a_200x50_frame_shows_long_names_whole() -> None:
+    out = draw(_long_named(), Screen(focus=2), width=200, height=50)
+    assert all(len(ln) <= 200 for ln in out.splitlines())
+    row = line_with(out, LONG).split()
+    assert row[:2] == [f"{LONG}/embedder_actor", "generate_streaming_tokens"], row
+    out = draw(_long_named(), Screen(focus=1), width=200, height=50)
+    assert "worker-node-long-label-07" in out and "…" not in line_with(out, LONG)
