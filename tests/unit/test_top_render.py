@@ -121,7 +121,10 @@ def test_columns_are_present_and_in_order() -> None:
             ["host", "mesh", "rank", "pid", "state", "cpu", "rss", "rst", "up", "exit"],
         ),
         ("endpoint", ["actor", "endpoint", "calls/s", "p50", "p99", "err/s", "inflight", "queue"]),
-        ("replicas", ["service", "replicas", "restarts", "last failure", "state"]),
+        (
+            "replicas",
+            ["service", "replicas", "state", "gen", "rst", "inflight", "queue", "calls/s", "p50"],
+        ),
     ]:
         ln = line_with(out, pane_header)
         positions = [ln.index(c) for c in cols]
@@ -319,3 +322,57 @@ def test_a_200x50_frame_shows_long_names_whole() -> None:
     assert row[:2] == [f"{LONG}/embedder_actor", "generate_streaming_tokens"], row
     out = draw(_long_named(), Screen(focus=1), width=200, height=50)
     assert "worker-node-long-label-07" in out and "…" not in line_with(out, LONG)
+
+
+def _service_snapshot(
+    max_concurrent: int = 100, serial: tuple[str, ...] = ("generate",)
+) -> Snapshot:
+    """A 2-replica ``llm`` service (replica 1 restarted once); each proc runs 1, queues 3."""
+    from zmesh._client.runtime import ProcRef
+    from zmesh._service.client import TableRow, encode_table
+
+    meshes = ["llm-r0-6e850f69", "llm-r1-0fa30381"]
+
+    def one(mesh: str, t: float, calls: int) -> _stats.ProcStatistics:
+        ep = _stats.EndpointStatistics("generate", calls, 0, 1, 3, 0, hist(16, calls))
+        actors = [_stats.ActorStatistics("llm", "Llm", 3, 3, [ep])]
+        return _stats.ProcStatistics(mesh, 0, 1, 4100, t, 5.0, 30 << 20, 60.0, 0, 0, actors)
+
+    table = [
+        TableRow(i, 1 + i, "HEALTHY", "llm", [ProcRef(m, 0, 1 + i, "tcp://x:1", "tcp://a:1", "a")],
+                 restarts=i, last_failure="killed by SIGKILL" if i else "")
+        for i, m in enumerate(meshes)
+    ]  # fmt: skip
+    summary = _stats.ServiceSummary(
+        "llm", 2, 2, 1, "killed by SIGKILL", "OK", "llm-1", encode_table(table),
+        max_concurrent=max_concurrent, serial=list(serial),
+    )  # fmt: skip
+    new = agent_stats("a", NOW, [one(m, NOW, 200) for m in meshes])
+    new = msgspec.structs.replace(new, services=[summary])
+    base = agent_stats("a", NOW - 10, [one(m, NOW - 10, 10) for m in meshes])
+    return Snapshot(NOW, 10.0, [AgentSample("tcp://a:1", "a", "ok", NOW, NOW, new, base)], [])
+
+
+def test_services_pane_shows_each_replica_and_warns_of_a_serial_endpoint() -> None:
+    (svc,) = derive(_service_snapshot()).services
+    assert [(r.index, r.generation, r.in_flight, r.queue) for r in svc.replicas] == [
+        (0, 1, 1, 3),
+        (1, 2, 1, 3),
+    ]
+    assert svc.replicas[0].calls == 19.0 and svc.replicas[0].p50 is not None
+    assert "generate is not concurrent" in svc.warning and "not 100" in svc.warning
+    for width, height in [(80, 24), (200, 50)]:
+        out = draw(_service_snapshot(), Screen(focus=3), width=width, height=height)
+        lines = out.rstrip("\n").split("\n")
+        assert len(lines) == height and all(len(ln) <= width for ln in lines), out
+        assert line_with(out, "llm ").split()[:3] == ["llm", "2/2", "OK"], out
+        for i, mesh in enumerate(["llm-r0-6e850f69", "llm-r1-0fa30381"]):
+            row = line_with(out, mesh).split()
+            assert row[:8] == [mesh, "a", "HEALTHY", str(1 + i), str(i), "1", "3", "19.0"], out
+            assert row[8].endswith("ms"), out  # p50, with its unit
+        warning = line_with(out, "! llm:")
+        assert "generate is not concurrent: 1 request at a time per replica, not 100" in warning
+    # Nothing to warn of: one request at a time allowed, or every endpoint concurrent.
+    for snap in (_service_snapshot(max_concurrent=1), _service_snapshot(serial=())):
+        assert derive(snap).services[0].warning == ""
+        assert "!" not in draw(snap, Screen(focus=3), width=80, height=24)

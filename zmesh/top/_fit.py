@@ -28,8 +28,9 @@ ELLIPSIS = "…"
 class Column:
     """One column: ``cut`` is ``""`` (never cut), ``"middle"`` or ``"end"``.
 
-    ``min`` is the least width of a cut column; ``fill`` takes the room left
-    over once every column has all it needs; columns of higher ``drop`` go
+    ``min`` is the least width of a cut column; a ``later`` one gets room
+    after the other cut columns; ``fill`` takes what is left once every
+    column has all it needs; columns of higher ``drop`` go
     first when the minimums do not fit (0: never dropped).
     """
 
@@ -38,6 +39,7 @@ class Column:
     cut: str = ""
     min: int = 0
     fill: bool = False
+    later: bool = False
     drop: int = 0
 
 
@@ -97,16 +99,19 @@ def layout(
     for i in shown:
         widths[i] = least[i]
     room = width - (sum(widths) + len(shown) - 1)
-    # Share the room out evenly among the cut columns still short of their need.
-    while room > 0:
-        short = [i for i in shown if widths[i] < need[i]]
-        if not short:
-            break
-        each = max(1, room // len(short))
-        for i in short:
-            give = min(each, need[i] - widths[i], room)
-            widths[i] += give
-            room -= give
+    # Share the room out evenly among the cut columns still short of their
+    # need: the names first, then the ``later`` ones (free text).
+    for later in (False, True):
+        group = [i for i in shown if columns[i].later == later]
+        while room > 0:
+            short = [i for i in group if widths[i] < need[i]]
+            if not short:
+                break
+            each = max(1, room // len(short))
+            for i in short:
+                give = min(each, need[i] - widths[i], room)
+                widths[i] += give
+                room -= give
     fills = [i for i in shown if columns[i].fill]
     if room > 0 and fills:
         widths[fills[-1]] += room

@@ -25,7 +25,15 @@ from zmesh.top._formats import (
     state_text,
 )
 from zmesh.top._screen import Screen
-from zmesh.top._view import PANES, SORTS, EndpointRow, View, describe_event
+from zmesh.top._view import (
+    PANES,
+    SORTS,
+    EndpointRow,
+    ReplicaRow,
+    ServiceRow,
+    View,
+    describe_event,
+)
 
 # ------------------------------------------------------------------ header
 
@@ -65,7 +73,7 @@ def tabs(screen: Screen, view: View) -> Text:
         "hosts": len(view.hosts),
         "procs": len(view.procs),
         "actors": len(view.endpoints) - 1,
-        "services": len(view.services),
+        "services": len(view.services),  # the replicas are rows under them
         "events": len(view.events),
     }
     t = Text()
@@ -146,7 +154,7 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Render
         Column("rss", right=True),
         Column("rst", right=True, drop=2),
         Column("up", right=True, drop=1),
-        Column("exit", cut="end", min=4, fill=True),
+        Column("exit", cut="end", min=4, fill=True, later=True),
     ]
     t = _fitted("procs", columns, rows_out, screen.sort.get("procs", 0))
     folded = view.header.history if not screen.show_history else 0
@@ -199,28 +207,81 @@ def actors_table(view: View, screen: Screen, rows: range | None = None) -> Fitte
     return _fitted("actors", columns, rows_out, screen.sort.get("actors", 0))
 
 
+def service_lines(view: View) -> list[tuple[ServiceRow, ReplicaRow | None]]:
+    """The services pane's rows: each service, then each of its replicas."""
+    return [(s, r) for s in view.services for r in (None, *s.replicas)]
+
+
+def service_warnings(view: View) -> list[str]:
+    """The lines under the services table: one per service with a warning."""
+    return [f"  ! {s.name}: {s.warning}" for s in view.services if s.warning]
+
+
+def _service_cells(s: ServiceRow, batched: bool) -> list[Cell]:
+    reps = s.replicas
+    cells: list[Cell] = [
+        s.name,
+        f"{s.healthy}/{s.desired}",
+        state_text(s.state or ("ok" if s.healthy >= s.desired else "degraded")),
+        "",
+        str(s.restarts),
+        str(sum(r.in_flight for r in reps)) if reps else "-",
+        str(sum(r.queue for r in reps)) if reps else "-",
+        fmt_rate(sum(r.calls for r in reps)) if reps else "-",
+        "",
+        Text(s.last_failure, style="red" if s.healthy < s.desired else ""),
+    ]
+    return [*cells[:-1], "", *cells[-1:]] if batched else cells
+
+
+def _replica_cells(r: ReplicaRow, batched: bool) -> list[Cell]:
+    cells: list[Cell] = [
+        f"  {r.mesh or r.index}",  # the mesh's name holds the index (name-r0-...)
+        r.host,
+        state_text(r.state),
+        str(r.generation),
+        str(r.restarts),
+        str(r.in_flight),
+        str(r.queue),
+        fmt_rate(r.calls),
+        fmt_latency(r.p50),
+        r.last_failure,
+    ]
+    if batched:  # the mean calls per invocation of its batched endpoints
+        cells.insert(-1, f"{r.mean_batch:.1f}" if r.mean_batch is not None else "-")
+    return cells
+
+
 def services_table(view: View, screen: Screen, rows: range | None = None) -> RenderableType:
+    lines = service_lines(view)
+    # The batch column shows once a replica's endpoint is batched, as in actors.
+    batched = any(r.mean_batch is not None for s in view.services for r in s.replicas)
     rows_out: list[tuple[list[Cell], str]] = []
-    for i in rows if rows is not None else range(len(view.services)):
-        s = view.services[i]
-        cells: list[Cell] = [
-            s.name,
-            f"{s.healthy}/{s.desired}",
-            str(s.restarts),
-            s.last_failure,
-            state_text(s.state or ("ok" if s.healthy >= s.desired else "degraded")),
-        ]
-        rows_out.append((cells, _sel(screen, "services", i)))
+    for i in rows if rows is not None else range(len(lines)):
+        s, r = lines[i]
+        cells = _service_cells(s, batched) if r is None else _replica_cells(r, batched)
+        rows_out.append((cells, _sel(screen, "services", i) or ("" if r is None else "dim")))
     columns = [
         Column("service", cut="middle", min=10),
-        Column("replicas", right=True),
-        Column("restarts", right=True),
-        Column("last failure", cut="end", min=8, fill=True),
+        Column("replicas", cut="middle", min=5),  # healthy/desired; a replica's host
         Column("state"),
+        Column("gen", right=True, drop=3),
+        Column("rst", right=True),
+        Column("inflight", right=True),
+        Column("queue", right=True),
+        Column("calls/s", right=True, drop=2),
+        Column("p50", right=True),
+        *([Column("batch", right=True, drop=4)] if batched else []),
+        Column("last failure", cut="end", min=6, fill=True, later=True, drop=1),
     ]
     t = _fitted("services", columns, rows_out, screen.sort.get("services", 0))
     if not view.services:
         return Group(t, Text("  no services", style="dim"))
+    warnings = service_warnings(view)
+    if warnings:
+        return Group(
+            t, *(Text(w, style="yellow", no_wrap=True, overflow="ellipsis") for w in warnings)
+        )
     return t
 
 
