@@ -376,3 +376,18 @@ def test_services_pane_shows_each_replica_and_warns_of_a_serial_endpoint() -> No
     for snap in (_service_snapshot(max_concurrent=1), _service_snapshot(serial=())):
         assert derive(snap).services[0].warning == ""
         assert "!" not in draw(snap, Screen(focus=3), width=80, height=24)
+
+
+def test_enter_on_a_replica_row_shows_that_replica() -> None:
+    from zmesh.top._actions import open_detail
+
+    view = derive(_service_snapshot())
+    screen = Screen(focus=3)
+    screen.selected["services"] = 2  # llm, its replica 0, its replica 1
+    open_detail(view, screen)
+    assert screen.stack is not None
+    assert "mesh         llm-r1-0fa30381" in screen.stack and "generation   2" in screen.stack
+    screen = Screen(focus=3)
+    open_detail(view, screen)  # the service's row: its replicas by name, on one line
+    assert screen.stack is not None
+    assert "replicas     llm-r0-6e850f69, llm-r1-0fa30381" in screen.stack
