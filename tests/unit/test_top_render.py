@@ -391,3 +391,8 @@ def test_enter_on_a_replica_row_shows_that_replica() -> None:
     open_detail(view, screen)  # the service's row: its replicas by name, on one line
     assert screen.stack is not None
     assert "replicas     llm-r0-6e850f69, llm-r1-0fa30381" in screen.stack
+
+
+def test_sorting_services_by_restarts_marks_that_column() -> None:
+    out = draw(_service_snapshot(), Screen(focus=3, sort={"services": 1}), width=80, height=24)
+    assert "rst▼" in out, out

@@ -184,7 +184,7 @@ SORTS: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {
     ],
     "services": [
         ("name", lambda r: r.name, False),
-        ("restarts", lambda r: r.restarts, True),
+        ("rst", lambda r: r.restarts, True),
     ],
     "events": [("time", lambda r: r.time, False)],
 }
