@@ -121,7 +121,10 @@ def test_columns_are_present_and_in_order() -> None:
             ["host", "mesh", "rank", "pid", "state", "cpu", "rss", "rst", "up", "exit"],
         ),
         ("endpoint", ["actor", "endpoint", "calls/s", "p50", "p99", "err/s", "inflight", "queue"]),
-        ("replicas", ["service", "replicas", "restarts", "last failure", "state"]),
+        (
+            "replicas",
+            ["service", "replicas", "state", "gen", "rst", "inflight", "queue", "calls/s", "p50"],
+        ),
     ]:
         ln = line_with(out, pane_header)
         positions = [ln.index(c) for c in cols]
@@ -267,3 +270,129 @@ def test_two_services_of_one_name_are_two_rows_in_top_and_in_the_agent() -> None
         ("embedder", "embedder-bbb", 1),
     ]
     assert derive(snap).header.services_degraded == 1
+
+
+LONG = "a-very-long-mesh-name-for-embedding-service-9f3e2a1b"
+
+
+def _long_named() -> Snapshot:
+    """One proc of a long-named mesh on a long-named host, a 7-digit pid, slow calls."""
+
+    def one(t: float, calls: int) -> _stats.ProcStatistics:
+        ep = _stats.EndpointStatistics(
+            "generate_streaming_tokens", calls, 12, 4, 3, 0, hist(20, calls)
+        )
+        actors = [_stats.ActorStatistics("embedder_actor", "E", 3, 0, [ep])]
+        return _stats.ProcStatistics(
+            LONG, 0, 1, 4194301, t, 12.0, 300 << 20, 108000.0, 0, 0, actors
+        )
+
+    label = "worker-node-long-label-07"
+    new, base = (
+        agent_stats(label, NOW, [one(NOW, 5000)]),
+        agent_stats(label, NOW - 10, [one(NOW - 10, 10)]),
+    )
+    sample = AgentSample("tcp://192.168.100.200:47411", label, "ok", NOW, NOW, new, base)
+    return Snapshot(NOW, 10.0, [sample], [])
+
+
+def test_an_80x24_frame_keeps_units_pids_and_every_column_with_long_names() -> None:
+    for focus, heads in [(0, "host address procs cpu mem load seen state"),
+                         (1, "host mesh rank pid state cpu rss rst up exit"),
+                         (2, "actor endpoint calls/s p50 p99 err/s inflight queue")]:  # fmt: skip
+        out = draw(_long_named(), Screen(focus=focus), width=80, height=24)
+        lines = out.rstrip("\n").split("\n")
+        assert len(lines) == 24 and all(len(ln) <= 80 for ln in lines), out
+        head = lines[next(n for n, ln in enumerate(lines) if ln.startswith("────")) - 1]
+        assert head.split() == heads.split(), out  # every column, none cut
+        if focus == 1:
+            row = line_with(out, "4194301").split()  # the pid whole
+            assert row[1].startswith("a-very-") and row[1].endswith("9f3e2a1b") and "…" in row[1]
+            assert row[2:] == ["0", "4194301", "Running", "12%", "300M", "0", "1d06h"], row
+        if focus == 2:
+            row = line_with(out, "a-very-").split()
+            assert row[-6:] == ["499.0", "805.3ms", "1.07s", "0", "4", "3"], row  # units kept
+            assert row[1].startswith("generate") and "…" in row[0] + row[1]
+
+
+def test_a_200x50_frame_shows_long_names_whole() -> None:
+    out = draw(_long_named(), Screen(focus=2), width=200, height=50)
+    assert all(len(ln) <= 200 for ln in out.splitlines())
+    row = line_with(out, LONG).split()
+    assert row[:2] == [f"{LONG}/embedder_actor", "generate_streaming_tokens"], row
+    out = draw(_long_named(), Screen(focus=1), width=200, height=50)
+    assert "worker-node-long-label-07" in out and "…" not in line_with(out, LONG)
+
+
+def _service_snapshot(
+    max_concurrent: int = 100, serial: tuple[str, ...] = ("generate",)
+) -> Snapshot:
+    """A 2-replica ``llm`` service (replica 1 restarted once); each proc runs 1, queues 3."""
+    from zmesh._client.runtime import ProcRef
+    from zmesh._service.client import TableRow, encode_table
+
+    meshes = ["llm-r0-6e850f69", "llm-r1-0fa30381"]
+
+    def one(mesh: str, t: float, calls: int) -> _stats.ProcStatistics:
+        ep = _stats.EndpointStatistics("generate", calls, 0, 1, 3, 0, hist(16, calls))
+        actors = [_stats.ActorStatistics("llm", "Llm", 3, 3, [ep])]
+        return _stats.ProcStatistics(mesh, 0, 1, 4100, t, 5.0, 30 << 20, 60.0, 0, 0, actors)
+
+    table = [
+        TableRow(i, 1 + i, "HEALTHY", "llm", [ProcRef(m, 0, 1 + i, "tcp://x:1", "tcp://a:1", "a")],
+                 restarts=i, last_failure="killed by SIGKILL" if i else "")
+        for i, m in enumerate(meshes)
+    ]  # fmt: skip
+    summary = _stats.ServiceSummary(
+        "llm", 2, 2, 1, "killed by SIGKILL", "OK", "llm-1", encode_table(table),
+        max_concurrent=max_concurrent, serial=list(serial),
+    )  # fmt: skip
+    new = agent_stats("a", NOW, [one(m, NOW, 200) for m in meshes])
+    new = msgspec.structs.replace(new, services=[summary])
+    base = agent_stats("a", NOW - 10, [one(m, NOW - 10, 10) for m in meshes])
+    return Snapshot(NOW, 10.0, [AgentSample("tcp://a:1", "a", "ok", NOW, NOW, new, base)], [])
+
+
+def test_services_pane_shows_each_replica_and_warns_of_a_serial_endpoint() -> None:
+    (svc,) = derive(_service_snapshot()).services
+    assert [(r.index, r.generation, r.in_flight, r.queue) for r in svc.replicas] == [
+        (0, 1, 1, 3),
+        (1, 2, 1, 3),
+    ]
+    assert svc.replicas[0].calls == 19.0 and svc.replicas[0].p50 is not None
+    assert "generate is not concurrent" in svc.warning and "not 100" in svc.warning
+    for width, height in [(80, 24), (200, 50)]:
+        out = draw(_service_snapshot(), Screen(focus=3), width=width, height=height)
+        lines = out.rstrip("\n").split("\n")
+        assert len(lines) == height and all(len(ln) <= width for ln in lines), out
+        assert line_with(out, "llm ").split()[:3] == ["llm", "2/2", "OK"], out
+        for i, mesh in enumerate(["llm-r0-6e850f69", "llm-r1-0fa30381"]):
+            row = line_with(out, mesh).split()
+            assert row[:8] == [mesh, "a", "HEALTHY", str(1 + i), str(i), "1", "3", "19.0"], out
+            assert row[8].endswith("ms"), out  # p50, with its unit
+        warning = line_with(out, "! llm:")
+        assert "generate is not concurrent: 1 request at a time per replica, not 100" in warning
+    # Nothing to warn of: one request at a time allowed, or every endpoint concurrent.
+    for snap in (_service_snapshot(max_concurrent=1), _service_snapshot(serial=())):
+        assert derive(snap).services[0].warning == ""
+        assert "!" not in draw(snap, Screen(focus=3), width=80, height=24)
+
+
+def test_enter_on_a_replica_row_shows_that_replica() -> None:
+    from zmesh.top._actions import open_detail
+
+    view = derive(_service_snapshot())
+    screen = Screen(focus=3)
+    screen.selected["services"] = 2  # llm, its replica 0, its replica 1
+    open_detail(view, screen)
+    assert screen.stack is not None
+    assert "mesh         llm-r1-0fa30381" in screen.stack and "generation   2" in screen.stack
+    screen = Screen(focus=3)
+    open_detail(view, screen)  # the service's row: its replicas by name, on one line
+    assert screen.stack is not None
+    assert "replicas     llm-r0-6e850f69, llm-r1-0fa30381" in screen.stack
+
+
+def test_sorting_services_by_restarts_marks_that_column() -> None:
+    out = draw(_service_snapshot(), Screen(focus=3, sort={"services": 1}), width=80, height=24)
+    assert "rst▼" in out, out

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any
 
 from zmesh import _context
+from zmesh._actor import endpoints_of
 from zmesh._client import local as _local
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
@@ -68,6 +69,12 @@ class Supervisor:
         self.name = opts.name
         self.service_id = service_id
         self.config = client.dispatcher.config
+        # Endpoints that run one request at a time whatever the service allows.
+        self._serial = sorted(
+            n
+            for n, e in endpoints_of(opts.cls).items()
+            if not (e.concurrent or e.batch or n.startswith("_"))
+        )
         self._args = args
         self._kwargs = kwargs
         n = opts.replicas
@@ -352,6 +359,8 @@ class Supervisor:
             state=state,
             id=self.service_id,
             table=encode_table(table),
+            max_concurrent=self.config.max_concurrent_requests,
+            serial=self._serial,
         )
         own = _context.own_proc()  # the orchestrator's proc: its mesh's key proves it too
         report = w.ServiceReport(

@@ -132,6 +132,12 @@ class ServiceSummary(msgspec.Struct, frozen=True, omit_defaults=True):
     # of it in other processes (zmesh._service.client.TableRow, msgpack).
     id: str = ""
     table: bytes = b""
+    # Requests in flight per replica (``max_concurrent_requests``), and the
+    # endpoints that run one at a time all the same (not ``concurrent``, not
+    # batched): ``zmesh top`` warns when the first is over 1 and a request
+    # goes to one of the second.
+    max_concurrent: int = 0
+    serial: list[str] = []
 
 
 # ------------------------------------------------------------- counters

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import sys
 from typing import Any
@@ -56,6 +57,7 @@ def run_top(args: argparse.Namespace) -> int:
             out = {
                 "snapshot": plain(snap),
                 "endpoints": [_endpoint(e) for e in view.endpoints],
+                "services": [dataclasses.asdict(sv) for sv in view.services],
             }
             print_json(out)
         else:
@@ -138,11 +140,14 @@ def run_status(args: argparse.Namespace) -> int:
     problems = [
         next((f"{p}: {r}" for a, r in why.items() if f"({a})" in p), p) for p in health.problems
     ]
+    # Not problems (they leave the exit code alone): how a service is set up to run worse.
+    warnings = [f"service {sv.name}: {sv.warning}" for sv in view.services if sv.warning]
     if args.json:
         out = {
             "state": health.state,
             "exit_code": health.exit_code,
             "problems": problems,
+            "warnings": warnings,
             "meshes": [
                 {"agent": agent, "mesh": mesh, "verdict": verdict}
                 for (agent, mesh), verdict in sorted(health.verdicts.items())
@@ -162,6 +167,8 @@ def run_status(args: argparse.Namespace) -> int:
     )
     for p in problems:
         print(f"  {p}")
+    for wn in warnings:
+        print(f"  warning: {wn}")
     if health.state == "healthy":
         print("healthy")
     else:

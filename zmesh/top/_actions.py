@@ -14,8 +14,9 @@ from typing import Any
 
 from zmesh._wire import messages as w
 from zmesh.top._collect import Collector
+from zmesh.top._panes import service_lines
 from zmesh.top._render import Screen
-from zmesh.top._view import View
+from zmesh.top._view import ServiceRow, View
 
 LOG_LINES = 2000  # lines the logs view keeps (it shows the newest)
 LOG_EVERY = 0.5  # seconds between reads while the logs view is open
@@ -24,7 +25,13 @@ LOG_EVERY = 0.5  # seconds between reads while the logs view is open
 def selected_row(view: View, screen: Screen) -> Any:
     """The row the selection is on in the focused pane, or None."""
     pane = screen.pane
-    rows: list[Any] = list(view.endpoints[1:]) if pane == "actors" else list(getattr(view, pane))
+    rows: list[Any]
+    if pane == "actors":
+        rows = list(view.endpoints[1:])
+    elif pane == "services":  # each service, then its replicas: the row is either
+        rows = [rep or svc for svc, rep in service_lines(view)]
+    else:
+        rows = list(getattr(view, pane))
     if not rows:
         return None
     return rows[min(screen.selected.get(pane, 0), len(rows) - 1)]
@@ -60,6 +67,8 @@ def open_detail(view: View, screen: Screen) -> None:
         if not dataclasses.is_dataclass(row)
         else {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
     )
+    if isinstance(row, ServiceRow):  # its replicas are rows of their own
+        fields["replicas"] = ", ".join(r.mesh or str(r.index) for r in row.replicas) or "-"
     screen.stack = [f"{k:<12} {v}" for k, v in fields.items() if k != "hist"]
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
 
-from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from zmesh.top._fit import Cell, Column, Fitted
 from zmesh.top._formats import (
     fmt_bytes,
     fmt_duration,
@@ -25,7 +25,15 @@ from zmesh.top._formats import (
     state_text,
 )
 from zmesh.top._screen import Screen
-from zmesh.top._view import PANES, SORTS, EndpointRow, View, describe_event
+from zmesh.top._view import (
+    PANES,
+    SORTS,
+    EndpointRow,
+    ReplicaRow,
+    ServiceRow,
+    View,
+    describe_event,
+)
 
 # ------------------------------------------------------------------ header
 
@@ -65,7 +73,7 @@ def tabs(screen: Screen, view: View) -> Text:
         "hosts": len(view.hosts),
         "procs": len(view.procs),
         "actors": len(view.endpoints) - 1,
-        "services": len(view.services),
+        "services": len(view.services),  # the replicas are rows under them
         "events": len(view.events),
     }
     t = Text()
@@ -78,37 +86,23 @@ def tabs(screen: Screen, view: View) -> Text:
 # ------------------------------------------------------------------ panes
 
 
-def _table(pane: str, columns: Sequence[tuple[str, dict[str, Any]]], sort: int) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, expand=True, pad_edge=False, padding=(0, 1), show_edge=False)
+def _fitted(
+    pane: str, columns: Sequence[Column], rows: list[tuple[list[Cell], str]], sort: int
+) -> Fitted:
+    """The pane's table, its sort column marked ▼, laid out at draw time (``_fit``)."""
     sort_title = SORTS[pane][sort % len(SORTS[pane])][0]
-    for title, kw in columns:
-        shown = f"{title}▼" if title == sort_title and sort else title
-        t.add_column(shown, no_wrap=True, overflow="ellipsis", **kw)
-    return t
+    marked = [
+        replace(c, title=f"{c.title}▼") if c.title == sort_title and sort else c for c in columns
+    ]
+    return Fitted(marked, rows)
 
 
-_R: dict[str, Any] = {"justify": "right"}
-
-
-def hosts_table(view: View, screen: Screen, rows: range | None = None) -> Table:
-    t = _table(
-        "hosts",
-        [
-            ("host", {"ratio": 2}),
-            ("address", {"ratio": 3}),
-            ("procs", _R),
-            ("cpu", _R),
-            ("mem", _R),
-            ("load", _R),
-            ("seen", _R),
-            ("state", {}),
-        ],
-        screen.sort.get("hosts", 0),
-    )
+def hosts_table(view: View, screen: Screen, rows: range | None = None) -> Fitted:
+    rows_out: list[tuple[list[Cell], str]] = []
     for i in rows if rows is not None else range(len(view.hosts)):
         h = view.hosts[i]
         mem = f"{fmt_bytes(h.mem_used)}/{fmt_bytes(h.mem_total)}" if h.mem_total else "-"
-        t.add_row(
+        cells: list[Cell] = [
             h.label,
             h.address,
             str(h.procs),
@@ -117,37 +111,27 @@ def hosts_table(view: View, screen: Screen, rows: range | None = None) -> Table:
             "-" if h.load is None else f"{h.load:.2f}",
             "-" if h.age is None else f"{h.age:.1f}s",
             state_text(h.state),
-            style=_sel(screen, "hosts", i),
-        )
-    return t
-
-
-def _longest(names: Any, cap: int = 24) -> int:
-    """A name column's minimum width: its longest name, up to ``cap`` (then it is cut)."""
-    return min(cap, max((len(n) for n in names), default=4))
+        ]
+        rows_out.append((cells, _sel(screen, "hosts", i)))
+    columns = [
+        Column("host", cut="middle", min=6),
+        Column("address", cut="middle", min=12),
+        Column("procs", right=True),
+        Column("cpu", right=True),
+        Column("mem", right=True),
+        Column("load", right=True, drop=2),
+        Column("seen", right=True, drop=1),
+        Column("state", fill=True),
+    ]
+    return _fitted("hosts", columns, rows_out, screen.sort.get("hosts", 0))
 
 
 def procs_table(view: View, screen: Screen, rows: range | None = None) -> RenderableType:
-    t = _table(
-        "procs",
-        [
-            ("host", {"ratio": 1, "min_width": 4, "max_width": 12}),
-            ("mesh", {"min_width": _longest(p.mesh for p in view.procs)}),
-            ("rank", _R),
-            ("pid", _R),
-            ("state", {}),
-            ("cpu", _R),
-            ("rss", _R),
-            ("rst", _R),
-            ("up", _R),
-            ("exit", {"ratio": 2, "min_width": 4}),
-        ],
-        screen.sort.get("procs", 0),
-    )
+    rows_out: list[tuple[list[Cell], str]] = []
     for i in rows if rows is not None else range(len(view.procs)):
         p = view.procs[i]
         style = _sel(screen, "procs", i) or ("dim" if p.history else "")
-        t.add_row(
+        cells: list[Cell] = [
             p.host,
             p.mesh,
             str(p.rank),
@@ -158,16 +142,29 @@ def procs_table(view: View, screen: Screen, rows: range | None = None) -> Render
             str(p.restarts),
             fmt_duration(p.uptime),
             p.reason,
-            style=style,
-        )
+        ]
+        rows_out.append((cells, style))
+    columns = [
+        Column("host", cut="middle", min=5),
+        Column("mesh", cut="middle", min=12),
+        Column("rank", right=True),
+        Column("pid", right=True),
+        Column("state"),
+        Column("cpu", right=True),
+        Column("rss", right=True),
+        Column("rst", right=True, drop=2),
+        Column("up", right=True, drop=1),
+        Column("exit", cut="end", min=4, fill=True, later=True),
+    ]
+    t = _fitted("procs", columns, rows_out, screen.sort.get("procs", 0))
     folded = view.header.history if not screen.show_history else 0
     if folded:
         return Group(t, Text(f"  +{folded} history rows folded (H shows them)", style="dim"))
     return t
 
 
-def _actor_row(t: Table, e: EndpointRow, style: str, batched: bool) -> None:
-    cells: list[Any] = [
+def _actor_cells(e: EndpointRow, batched: bool) -> list[Cell]:
+    cells: list[Cell] = [
         f"{e.mesh}/{e.actor}" if e.mesh else e.actor,
         e.endpoint,
         fmt_rate(e.calls),
@@ -180,60 +177,111 @@ def _actor_row(t: Table, e: EndpointRow, style: str, batched: bool) -> None:
     if batched:
         cells.append(str(e.batches_total) if e.batches_total else "-")
         cells.append(f"{e.mean_batch:.1f}" if e.mean_batch is not None else "-")
-    t.add_row(*cells, style=style)
+    return cells
 
 
-def actors_table(view: View, screen: Screen, rows: range | None = None) -> Table:
+def actors_table(view: View, screen: Screen, rows: range | None = None) -> Fitted:
     # The batching columns show once an endpoint is batched: the narrow
     # frame keeps its room otherwise.
     batched = any(e.batches_total for e in view.endpoints)
-    batching = [("batches", _R), ("batch", _R)] if batched else []
-    t = _table(
-        "actors",
-        [
-            ("actor", {"min_width": _longest(f"{e.mesh}/{e.actor}" for e in view.endpoints[1:])}),
-            ("endpoint", {"ratio": 2, "min_width": 8}),
-            ("calls/s", _R),
-            ("p50", _R),
-            ("p99", _R),
-            ("err/s", _R),
-            ("inflight", _R),
-            ("queue", _R),
-            *batching,  # invocations of a batched endpoint; mean calls per invocation
-        ],
-        screen.sort.get("actors", 0),
+    batching = (
+        [Column("batches", right=True, drop=2), Column("batch", right=True, drop=1)]
+        if batched
+        else []
     )
+    columns = [
+        Column("actor", cut="middle", min=12),
+        Column("endpoint", cut="middle", min=8, fill=True),
+        Column("calls/s", right=True),
+        Column("p50", right=True),
+        Column("p99", right=True),
+        Column("err/s", right=True),
+        Column("inflight", right=True),
+        Column("queue", right=True),
+        *batching,  # invocations of a batched endpoint; mean calls per invocation
+    ]
     total, *rest = view.endpoints
-    _actor_row(t, total, "bold", batched)
+    rows_out: list[tuple[list[Cell], str]] = [(_actor_cells(total, batched), "bold")]
     for i in rows if rows is not None else range(len(rest)):
-        _actor_row(t, rest[i], _sel(screen, "actors", i), batched)
-    return t
+        rows_out.append((_actor_cells(rest[i], batched), _sel(screen, "actors", i)))
+    return _fitted("actors", columns, rows_out, screen.sort.get("actors", 0))
+
+
+def service_lines(view: View) -> list[tuple[ServiceRow, ReplicaRow | None]]:
+    """The services pane's rows: each service, then each of its replicas."""
+    return [(s, r) for s in view.services for r in (None, *s.replicas)]
+
+
+def service_warnings(view: View) -> list[str]:
+    """The lines under the services table: one per service with a warning."""
+    return [f"  ! {s.name}: {s.warning}" for s in view.services if s.warning]
+
+
+def _service_cells(s: ServiceRow, batched: bool) -> list[Cell]:
+    reps = s.replicas
+    cells: list[Cell] = [
+        s.name,
+        f"{s.healthy}/{s.desired}",
+        state_text(s.state or ("ok" if s.healthy >= s.desired else "degraded")),
+        "",
+        str(s.restarts),
+        str(sum(r.in_flight for r in reps)) if reps else "-",
+        str(sum(r.queue for r in reps)) if reps else "-",
+        fmt_rate(sum(r.calls for r in reps)) if reps else "-",
+        "",
+        Text(s.last_failure, style="red" if s.healthy < s.desired else ""),
+    ]
+    return [*cells[:-1], "", *cells[-1:]] if batched else cells
+
+
+def _replica_cells(r: ReplicaRow, batched: bool) -> list[Cell]:
+    cells: list[Cell] = [
+        f"  {r.mesh or r.index}",  # the mesh's name holds the index (name-r0-...)
+        r.host,
+        state_text(r.state),
+        str(r.generation),
+        str(r.restarts),
+        str(r.in_flight),
+        str(r.queue),
+        fmt_rate(r.calls),
+        fmt_latency(r.p50),
+        r.last_failure,
+    ]
+    if batched:  # the mean calls per invocation of its batched endpoints
+        cells.insert(-1, f"{r.mean_batch:.1f}" if r.mean_batch is not None else "-")
+    return cells
 
 
 def services_table(view: View, screen: Screen, rows: range | None = None) -> RenderableType:
-    t = _table(
-        "services",
-        [
-            ("service", {"ratio": 2}),
-            ("replicas", _R),
-            ("restarts", _R),
-            ("last failure", {"ratio": 3}),
-            ("state", {}),
-        ],
-        screen.sort.get("services", 0),
-    )
-    for i in rows if rows is not None else range(len(view.services)):
-        s = view.services[i]
-        t.add_row(
-            s.name,
-            f"{s.healthy}/{s.desired}",
-            str(s.restarts),
-            s.last_failure,
-            state_text(s.state or ("ok" if s.healthy >= s.desired else "degraded")),
-            style=_sel(screen, "services", i),
-        )
+    lines = service_lines(view)
+    # The batch column shows once a replica's endpoint is batched, as in actors.
+    batched = any(r.mean_batch is not None for s in view.services for r in s.replicas)
+    rows_out: list[tuple[list[Cell], str]] = []
+    for i in rows if rows is not None else range(len(lines)):
+        s, r = lines[i]
+        cells = _service_cells(s, batched) if r is None else _replica_cells(r, batched)
+        rows_out.append((cells, _sel(screen, "services", i) or ("" if r is None else "dim")))
+    columns = [
+        Column("service", cut="middle", min=10),
+        Column("replicas", cut="middle", min=5),  # healthy/desired; a replica's host
+        Column("state"),
+        Column("gen", right=True, drop=3),
+        Column("rst", right=True),
+        Column("inflight", right=True),
+        Column("queue", right=True),
+        Column("calls/s", right=True, drop=2),
+        Column("p50", right=True),
+        *([Column("batch", right=True, drop=4)] if batched else []),
+        Column("last failure", cut="end", min=6, fill=True, later=True, drop=1),
+    ]
+    t = _fitted("services", columns, rows_out, screen.sort.get("services", 0))
     if not view.services:
         return Group(t, Text("  no services", style="dim"))
+    warnings = service_warnings(view)
+    if warnings:
+        return Group(
+            t, *(Text(w, style="yellow", no_wrap=True, overflow="ellipsis") for w in warnings)
+        )
     return t
 
 

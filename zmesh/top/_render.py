@@ -23,6 +23,8 @@ from zmesh.top._panes import (
     header,
     hosts_table,
     procs_table,
+    service_lines,
+    service_warnings,
     services_table,
     tabs,
 )
@@ -42,6 +44,8 @@ def pane_rows(view: View, pane: str) -> int:
     """How many selectable rows ``pane`` has."""
     if pane == "actors":
         return len(view.endpoints) - 1
+    if pane == "services":
+        return len(service_lines(view))  # each service, then its replicas
     return len(getattr(view, pane))
 
 
@@ -102,6 +106,8 @@ def render(view: View, screen: Screen, height: int | None = None) -> RenderableT
     )
     if pane == "procs" and view.header.history and not screen.show_history:
         chrome += 1  # the "history rows folded" line
+    if pane == "services":
+        chrome += len(service_warnings(view))
     room = body - chrome - (tail + 1 if tail else 0)
     if pane == "events":
         room = body

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zmesh._service.client import decode_table
+from zmesh._shared.stats import ServiceSummary
 from zmesh.top._collect import AgentSample, EventRecord, Snapshot
 from zmesh.top._endpoints import EndpointRow, endpoint_rows, total_row
 from zmesh.top._health import FAILURES, LIVE, judge
@@ -64,6 +66,29 @@ class ProcRow:
 
 
 @dataclass(frozen=True)
+class ReplicaRow:
+    """One replica of a service: the orchestrator's table joined with its procs' numbers.
+
+    ``in_flight``, ``queue``, ``calls``, ``p50`` and ``mean_batch`` are over
+    the replica's current mesh and the service's actor, as the actors pane
+    counts them (``None`` / 0 until its procs report).
+    """
+
+    index: int
+    state: str
+    generation: int
+    restarts: int = 0
+    last_failure: str = ""
+    mesh: str = ""
+    host: str = ""
+    in_flight: int = 0
+    queue: int = 0
+    calls: float = 0.0
+    p50: float | None = None
+    mean_batch: float | None = None
+
+
+@dataclass(frozen=True)
 class ServiceRow:
     name: str
     healthy: int
@@ -72,6 +97,8 @@ class ServiceRow:
     last_failure: str
     state: str
     id: str = ""  # names may repeat (two scripts' "embedder"); ids do not
+    replicas: tuple[ReplicaRow, ...] = ()
+    warning: str = ""  # e.g. requests that wait for an endpoint that runs one at a time
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -157,7 +184,7 @@ SORTS: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {
     ],
     "services": [
         ("name", lambda r: r.name, False),
-        ("restarts", lambda r: r.restarts, True),
+        ("rst", lambda r: r.restarts, True),
     ],
     "events": [("time", lambda r: r.time, False)],
 }
@@ -192,14 +219,9 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
     endpoints = endpoint_rows(snap.agents)
     # A service reports to every agent it has replicas on: one row per service.
     by_id = {
-        s.id or s.name: ServiceRow(
-            s.name, s.healthy, s.desired, s.restarts, s.last_failure, s.state, s.id
-        )
-        for a in snap.agents
-        if a.stats is not None
-        for s in a.stats.services
+        s.id or s.name: s for a in snap.agents if a.stats is not None for s in a.stats.services
     }
-    services = list(by_id.values())
+    services = [service_row(s, endpoints) for s in by_id.values()]
     header = _header(snap, hosts, procs, endpoints, services, opts.keep)
     if not opts.show_history:
         procs = [p for p in procs if not p.history]
@@ -224,6 +246,61 @@ def derive(snap: Snapshot, opts: Options | None = None) -> View:
         services=sort_rows(services, "services", opts.sort.get("services", 0)),
         events=sorted(events, key=lambda e: e.time),
     )
+
+
+def service_row(s: ServiceSummary, endpoints: Sequence[EndpointRow]) -> ServiceRow:
+    """A service's row: its summary, a row per replica, and a warning if one is due."""
+    by_mesh: dict[tuple[str, str], list[EndpointRow]] = {}
+    for e in endpoints:
+        by_mesh.setdefault((e.mesh, e.actor), []).append(e)
+    replicas = []
+    for r in decode_table(s.table) if s.table else []:
+        mesh = r.refs[0].mesh if r.refs else ""
+        mine = by_mesh.get((mesh, r.actor), [])
+        t = total_row(mine)
+        batched = sum(e.mean_batch * e.calls for e in mine if e.mean_batch)
+        runs = sum(e.calls / e.mean_batch for e in mine if e.mean_batch)
+        replicas.append(
+            ReplicaRow(
+                r.index,
+                r.state,
+                r.generation,
+                r.restarts,
+                r.last_failure,
+                mesh,
+                r.refs[0].host if r.refs else "",
+                t.in_flight,
+                t.queue,
+                t.calls,
+                t.p50,
+                batched / runs if runs else None,
+            )
+        )
+    return ServiceRow(
+        s.name, s.healthy, s.desired, s.restarts, s.last_failure, s.state, s.id,
+        tuple(sorted(replicas, key=lambda r: r.index)), _serial_warning(s, endpoints, replicas),
+    )  # fmt: skip
+
+
+def _serial_warning(
+    s: ServiceSummary, endpoints: Sequence[EndpointRow], replicas: Sequence[ReplicaRow]
+) -> str:
+    """Why a service allowing several requests per replica runs them one at a time.
+
+    Only endpoints that were called count: one nobody calls costs nothing.
+    """
+    if s.max_concurrent <= 1 or not s.serial:
+        return ""
+    meshes = {r.mesh for r in replicas}
+    used = sorted(
+        {e.endpoint for e in endpoints if e.mesh in meshes and e.calls_total + e.in_flight}
+        & set(s.serial)
+    )
+    if not used:
+        return ""
+    names = ", ".join(used)
+    verb = "is" if len(used) == 1 else "are"
+    return f"{names} {verb} not concurrent: 1 request at a time per replica, not {s.max_concurrent}"
 
 
 def _age(a: AgentSample, now: float) -> float | None:
