@@ -60,12 +60,12 @@ from zmesh._host.procs import Mesh, ProcTable, spec_error
 from zmesh._host.statsbook import StatsBook
 from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
+from zmesh._shared.ownership import same_secret as _same_secret
 from zmesh._shared.state import OWNER_GONE, Rank
 from zmesh._wire import messages as w
 from zmesh._wire.boundary import AgentReady
 from zmesh._wire.codec import Codec, explain, request_of
 from zmesh._wire.security import Gate, Keys, secure_server
-from zmesh._wire.security import same_secret as _same_secret
 from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.agent")

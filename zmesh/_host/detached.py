@@ -39,9 +39,9 @@ import msgspec
 from zmesh._host.owners import not_owner, not_proven
 from zmesh._host.procs import Mesh
 from zmesh._host.restarter import Restarts
+from zmesh._shared.ownership import same_secret as _same_secret
 from zmesh._shared.state import Rank
 from zmesh._wire import messages as w
-from zmesh._wire.security import same_secret as _same_secret
 
 if TYPE_CHECKING:
     from zmesh._host.agent import HostAgent

@@ -42,6 +42,7 @@ from zmesh._host.mailbox import Mailbox
 from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.ownership import same_secret
 from zmesh._shared.workers import Workers
 from zmesh._wire import deadlines as _deadlines
 from zmesh._wire import excpickle as _excpickle
@@ -258,7 +259,7 @@ class ProcServer:
 
     def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
         """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
-        if _security.same_secret(self.key, msg.proof):
+        if same_secret(self.key, msg.proof):
             return True
         self.denied += 1
         if self.denied == 1 or self.denied % 1000 == 0:

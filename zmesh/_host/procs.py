@@ -38,10 +38,10 @@ from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
 from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
+from zmesh._shared.ownership import same_secret as _same_secret
 from zmesh._shared.state import MeshView, Rank, Status
 from zmesh._wire import boundary as b
 from zmesh._wire import messages as w
-from zmesh._wire.security import same_secret as _same_secret
 
 log = logging.getLogger("zmesh.agent")
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from zmesh._wire.security import same_secret
-
 # Where a proc finds its mesh's key; the proc removes it from its
 # environment at start, so its actors' subprocesses do not inherit it.
 MESH_KEY_VAR = "ZMESH_MESH_KEY"
@@ -54,3 +52,15 @@ def mesh_key(secret: str, mesh: str) -> str:
     """The key of mesh ``mesh`` whose owner's secret is ``secret``."""
     label = b"zmesh mesh key\0" + mesh.encode("utf-8", "surrogatepass")
     return hmac.new(secret.encode("utf-8", "surrogatepass"), label, hashlib.sha256).hexdigest()
+
+
+def same_secret(a: str, b: str) -> bool:
+    """Whether two secrets are equal, in constant time, whatever a peer sent.
+
+    ``hmac.compare_digest`` refuses ``str`` with non-ASCII characters
+    (``TypeError``), and a secret arrives from the wire as any text: compare
+    the UTF-8 bytes.
+    """
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+    )

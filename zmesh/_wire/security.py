@@ -35,7 +35,6 @@ CURVE key (the ZAP User-Id), never by routing id.
 
 from __future__ import annotations
 
-import hmac
 import os
 import stat
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import zmq
 import zmq.auth
 
 from zmesh._errors import SecurityError
+from zmesh._shared.paths import private_dir, runtime_dir
 
 DOMAIN = "zmesh"
 _ENFORCE_DOMAIN = getattr(zmq, "ZAP_ENFORCE_DOMAIN", 93)
@@ -338,8 +338,6 @@ def throwaway_keys(name: str) -> Keys:
 
     The directory is private to this user; whoever made it removes it.
     """
-    from zmesh._shared.paths import private_dir, runtime_dir
-
     return keygen(private_dir(os.path.join(runtime_dir(), name)))
 
 
@@ -393,16 +391,4 @@ def probe(addr: str, timeout: float = 10.0, keys: Keys | None = None) -> str:
     return (
         f"the CURVE handshake with {addr} failed: check that the agent runs with --keys "
         f"and that {os.path.join(keys.dir, AGENTS_FILE)} holds the agents' public key"
-    )
-
-
-def same_secret(a: str, b: str) -> bool:
-    """Whether two secrets are equal, in constant time, whatever a peer sent.
-
-    ``hmac.compare_digest`` refuses ``str`` with non-ASCII characters
-    (``TypeError``), and a secret arrives from the wire as any text: compare
-    the UTF-8 bytes.
-    """
-    return hmac.compare_digest(
-        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
     )
