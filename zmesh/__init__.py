@@ -35,7 +35,6 @@ from zmesh._actor import (
     current_request,
     endpoint,
 )
-from zmesh._context import Context, context, current_actor_name, current_size
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -74,16 +73,10 @@ if TYPE_CHECKING:
     from zmesh._client.ports import Channel, Port, PortReceiver
     from zmesh._client.replies import Stream
     from zmesh._client.shutdown import shutdown
-    from zmesh._client.singletons import (
-        get_or_spawn_controller,
-        local_proc_mesh,
-        proc_mesh,
-        shutdown_context,
-    )
     from zmesh._client.streams import ItemStream
-    from zmesh._client.this_proc import this_proc
-    from zmesh._client.typedlookup import lookup
     from zmesh._client.values import ValueMesh
+    from zmesh._context import Context, context, current_actor_name, current_size
+    from zmesh._lookup import lookup
     from zmesh._service.endpoint import ServiceEndpoint
     from zmesh._service.info import ServiceInfo, service_info
     from zmesh._service.routing import (
@@ -97,12 +90,23 @@ if TYPE_CHECKING:
     )
     from zmesh._shared.points import Extent
     from zmesh._shared.state import Rank, Status
+    from zmesh._singletons import (
+        get_or_spawn_controller,
+        local_proc_mesh,
+        proc_mesh,
+        shutdown_context,
+    )
+    from zmesh._this_proc import this_proc
 
     # A handle is typed as its actor class (zmesh._typing): ActorMesh[Counter]
     # and Service[Counter] are Counter to a checker, the handle classes at run time.
     from zmesh._typing import ActorMesh, Service
 
 _LAZY = {
+    "Context": "zmesh._context",
+    "context": "zmesh._context",
+    "current_actor_name": "zmesh._context",
+    "current_size": "zmesh._context",
     "send": "zmesh._client.portcalls",
     "PortReceiver": "zmesh._client.ports",
     "Port": "zmesh._client.ports",
@@ -120,14 +124,14 @@ _LAZY = {
     "ValueMesh": "zmesh._client.values",
     "MeshFailure": "zmesh._client.faults",
     "unhandled_fault_hook": "zmesh._client.faults",
-    "get_or_spawn_controller": "zmesh._client.singletons",
-    "shutdown_context": "zmesh._client.singletons",
-    "local_proc_mesh": "zmesh._client.singletons",
-    "proc_mesh": "zmesh._client.singletons",
-    "this_proc": "zmesh._client.this_proc",
+    "get_or_spawn_controller": "zmesh._singletons",
+    "shutdown_context": "zmesh._singletons",
+    "local_proc_mesh": "zmesh._singletons",
+    "proc_mesh": "zmesh._singletons",
+    "this_proc": "zmesh._this_proc",
     "Extent": "zmesh._shared.points",
     "connect": "zmesh._client.hosts",
-    "lookup": "zmesh._client.typedlookup",
+    "lookup": "zmesh._lookup",
     "this_host": "zmesh._client.hosts",
     "LeastLoadedRouter": "zmesh._service.routing",
     "ReplicaStatistics": "zmesh._service.routing",

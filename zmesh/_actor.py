@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec,
 from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
+    from zmesh._client.runtime import ProcRef
     from zmesh._options import Options
     from zmesh._service.routing import ServiceConfig
     from zmesh._typing import (
@@ -247,6 +249,27 @@ _REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_request", 
 # The actor instance whose endpoint is running: it owns meshes it spawns.
 _CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_actor")
 
+# The name of the actor whose code runs (its mesh's actor name).
+_ACTOR_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_actor_name")
+# This process's own proc, when it is one (set by zmesh._host.proc once it binds).
+_own_proc: ProcRef | None = None
+
+
+def set_actor_name(name: str) -> None:
+    """Name, in the running context, the actor whose code runs (the proc calls it)."""
+    _ACTOR_NAME.set(name)
+
+
+def set_own_proc(ref: ProcRef) -> None:
+    """Say which proc this process is (``this_proc()``, ``context().actor_instance.proc``)."""
+    global _own_proc
+    _own_proc = ref
+
+
+def own_proc() -> ProcRef | None:
+    """This process's proc, or ``None`` in a client."""
+    return _own_proc
+
 
 def set_current(point: Point | None = None, actor: Any = None, request: str | None = None) -> None:
     """Set, in the running context, the actor (its point and instance) and the
@@ -294,6 +317,54 @@ def current_request() -> str:
     return _REQUEST.get()
 
 
+# What a handle has of its own: the public attributes of ActorMesh and of
+# Service (tests/unit/test_mistakes.py checks that none is missing), for a
+# class defined before those are imported. A script's first class must not
+# import the service machinery (~50 ms of a cold start) to be checked.
+_HANDLE_ATTRS = {
+    "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
+    "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
+    "statistics", "stop", "supervision_events",
+    # Not an attribute but the handle's own: ``as_actor().get(timeout)`` waits
+    # for the mesh, and typed code (zmesh._typing) sees ``.get`` as that.
+    "get",
+}  # fmt: skip
+
+
+def reserved_names() -> set[str]:
+    """Names an endpoint may not have: every public attribute of the handles."""
+    names = set(_HANDLE_ATTRS)
+    for module, cls_name in (
+        ("zmesh._client.mesh", "ActorMesh"),
+        ("zmesh._service.service", "Service"),
+    ):
+        cls = getattr(sys.modules.get(module), cls_name, None)  # only if imported already
+        if cls is not None:
+            names.update(n for n in dir(cls) if not n.startswith("_"))
+    return names
+
+
+def check_endpoint_names(cls: type) -> None:
+    """Refuse endpoints that a handle's own attribute would hide.
+
+    Raises:
+        TypeError: naming the endpoint, what shadows it and the fix.
+    """
+    endpoints = [n for n, v in vars(cls).items() if isinstance(v, Endpoint)]
+    if not endpoints:
+        return
+    clash = sorted(set(endpoints) & reserved_names())
+    if clash:
+        name = clash[0]
+        other = "value" if name == "get" else f"get_{name}"
+        raise TypeError(
+            f"{cls.__name__}.{name}: an endpoint may not be named {name!r}: on a mesh or "
+            f"service handle, .{name} is the handle's own, so calls would never reach the "
+            f"endpoint. Rename it (e.g. {name}_ or {other}). Reserved names: "
+            f"{', '.join(sorted(reserved_names()))}"
+        )
+
+
 if TYPE_CHECKING:
     _Handle = HandleFace  # a handle's own methods, for the checker (zmesh._typing)
 else:
@@ -313,8 +384,6 @@ class Actor(_Handle):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        from zmesh._client.mistakes import check_endpoint_names
-
         check_endpoint_names(cls)  # an endpoint a handle's own attribute would hide
 
     @property

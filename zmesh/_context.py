@@ -9,38 +9,16 @@ the client, outside any actor, ``context()`` describes the client itself
 
 from __future__ import annotations
 
-import contextvars
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zmesh._actor import _CURRENT, current_rank
+from zmesh._actor import _ACTOR_NAME, _CURRENT, current_rank, own_proc
 from zmesh._shared.points import Point
+from zmesh._this_proc import this_proc
 
 if TYPE_CHECKING:
     from zmesh._client.mesh import ProcMesh
-    from zmesh._client.runtime import ProcRef
-
-# The name of the actor whose code runs (its mesh's actor name).
-_ACTOR_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_actor_name")
-# This process's own proc, when it is one (set by zmesh._host.proc once it binds).
-_own_proc: ProcRef | None = None
-
-
-def set_actor_name(name: str) -> None:
-    """Name, in the running context, the actor whose code runs (the proc calls it)."""
-    _ACTOR_NAME.set(name)
-
-
-def set_own_proc(ref: ProcRef) -> None:
-    """Say which proc this process is (``this_proc()``, ``context().actor_instance.proc``)."""
-    global _own_proc
-    _own_proc = ref
-
-
-def own_proc() -> ProcRef | None:
-    """This process's proc, or ``None`` in a client."""
-    return _own_proc
 
 
 @dataclass(frozen=True)
@@ -60,8 +38,6 @@ class Instance:
     @property
     def proc(self) -> ProcMesh:
         """The proc this actor runs in, as a one-proc ``ProcMesh`` (``this_proc()``)."""
-        from zmesh._client.this_proc import this_proc
-
         return this_proc()
 
 
@@ -84,11 +60,11 @@ def context() -> Context:
     point = _CURRENT.get(None)
     if point is None:
         me = Point(0, {})
-        ref = _own_proc
+        ref = own_proc()
         where = ref.mesh if ref is not None else f"client-{os.getpid()}"
         return Context(Instance(me, "client", f"{where}/client[0]"), me)
     name = _ACTOR_NAME.get("")
-    ref = _own_proc
+    ref = own_proc()
     mesh = ref.mesh if ref is not None else f"client-{os.getpid()}"
     return Context(Instance(point, name, f"{mesh}/{name}[{point.rank}]"), point)
 

@@ -7,12 +7,15 @@ and ``.spawn()`` start what it describes.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
 from collections.abc import Callable
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._actor import Actor
+from zmesh._shared.points import check_per_proc
+from zmesh._wire.names import check_name
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
@@ -20,6 +23,44 @@ if TYPE_CHECKING:
     from zmesh._typing import Spawned
 
 A = TypeVar("A", bound=Actor)
+
+
+_SIZES = ("procs", "hosts", "replicas")
+
+
+def check_options(cls: type, sizes: dict[str, Any], service_config: dict[str, Any]) -> None:
+    """``Cls.options(...)``'s arguments, checked in its own terms.
+
+    Raises:
+        TypeError: a size that is not an int, or an unknown setting.
+        ValueError: a size below 1.
+    """
+    where = f"{cls.__name__}.options()"
+    for key in _SIZES:
+        v = sizes[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{where}: {key} must be an int (at least 1), not {v!r}")
+        if v < 1:
+            raise ValueError(f"{where}: {key} must be at least 1, got {key}={v}")
+    if not service_config:
+        return
+    from zmesh._service.routing import ServiceConfig
+
+    settings = [f.name for f in dataclasses.fields(ServiceConfig)]
+    for key in service_config:
+        if key not in settings:
+            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", *settings]
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(
+                f"{where} got an unknown setting {key!r}{hint}; it takes procs, hosts, "
+                "name, detached, for as_actor(): actors_per_proc, and for as_service(): "
+                f"replicas, config, {', '.join(settings)}"
+            )
+    try:
+        ServiceConfig(**service_config)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from exc
 
 
 class Options(Generic[A]):
@@ -80,10 +121,8 @@ class Options(Generic[A]):
             defaults.pop(key, None)
         settings = defaults
         if config is not None:
-            settings.update({f.name: getattr(config, f.name) for f in fields(config)})
+            settings.update({f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
         settings.update(service_config)
-        from zmesh._client.mistakes import check_options
-
         # Said in options' terms: a size that is no int, an unknown setting.
         sizes = {"procs": procs, "hosts": hosts, "replicas": 1 if replicas is None else replicas}
         check_options(cls, sizes, settings)
@@ -95,8 +134,6 @@ class Options(Generic[A]):
         self.cls = cls
         self.procs = procs
         self.hosts = hosts
-        from zmesh._client.grouping import check_per_proc
-
         # Several actors in each proc: the mesh's dims are {hosts, procs, actors}.
         self.actors_per_proc = check_per_proc(per_proc)
         # Whether this is a service: replicas given, or service settings.
@@ -106,8 +143,6 @@ class Options(Generic[A]):
         self.replicas = replicas if replicas is not None else 1
         if name is None:  # a class name may hold any letter: keep the safe ones
             name = re.sub(r"[^A-Za-z0-9_.-]+|\.\.+", "_", cls.__name__.lower())[:100] or "actor"
-        from zmesh._wire.names import check_name
-
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
         self.detached = bool(detached)

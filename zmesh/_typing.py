@@ -185,7 +185,7 @@ class HandleFace:
     Mesh handles have all but the service ones (``session``,
     ``statistics``, ``replica``); service handles have ``stop``, ``len()``
     and those. An endpoint may not be named like most of them
-    (``zmesh._client.mistakes``); one named ``get`` hides ``mesh.get``.
+    (``zmesh._actor.check_endpoint_names``); one named ``get`` hides ``mesh.get``.
     """
 
     # The handle fields that tests and tools read; fields an actor of its

@@ -113,8 +113,6 @@ class Future(Generic[T]):
 
         def __getattr__(self, name: str) -> Any:
             # Only for names a Future lacks: `mesh.incr` on a forgotten await/.get().
-            from zmesh._client.mistakes import future_attribute_error
-
             if name.startswith("_"):
                 raise AttributeError(name)
             raise future_attribute_error(name)
@@ -122,3 +120,12 @@ class Future(Generic[T]):
 
 async def _wait(afut: asyncio.Future[T]) -> T:
     return await afut
+
+
+def future_attribute_error(name: str) -> AttributeError:
+    """``fut.incr`` on a future: the value is not there yet; say how to get it."""
+    return AttributeError(
+        f"'Future' object has no attribute {name!r}: this is a future, not its value. "
+        f"Did you forget 'await' or '.get()'? e.g. mesh = await Cls.options().as_actor() "
+        f"or mesh = Cls.options().as_actor().get(), then mesh.{name}"
+    )

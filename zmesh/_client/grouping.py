@@ -57,20 +57,6 @@ def for_actor(err: Any, ref: ProcRef) -> Any:
     return mine
 
 
-def check_per_proc(per_proc: Any) -> int:
-    """``actors_per_proc``, checked.
-
-    Raises:
-        TypeError: it is not an int.
-        ValueError: it is below 1.
-    """
-    if isinstance(per_proc, bool) or not isinstance(per_proc, int):
-        raise TypeError(f"actors_per_proc must be an int (at least 1), not {per_proc!r}")
-    if per_proc < 1:
-        raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
-    return per_proc
-
-
 def actors_shape(procs: _Shape, per_proc: int) -> _Shape:
     """The shape of ``per_proc`` actors in each proc of ``procs``: one more dim,
     ``actors``, when ``per_proc`` > 1 (ranks row-major, the actors of a proc together)."""

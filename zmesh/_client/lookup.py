@@ -240,41 +240,6 @@ async def stop_name(rt: Runtime, name: str, agents: list[str]) -> None:
         )
 
 
-def lookup(name: str) -> Future[Any]:
-    """Attach to the detached service or mesh ``name``: a future of its handle.
-
-    ``svc = await zmesh.lookup("embedder")`` (or ``.get()`` in plain code)
-    finds what a script made with ``.options(name="embedder",
-    detached=True)`` on the configured agents (``ZMESH_AGENTS`` or
-    ``zmesh.connect``), for the same keys (``ZMESH_KEYS``). A service comes
-    back as a ``Service`` (direct calls, adverbs, sessions, failover, and
-    ``svc.stop()``), a mesh as an ``ActorMesh``.
-
-    Raises:
-        ValueError: ``name`` is no valid name (so nothing was filed under it).
-
-    Raises (from the future):
-        NameNotFoundError: no such name for these keys; its ``names`` are
-            the ones that exist.
-        ServiceError: a service whose orchestrator stays down (its agent
-            restarted it too often): at once, with its log path.
-        SecurityError, AgentError: no configured agent could be asked.
-    """
-
-    w.check_name(name, "detached name")  # at once, as spawning it would have
-
-    async def go(rt: Runtime) -> Any:
-        kind, handle, addr = await find(rt, name)
-        if kind == "service":
-            from zmesh._service.orchestrator import attach
-
-            return await attach(name, handle, addr)
-        handle._detached = name  # its stop() stops it by name (its procs too)
-        return handle
-
-    return on_home(go)
-
-
 def stop_detached_mesh(mesh: Any) -> Future[None]:
     """``mesh.stop()`` of a detached mesh: its procs, by name, for our keys.
 

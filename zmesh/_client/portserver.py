@@ -76,8 +76,8 @@ def reach_address() -> str | None:
     client: the source address of the route to its first remote agent (a
     UDP ``connect`` only asks the kernel for the route; nothing is sent).
     """
+    from zmesh._actor import own_proc
     from zmesh._client import local as _local
-    from zmesh._context import own_proc
 
     mine = own_proc()
     if mine is not None:

@@ -18,7 +18,7 @@ import math
 import os
 import secrets
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zmesh._actor import Actor, EndpointInfo, endpoints_of
 from zmesh._client import grouping as _grouping
@@ -31,10 +31,13 @@ from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import Runtime
 from zmesh._client.stopping import stop_actors, stop_procs
 from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
-from zmesh._options import Options
+from zmesh._shared.points import check_per_proc
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
 from zmesh._wire.codec import Codec
+
+if TYPE_CHECKING:
+    from zmesh._options import Options
 
 A = TypeVar("A", bound=Actor)
 
@@ -86,7 +89,7 @@ def start_actors(
 
     With ``per_proc`` > 1, that many actors in each proc, on one more dim, ``actors``.
     """
-    per_proc = _grouping.check_per_proc(per_proc)
+    per_proc = check_per_proc(per_proc)
     shape = _grouping.actors_shape(procs._shape, per_proc)
     mesh = _pending_actor_mesh(procs.proc_mesh, shape, name, cls)
 

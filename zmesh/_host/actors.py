@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from zmesh import _context
-from zmesh._actor import Point, set_current
+from zmesh._actor import Point, set_actor_name, set_current
 from zmesh._errors import SpawnError
 from zmesh._host import groupfast as _groupfast
 from zmesh._host import lifecycle as _lifecycle
@@ -222,7 +221,7 @@ async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: lis
         point = Point(msg.rank * count + k, dims)
         ctx = contextvars.copy_context()
         ctx.run(set_current, point)
-        ctx.run(_context.set_actor_name, msg.actor)
+        ctx.run(set_actor_name, msg.actor)
         return loop.run_in_executor(server.pool, functools.partial(ctx.run, build, point))
 
     results = await asyncio.gather(*(start(k) for k in range(count)), return_exceptions=True)

@@ -384,11 +384,9 @@ def _warm_first_use() -> None:
     on 2 cores): these were ~8 ms of it, each measured in a forked child.
     """
     # A class from __main__ arrives by value: unpickling it imports
-    # cloudpickle (3.5 ms), and rebuilding it runs Actor.__init_subclass__,
-    # which imports the checks of zmesh._client.mistakes.
+    # cloudpickle (3.5 ms).
     import cloudpickle  # noqa: F401
 
-    import zmesh._client.mistakes  # noqa: F401
     from zmesh._wire import messages as w
     from zmesh._wire.codec import Codec
 

@@ -17,8 +17,7 @@ from collections import deque
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from zmesh import _context
-from zmesh._actor import Endpoint, Point, set_current
+from zmesh._actor import Endpoint, Point, set_actor_name, set_current
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.batching import Batcher
@@ -231,7 +230,7 @@ class Mailbox:
         """Make the running context this actor's: what ``current_rank()``,
         ``current_actor_name()`` and ``context()`` read."""
         set_current(self.point, self.instance)
-        _context.set_actor_name(self.label)
+        set_actor_name(self.label)
 
     def actor_context(self) -> contextvars.Context:
         """A context of this actor's own, as its endpoints see it (``__cleanup__`` runs in one)."""

@@ -27,8 +27,7 @@ from typing import Any
 
 import zmq
 
-from zmesh import _context
-from zmesh._actor import set_current
+from zmesh._actor import set_current, set_own_proc
 from zmesh._client import local as _local
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
@@ -130,7 +129,7 @@ class ProcServer:
             os.chmod(bind[len("ipc://") :], 0o600)
         self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
-        _context.set_own_proc(
+        set_own_proc(
             _runtime.ProcRef(
                 self.mesh, self.rank, self.generation, self.addr, self.spec.agent, self.host,
                 self.spec.log_path,

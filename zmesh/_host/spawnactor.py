@@ -16,8 +16,7 @@ import functools
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from zmesh import _context
-from zmesh._actor import Point, set_current
+from zmesh._actor import Point, set_actor_name, set_current
 from zmesh._errors import SpawnError
 from zmesh._host import actors as _actors
 from zmesh._host import lifecycle as _lifecycle
@@ -52,7 +51,7 @@ async def spawn(server: ProcServer, ident: bytes, msg: w.SpawnActor, frames: lis
     try:
         ctx = contextvars.copy_context()
         ctx.run(set_current, point)
-        ctx.run(_context.set_actor_name, msg.actor)
+        ctx.run(set_actor_name, msg.actor)
         instance = await asyncio.get_running_loop().run_in_executor(
             server.pool, functools.partial(ctx.run, build)
         )

@@ -23,17 +23,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zmesh._client import local as _local
 from zmesh._client.mesh import ActorMesh, _Shape
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import ZmeshError
-from zmesh._options import Options
 from zmesh._service.client import ServiceClient, TableRow, decode_table
 from zmesh._service.routing import HEALTHY, UNHEALTHY
 from zmesh._service.supervisor import Supervisor
 from zmesh._wire import messages as w
+
+if TYPE_CHECKING:
+    from zmesh._options import Options
 
 log = logging.getLogger("zmesh.service")
 

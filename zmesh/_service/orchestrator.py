@@ -31,7 +31,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -54,7 +54,6 @@ from zmesh._client.runtime import Runtime
 from zmesh._client.spawning import spawn_owned_mesh
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import ServiceError, SpawnError, ZmeshError
-from zmesh._options import Options
 from zmesh._service import service as _service
 from zmesh._service.adoption import DetachedSupervisor, adopt
 from zmesh._service.client import ServiceClient
@@ -65,6 +64,9 @@ from zmesh._wire import messages as w
 from zmesh._wire import pickling
 from zmesh._wire.codec import Codec
 
+if TYPE_CHECKING:
+    from zmesh._options import Options
+
 log = logging.getLogger("zmesh.service")
 
 
@@ -73,13 +75,18 @@ class Plan:
     """What a detached service is made of: the orchestrator's one argument,
     the same for every start of it (the agent's restarts too)."""
 
-    cls: type[Actor]
-    name: str
+    opts: Options[Any]  # as the creator's script checked them
     service_id: str
-    sizes: dict[str, Any]
-    settings: dict[str, Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cls(self) -> type[Actor]:
+        return self.opts.cls
+
+    @property
+    def name(self) -> str:
+        return self.opts.name
 
 
 class Orchestrator(Actor):
@@ -96,7 +103,7 @@ class Orchestrator(Actor):
 
     async def _start(self, rt: Runtime) -> Service:
         p = self.plan
-        opts: Options[Any] = Options(p.cls, name=p.name, detached=False, **p.sizes, **p.settings)
+        opts = p.opts
         config = ServiceConfig(**opts.service_config)
         endpoints = endpoints_of(p.cls)
         svc = Service(
@@ -142,11 +149,7 @@ def spawn_detached(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, 
             nothing is left running.
     """
     agents = external_agents(f"service {opts.name!r}")
-    sizes = {"procs": opts.procs, "hosts": opts.hosts, "replicas": opts.replicas}
-    plan = Plan(
-        opts.cls, opts.name, f"{opts.name}-{secrets.token_hex(6)}", sizes,
-        dict(opts.service_config), args, kwargs,
-    )  # fmt: skip
+    plan = Plan(opts, f"{opts.name}-{secrets.token_hex(6)}", args, kwargs)
 
     async def go(rt: Runtime) -> Service:
         await ensure_free(rt, opts.name, f"service {opts.name!r}")

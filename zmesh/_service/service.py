@@ -28,7 +28,7 @@ import itertools
 import pickle
 import secrets
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import Actor, EndpointInfo, endpoints_of
 from zmesh._client import runtime as _runtime
@@ -37,7 +37,6 @@ from zmesh._client.future import Future
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EndpointError, ServiceError
-from zmesh._options import Options
 from zmesh._service.client import Follower, ServiceClient, decode_table, encode_table
 from zmesh._service.endpoint import ServiceEndpoint
 from zmesh._service.routing import (
@@ -52,6 +51,9 @@ from zmesh._service.routing import (
 from zmesh._service.supervisor import Supervisor
 from zmesh._shared.aio import running_loop
 from zmesh._shared.state import service_state
+
+if TYPE_CHECKING:
+    from zmesh._options import Options
 
 # Clients of services in this process, by service id and runtime: handles of
 # one service (the owner's, one unpickled here) share them.

@@ -22,10 +22,9 @@ import asyncio
 import logging
 import weakref
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zmesh import _context
-from zmesh._actor import endpoints_of
+from zmesh._actor import endpoints_of, own_proc
 from zmesh._client import local as _local
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
@@ -38,7 +37,6 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._options import Options
 from zmesh._service.client import ServiceClient, encode_table
 from zmesh._service.routing import HEALTHY, UNREADY
 from zmesh._shared.aio import running_loop
@@ -46,6 +44,9 @@ from zmesh._shared.state import service_state
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
+
+if TYPE_CHECKING:
+    from zmesh._options import Options
 
 log = logging.getLogger("zmesh.service")
 REPORT_INTERVAL = 1.0
@@ -362,7 +363,7 @@ class Supervisor:
             max_concurrent=self.config.max_concurrent_requests,
             serial=self._serial,
         )
-        own = _context.own_proc()  # the orchestrator's proc: its mesh's key proves it too
+        own = own_proc()  # the orchestrator's proc: its mesh's key proves it too
         report = w.ServiceReport(
             summary, _local.owner_secret(), _local.mesh_proof(own.mesh) if own else ""
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class Extent(Mapping[str, int]):
@@ -124,3 +125,17 @@ class Point(Mapping[str, int]):
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         return f"Point(rank={self.rank}, {inner})"
+
+
+def check_per_proc(per_proc: Any) -> int:
+    """``actors_per_proc``, checked.
+
+    Raises:
+        TypeError: it is not an int.
+        ValueError: it is below 1.
+    """
+    if isinstance(per_proc, bool) or not isinstance(per_proc, int):
+        raise TypeError(f"actors_per_proc must be an int (at least 1), not {per_proc!r}")
+    if per_proc < 1:
+        raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
+    return per_proc

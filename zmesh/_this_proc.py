@@ -46,7 +46,7 @@ def this_proc() -> ProcMesh:
     Raises:
         SpawnError: the client's proc server could not start.
     """
-    from zmesh._context import own_proc
+    from zmesh._actor import own_proc
 
     ref = own_proc()
     if ref is not None:

@@ -1,8 +1,9 @@
 """``zmesh.lookup(name, Cls)``: attach to a detached service or mesh, typed as ``Cls``.
 
-``zmesh._client.lookup`` finds and attaches; this is the public face over
-it. Given the actor class, the result is typed as that class (as
-``as_actor()`` and ``as_service()`` are, ``zmesh._typing``), and what was
+``zmesh._client.lookup`` finds what is filed under a name; this attaches
+to it: a service through its orchestrator, a mesh as it is. Given the
+actor class, the result is typed as that class (as ``as_actor()`` and
+``as_service()`` are, ``zmesh._typing``), and what was
 found is checked to be a service or mesh of that class before it is
 handed out, so a wrong guess fails at the lookup, with both names, rather
 than later, at some call, as an unknown endpoint.
@@ -14,9 +15,14 @@ import concurrent.futures
 from typing import Any, TypeVar, overload
 
 from zmesh._actor import Actor, endpoints_of
-from zmesh._client import lookup as _lookup
 from zmesh._client.future import Future
+from zmesh._client.lookup import find, on_home
+from zmesh._client.mesh import ActorMesh
+from zmesh._client.runtime import Runtime
 from zmesh._errors import HandleTypeError
+from zmesh._service.orchestrator import attach
+from zmesh._service.service import Service
+from zmesh._wire import messages as w
 
 A = TypeVar("A", bound=Actor)
 
@@ -46,16 +52,32 @@ def lookup(name: str, cls: type[Any] | None = None) -> Future[Any]:
         NameNotFoundError: no such name for these keys; its ``names`` are
             the ones that exist.
         HandleTypeError: ``name`` is a service or mesh of another class.
+        ServiceError: a service whose orchestrator stays down (its agent
+            restarted it too often): at once, with its log path.
         SecurityError, AgentError: no configured agent could be asked.
     """
     if cls is None:
-        return _lookup.lookup(name)
+        return _attach(name)
     if not isinstance(cls, type):
         raise HandleTypeError(
             f"zmesh.lookup({name!r}, cls): cls must be an actor class, not {cls!r}",
             name=name, expected=repr(cls), mesh=name,
         )  # fmt: skip
-    return _checked(_lookup.lookup(name), cls, name)
+    return _checked(_attach(name), cls, name)
+
+
+def _attach(name: str) -> Future[Any]:
+    """The handle of what is filed under ``name``: a service's or a mesh's."""
+    w.check_name(name, "detached name")  # at once, as spawning it would have
+
+    async def go(rt: Runtime) -> Any:
+        kind, handle, addr = await find(rt, name)
+        if kind == "service":
+            return await attach(name, handle, addr)
+        handle._detached = name  # its stop() stops it by name (its procs too)
+        return handle
+
+    return on_home(go)
 
 
 def _checked(found: Future[Any], cls: type, name: str) -> Future[Any]:
@@ -88,9 +110,6 @@ def check_class(handle: Any, cls: type, name: str) -> None:
     Raises:
         HandleTypeError: it is not (the message names both classes).
     """
-    from zmesh._client.mesh import ActorMesh
-    from zmesh._service.service import Service
-
     if isinstance(handle, Service):
         kind, host = "service", (handle._agents[0] if handle._agents else None)
     elif isinstance(handle, ActorMesh):
