@@ -43,7 +43,7 @@ FACE = {
 # forkserver's and a proc's start (their first use is in a fresh process,
 # where every millisecond of import is paid by each spawn), the face's
 # (``import zmesh`` loads only what a script uses), and a command's own.
-MAX_INNER_IMPORTS = 104
+MAX_INNER_IMPORTS = 17
 
 # Arrows that still run up, until the restructure takes them out; none may be added.
 KNOWN_UPWARD = {("_actor", "face")}  # Actor.options() makes an Options

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._actor import Actor
+from zmesh._service.routing import ServiceConfig
 from zmesh._shared.points import check_per_proc
 from zmesh._wire.names import check_name
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
-    from zmesh._service.routing import ServiceConfig
     from zmesh._typing import Spawned
 
 A = TypeVar("A", bound=Actor)
@@ -44,8 +44,6 @@ def check_options(cls: type, sizes: dict[str, Any], service_config: dict[str, An
             raise ValueError(f"{where}: {key} must be at least 1, got {key}={v}")
     if not service_config:
         return
-    from zmesh._service.routing import ServiceConfig
-
     settings = [f.name for f in dataclasses.fields(ServiceConfig)]
     for key in service_config:
         if key not in settings:
@@ -146,11 +144,7 @@ class Options(Generic[A]):
         # A service's replicas and every mesh add a suffix: leave room for it.
         self.name = check_name(name, "mesh name", reserve=20)
         self.detached = bool(detached)
-        self.service_config = settings
-        if settings:
-            from zmesh._service.routing import ServiceConfig
-
-            ServiceConfig(**settings)  # unknown or bad settings fail here, at once
+        self.service_config = settings  # checked by check_options, at once
 
     def spawn(self, *args: Any, **kwargs: Any) -> Spawned[A]:
         """Spawn it: a future of a ``Service`` when ``replicas`` (or a service
@@ -177,6 +171,7 @@ class Options(Generic[A]):
             SpawnError: a proc failed to start or ``__init__`` raised; nothing
                 is left running.
         """
+        # Late: `import zmesh` (every proc's first line) loads no client machinery.
         from zmesh._client.spawning import spawn_actor_mesh
 
         if self.is_service:
@@ -190,7 +185,8 @@ class Options(Generic[A]):
         Raises (from the future):
             SpawnError: a replica could not be started; nothing is left running.
         """
-        from zmesh._service.service import spawn_service
+        # Late: the service machinery is ~50 ms of a cold start; most scripts never use it.
+        from zmesh._service.spawn import spawn_service
 
         return spawn_service(self, args, kwargs)
 

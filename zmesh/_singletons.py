@@ -13,6 +13,7 @@ from zmesh._actor import Actor
 from zmesh._client.future import Future
 from zmesh._client.hosts import HostMesh
 from zmesh._client.mesh import ActorMesh, ProcMesh
+from zmesh._client.shutdown import shutdown
 
 A = TypeVar("A", bound=Actor)
 
@@ -63,7 +64,6 @@ def shutdown_context() -> Future[None]:
 
     Returns at once; ``await`` the future or ``.get()`` it.
     """
-    from zmesh._client.shutdown import shutdown
 
     done: concurrent.futures.Future[None] = concurrent.futures.Future()
 

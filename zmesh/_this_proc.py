@@ -26,8 +26,17 @@ import socket
 import threading
 from typing import Any
 
-from zmesh._client.mesh import ProcMesh, _Shape
+from zmesh._actor import own_proc
+from zmesh._client.mesh import ProcMesh
 from zmesh._client.runtime import ProcRef
+from zmesh._errors import SpawnError
+from zmesh._host import lifecycle as _lifecycle
+from zmesh._host.proc import ProcServer
+from zmesh._shared import paths as _paths
+from zmesh._shared.points import Shape
+from zmesh._wire import security as _security
+from zmesh._wire.boundary import ProcEnv
+from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh")
 
@@ -46,11 +55,10 @@ def this_proc() -> ProcMesh:
     Raises:
         SpawnError: the client's proc server could not start.
     """
-    from zmesh._actor import own_proc
 
     ref = own_proc()
     if ref is not None:
-        return ProcMesh(ref.mesh, _Shape({}, [ref.rank]), [ref])
+        return ProcMesh(ref.mesh, Shape({}, [ref.rank]), [ref])
     global _mine
     with _lock:
         if _mine is None:
@@ -59,13 +67,6 @@ def this_proc() -> ProcMesh:
 
 
 def _start() -> ProcMesh:
-    from zmesh._errors import SpawnError
-    from zmesh._host.proc import ProcServer
-    from zmesh._shared import paths as _paths
-    from zmesh._wire import security as _security
-    from zmesh._wire.boundary import ProcEnv
-    from zmesh._wire.zsock import AsyncSocket, configure
-
     name = f"client-{os.getpid()}-{secrets.token_hex(2)}"
     bind = f"ipc://{os.path.join(_paths.runtime_dir(), name)}.sock"
     host = socket.gethostname() or "local"
@@ -114,7 +115,7 @@ def _start() -> ProcMesh:
     # the runtime still serves the calls a cleanup makes.
     atexit.register(_clean_up_at_exit, server)
     ref = ProcRef(name, 0, 1, bind, "", host)
-    return ProcMesh(name, _Shape({}, [0]), [ref])
+    return ProcMesh(name, Shape({}, [0]), [ref])
 
 
 def _clean_up_at_exit(server: Any) -> None:
@@ -124,7 +125,6 @@ def _clean_up_at_exit(server: Any) -> None:
     thread can be started now. ``async def`` ones run on the proc's loop,
     within the cleanup budget.
     """
-    from zmesh._host import lifecycle as _lifecycle
 
     loop = server.own_loop
     boxes = list(server.actors.values())

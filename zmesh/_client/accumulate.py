@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from zmesh._client import tree as _tree
-from zmesh._client.adverbs import EndpointRef, on_runtime
+from zmesh._client.adverbs import EndpointRef
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink
+from zmesh._client.launch import on_runtime
 from zmesh._client.runtime import Runtime
 from zmesh._client.treeanswers import FOLDED
 from zmesh._wire import pickling

@@ -24,12 +24,14 @@ from zmesh._client.agents import AgentClient
 from zmesh._errors import AgentError, AgentTimeoutError, SecurityError
 from zmesh._shared.aio import forget_pending
 from zmesh._wire import messages as w
+from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 from zmesh._wire.security import secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
     from zmesh._client.controller import Controller
+    from zmesh._client.runtime import Runtime
 
 log = logging.getLogger("zmesh")
 
@@ -260,3 +262,41 @@ def cancel_task(task: asyncio.Task[Any]) -> None:
             coro.close()
     else:
         task.cancel()
+
+
+async def agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
+    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
+
+    Raises:
+        SecurityError: the CURVE handshake failed (the reason says which key).
+        AgentError: no answer within 10 s.
+    """
+    if ready.is_set():
+        return
+    heard = asyncio.ensure_future(ready.wait())
+    waits: set[asyncio.Future[Any]] = {heard}
+    probe = None
+    if addr.startswith("tcp://"):
+        # A refused key (or none, to a keyed agent) is silence to the socket,
+        # but a monitor hears it.
+        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
+        waits.add(probe)
+    deadline = rt.loop.time() + 10.0
+    try:
+        while not heard.done():
+            done, _ = await asyncio.wait(
+                waits, timeout=max(0.0, deadline - rt.loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+            if not done:
+                hint = " and whether your keys match its --keys" if probe is not None else ""
+                raise AgentError(
+                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
+                    host=addr,
+                )
+            if probe is not None and probe in done:
+                waits.discard(probe)
+                if why := probe.result():
+                    raise SecurityError(why, host=addr)
+    finally:
+        heard.cancel()

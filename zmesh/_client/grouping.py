@@ -30,10 +30,10 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._client.inflight import failure_error, outcome
 from zmesh._errors import EncodeError, ZmeshError
+from zmesh._shared.points import Shape
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
-    from zmesh._client.mesh import _Shape
     from zmesh._client.runtime import ProcRef, Runtime
     from zmesh._wire.codec import Codec
 
@@ -57,15 +57,14 @@ def for_actor(err: Any, ref: ProcRef) -> Any:
     return mine
 
 
-def actors_shape(procs: _Shape, per_proc: int) -> _Shape:
+def actors_shape(procs: Shape, per_proc: int) -> Shape:
     """The shape of ``per_proc`` actors in each proc of ``procs``: one more dim,
     ``actors``, when ``per_proc`` > 1 (ranks row-major, the actors of a proc together)."""
-    from zmesh._client.mesh import _Shape
 
     if per_proc == 1:
         return procs
     dims = {**procs.dims, "actors": per_proc}
-    return _Shape(dims, [r * per_proc + k for r in procs.ranks for k in range(per_proc)])
+    return Shape(dims, [r * per_proc + k for r in procs.ranks for k in range(per_proc)])
 
 
 def member_refs(procs: list[ProcRef], per_proc: int) -> list[list[ProcRef]]:

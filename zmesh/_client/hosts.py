@@ -7,6 +7,7 @@ A ``HostMesh`` is a set of agents (one per host); ``spawn_procs`` starts a
 from __future__ import annotations
 
 from zmesh._client import local as _local
+from zmesh._client import logforward, spawning
 from zmesh._client.mesh import ProcMesh, check_mesh_name
 from zmesh._shared.points import Extent
 from zmesh._wire import names as _names
@@ -64,7 +65,6 @@ class HostMesh:
             SpawnError: a proc died or did not become ready (with its log path).
             AgentError: an agent cannot be reached.
         """
-        from zmesh._client import spawning
 
         per_host = dict(per_host or {"procs": 1})
         exact = name is not None
@@ -100,8 +100,6 @@ def connect(
         SecurityError: ``keys`` cannot be read.
     """
     if forward_logs is not None:
-        from zmesh._client import logforward
-
         logforward.enable(forward_logs)
     if not addresses:
         raise ValueError("connect() needs at least one agent address")

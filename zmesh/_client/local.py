@@ -27,10 +27,13 @@ import time
 
 import msgspec
 
+from zmesh._client import logforward
+from zmesh._client import runtime as _runtime
 from zmesh._client.agents import AgentLink
 from zmesh._errors import AgentError
 from zmesh._shared import liveness as _liveness
 from zmesh._shared import ownership as _ownership
+from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import AgentReady, parse_ready_line
@@ -151,8 +154,6 @@ def agents(hosts: int) -> list[str]:
 
 
 def _start_agent(index: int) -> tuple[subprocess.Popen[bytes], str]:
-    from zmesh._shared import paths as _paths
-
     label = f"local{index}" if index else "local"
     log_dir = _paths.new_run_dir(f"{label}-{os.getpid()}")
     transport = os.environ.get("ZMESH_TRANSPORT", "ipc")
@@ -207,7 +208,6 @@ def launch_agent(
     Raises:
         SecurityError: ``log_dir`` belongs to another user.
     """
-    from zmesh._shared import paths as _paths
 
     _paths.private_dir(log_dir, strict=False)
     log_path = os.path.join(log_dir, "agent.log")
@@ -277,7 +277,6 @@ def note_used(addr: str) -> None:
     heart = _ensure_heart()
     if new:
         heart.wake.set()  # beat now: the agent learns at once whom to watch
-        from zmesh._client import logforward
 
         logforward.watch(addr, owner_id())  # actors' prints on our stdout
 
@@ -328,7 +327,6 @@ def _ensure_heart() -> _OwnerHeart:
 
 def release_all() -> None:
     """Stop everything this process owns: tell agents, stop embedded ones."""
-    from zmesh._client import runtime as _runtime
 
     if _heart is not None:
         _heart.stopping.set()

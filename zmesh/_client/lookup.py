@@ -35,8 +35,10 @@ from typing import Any
 
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
+from zmesh._client.agentconn import agent_ready
 from zmesh._client.future import Future
 from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._client.stopping import stop_procs
 from zmesh._errors import (
     AgentError,
     DetachError,
@@ -46,6 +48,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._shared.aio import running_loop
+from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR
@@ -150,7 +153,6 @@ async def find(rt: Runtime, name: str) -> tuple[str, Any, str]:
             "ones live on external agents: set ZMESH_AGENTS or call zmesh.connect)",
             name=name,
         )
-    from zmesh._client.procstart import agent_ready
 
     names: set[str] = set()
     errors: list[ZmeshError] = []
@@ -250,7 +252,6 @@ def stop_detached_mesh(mesh: Any) -> Future[None]:
     Raises (from the future):
         NameNotFoundError: not ours (other keys), or stopped already.
     """
-    from zmesh._shared.state import Status
 
     async def go(rt: Runtime) -> None:
         await stop_name(rt, mesh._detached, sorted({r.agent for r in mesh._refs}))
@@ -267,7 +268,5 @@ async def detach_mesh(rt: Runtime, name: str, mesh: Any) -> None:
     try:
         await detach(rt, name, "mesh", mesh, mesh._refs)
     except BaseException:
-        from zmesh._client.stopping import stop_procs
-
         await stop_procs(rt, mesh._refs)
         raise

@@ -17,9 +17,11 @@ from typing import Any, Generic, TypeVar
 
 from zmesh._actor import Actor
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import EndpointRef, submit
+from zmesh._client.adverbs import EndpointRef
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.future import Future
+from zmesh._client.launch import submit
+from zmesh._client.lookup import stop_detached_mesh
 from zmesh._client.meshstate import (  # noqa: F401  (zmesh.MeshState)
     STATE_TIMEOUT,
     MeshState,
@@ -32,52 +34,12 @@ from zmesh._client.runtime import ProcRef
 from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
 from zmesh._errors import EndpointError
 from zmesh._shared.aio import running_loop
-from zmesh._shared.points import Extent, Point
+from zmesh._shared.points import Extent, Point, Shape
 from zmesh._wire import names as _names
 
 A = TypeVar("A", bound=Actor)
 T = TypeVar("T")
 M = TypeVar("M", bound="_MeshBase")
-
-
-class _Shape:
-    """Named dims over a list of flat ranks (a full mesh or a slice of one)."""
-
-    def __init__(self, dims: dict[str, int], ranks: list[int]) -> None:
-        self.dims = dict(dims)
-        self.ranks = list(ranks)
-
-    def sliced(self, sel: dict[str, int | slice]) -> _Shape:
-        for name in sel:
-            if name not in self.dims:
-                raise ValueError(f"no dimension {name!r} (dims: {list(self.dims)})")
-        names = list(self.dims)
-        # Coordinates of each position of this view, row-major.
-        keep_dims: dict[str, int] = {}
-        picks: dict[str, list[int]] = {}
-        for name in names:
-            size = self.dims[name]
-            s = sel.get(name, slice(None))
-            if isinstance(s, int):
-                if not -size <= s < size:
-                    raise IndexError(f"{name}={s} is out of range for size {size}")
-                picks[name] = [s % size]
-            else:
-                picks[name] = list(range(size))[s]
-                keep_dims[name] = len(picks[name])
-        out: list[int] = []
-        strides = {n: math.prod(self.dims[m] for m in names[i + 1 :]) for i, n in enumerate(names)}
-
-        def walk(i: int, offset: int) -> None:
-            if i == len(names):
-                out.append(self.ranks[offset])
-                return
-            n = names[i]
-            for c in picks[n]:
-                walk(i + 1, offset + c * strides[n])
-
-        walk(0, 0)
-        return _Shape(keep_dims, out)
 
 
 _DONE: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -92,7 +54,7 @@ class _MeshBase:
     ``_refs`` is empty and calls wait in ``_gate`` (see ``zmesh._client.pending``).
     """
 
-    _shape: _Shape
+    _shape: Shape
     _refs: list[ProcRef]  # by position in _shape.ranks; empty while spawning
     proc_mesh: str
     _gate: Gate | None = None  # set while calls must wait: the fast path tests this only
@@ -242,7 +204,7 @@ class ProcMesh(_MeshBase):
     ``await procs`` (or ``procs.initialized``) waits for them.
     """
 
-    def __init__(self, name: str, shape: _Shape, refs: list[ProcRef]) -> None:
+    def __init__(self, name: str, shape: Shape, refs: list[ProcRef]) -> None:
         self.proc_mesh = name
         self._shape = shape
         self._refs = refs
@@ -325,7 +287,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         actor: str,
         cls_name: str,
         endpoints: frozenset[str],
-        shape: _Shape,
+        shape: Shape,
         refs: list[ProcRef],
         *,
         owns_procs: bool = False,
@@ -384,7 +346,7 @@ class ActorMesh(_MeshBase, Generic[A]):
         """The same actors on one dim ``name``, in rank order."""
         _names.check_name(name, "dim")
         part = self.slice()
-        part._shape = _Shape({name: len(self._shape.ranks)}, self._shape.ranks)
+        part._shape = Shape({name: len(self._shape.ranks)}, self._shape.ranks)
         return part
 
     def points(self) -> list[Point]:
@@ -405,8 +367,6 @@ class ActorMesh(_MeshBase, Generic[A]):
         from zmesh._client import spawning
 
         if self._detached:  # by name, as its keys' (zmesh._client.lookup): every proc of it
-            from zmesh._client.lookup import stop_detached_mesh
-
             return stop_detached_mesh(self)
         return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=self._owns_procs))
 
@@ -437,7 +397,7 @@ def _rebuild_actor_mesh(
     detached: str = "",
 ) -> ActorMesh[Any]:
     mesh: ActorMesh[Any] = ActorMesh(
-        actor, cls_name, frozenset(endpoints), _Shape(dims, ranks),
+        actor, cls_name, frozenset(endpoints), Shape(dims, ranks),
         [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
     mesh._detached = detached

@@ -14,13 +14,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import on_runtime
 from zmesh._client.connections import ProcConn
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
+from zmesh._client.launch import least_loaded, on_runtime
 from zmesh._client.ports import Port, _open, _PortError
 from zmesh._client.portsockets import _server
 from zmesh._client.runtime import Runtime
+from zmesh._client.values import ValueMesh
 from zmesh._errors import CallTimeoutError, ZmeshError
 from zmesh._wire.codec import Codec
 
@@ -49,7 +50,6 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
     without one, the log says so once the endpoint has returned and no
     answer came for ``PATIENCE`` seconds.
     """
-    from zmesh._client.mesh import ValueMesh
 
     mesh = ep._mesh
     refs, points, dims = mesh._refs, mesh.points(), mesh.sizes
@@ -157,7 +157,6 @@ def send(
         selection: ``"all"`` the actors of the endpoint's mesh, or
             ``"choose"`` one of them, the least loaded.
     """
-    from zmesh._client.adverbs import least_loaded
 
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")

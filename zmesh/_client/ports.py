@@ -36,7 +36,7 @@ import logging
 import pickle
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -44,20 +44,15 @@ from zmesh._actor import current_point
 from zmesh._client import portserver as _portserver
 from zmesh._client import portsockets as _portsockets
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import on_runtime
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink, resolve
+from zmesh._client.launch import on_runtime
 from zmesh._client.portsockets import _senders, _server
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EncodeError, PortFullError
 from zmesh._wire import messages as w
 from zmesh._wire import pickling as _pickling
 from zmesh._wire.codec import Codec
-
-if TYPE_CHECKING:
-    # Importable from here, as before they had modules of their own.
-    from zmesh._client.portcalls import explicit_call as explicit_call
-    from zmesh._client.portcalls import send as send
 
 log = logging.getLogger("zmesh.ports")
 
@@ -361,24 +356,3 @@ def _host() -> str:
     if _host_id is None:
         _host_id = _portserver.host_id()
     return _host_id
-
-
-# Moved to modules of their own; still importable from here.
-_MOVED = {
-    "explicit_call": "zmesh._client.portcalls",
-    "send": "zmesh._client.portcalls",
-    "PORT_HWM": "zmesh._client.portsockets",
-    "_Server": "zmesh._client.portsockets",
-    "_Senders": "zmesh._client.portsockets",
-    "_server": "zmesh._client.portsockets",
-    "_senders": "zmesh._client.portsockets",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)

@@ -32,8 +32,10 @@ from urllib.parse import urlsplit
 
 import zmq
 
+from zmesh._actor import own_proc
+from zmesh._client import local as _local
 from zmesh._wire import security as _security
-from zmesh._wire.zsock import configure
+from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.ports")
 
@@ -76,8 +78,6 @@ def reach_address() -> str | None:
     client: the source address of the route to its first remote agent (a
     UDP ``connect`` only asks the kernel for the route; nothing is sent).
     """
-    from zmesh._actor import own_proc
-    from zmesh._client import local as _local
 
     mine = own_proc()
     if mine is not None:
@@ -175,8 +175,6 @@ class TcpInbox:
     """
 
     def __init__(self, ip: str, loop: Any, on_message: Callable[[list[Any]], None]) -> None:
-        from zmesh._wire.zsock import AsyncSocket
-
         shared = _context()
         keys = shared.keys
         if keys is None:

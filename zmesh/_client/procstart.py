@@ -17,16 +17,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from zmesh._actor import owner_actor as _owner_actor
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
 from zmesh._client import local as _local
-from zmesh._client.mesh import ProcMesh, _Shape, check_mesh_name
+from zmesh._client import lookup as _lookup
+from zmesh._client.agentconn import agent_ready
+from zmesh._client.mesh import ProcMesh, check_mesh_name
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.stopping import stop_mesh_on
-from zmesh._errors import AgentError, SecurityError, SpawnError
+from zmesh._errors import SpawnError
+from zmesh._shared.points import Shape
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
-from zmesh._wire import security as _security
 
 # How long procs may take to start (to Running, or a failure).
 SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
@@ -52,8 +55,6 @@ async def spawn_procs(
 async def _start_procs(
     rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
 ) -> ProcMesh:
-    from zmesh._actor import owner_actor as _owner_actor
-
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
     if per < 1:
@@ -90,7 +91,6 @@ def proc_spec(dims: dict[str, int]) -> Callable[[int, list[int]], w.ProcSpec]:
     agents = _local.configured_agents()
     if agents is not None:  # zmesh.connect(): procs spawn on the same agents
         env["ZMESH_AGENTS"] = ",".join(agents)
-    from zmesh._client import lookup as _lookup
 
     principal = _lookup.principal()  # whose detached names its actors act for
     if principal:
@@ -112,45 +112,7 @@ def proc_mesh_of(
             refs.append(
                 ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
             )
-    return ProcMesh(name, _Shape(dims, list(range(len(refs)))), refs)
-
-
-async def agent_ready(rt: Runtime, ready: asyncio.Event, addr: str) -> None:
-    """Wait until we hear the agent at ``addr``; fail fast if it refuses our key.
-
-    Raises:
-        SecurityError: the CURVE handshake failed (the reason says which key).
-        AgentError: no answer within 10 s.
-    """
-    if ready.is_set():
-        return
-    heard = asyncio.ensure_future(ready.wait())
-    waits: set[asyncio.Future[Any]] = {heard}
-    probe = None
-    if addr.startswith("tcp://"):
-        # A refused key (or none, to a keyed agent) is silence to the socket,
-        # but a monitor hears it.
-        probe = rt.loop.run_in_executor(None, _security.probe, addr, 10.0)
-        waits.add(probe)
-    deadline = rt.loop.time() + 10.0
-    try:
-        while not heard.done():
-            done, _ = await asyncio.wait(
-                waits, timeout=max(0.0, deadline - rt.loop.time()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )  # fmt: skip
-            if not done:
-                hint = " and whether your keys match its --keys" if probe is not None else ""
-                raise AgentError(
-                    f"agent at {addr} did not answer within 10s: check that it runs{hint}",
-                    host=addr,
-                )
-            if probe is not None and probe in done:
-                waits.discard(probe)
-                if why := probe.result():
-                    raise SecurityError(why, host=addr)
-    finally:
-        heard.cancel()
+    return ProcMesh(name, Shape(dims, list(range(len(refs)))), refs)
 
 
 async def _create_and_wait(

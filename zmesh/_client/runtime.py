@@ -47,6 +47,7 @@ from zmesh._client.connections import (
     over,
     wait,
 )
+from zmesh._client.controller import Controller
 from zmesh._client.inflight import OneRequest, Request, Sink, outcome, resolve, settle
 from zmesh._errors import EncodeError
 from zmesh._shared.aio import running_loop
@@ -82,8 +83,6 @@ class Runtime(Connections):
     """The zmesh client on one event loop. Get it with ``current()``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        from zmesh._client.controller import Controller
-
         self.loop = loop
         self.ctx: zmq.Context[Any] = zmq.Context.instance()
         self.codec = Codec(w.CLIENT_INBOX)

@@ -23,15 +23,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from zmesh._actor import Actor, EndpointInfo, endpoints_of
 from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
+from zmesh._client import lookup as _lookup
+from zmesh._client import named as _named
 from zmesh._client import procstart as _procstart
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import submit
-from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
+from zmesh._client.launch import submit
+from zmesh._client.mesh import ActorMesh, ProcMesh, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import Runtime
 from zmesh._client.stopping import stop_actors, stop_procs
 from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
-from zmesh._shared.points import check_per_proc
+from zmesh._shared.points import Shape, check_per_proc
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
 from zmesh._wire.codec import Codec
@@ -57,11 +59,10 @@ def start_procs(
     With ``exact``, ``base`` is the mesh's name on the agents, and a mesh of
     that name this client runs is updated to ``per_host`` (``zmesh._client.named``).
     """
-    from zmesh._client import named as _named
 
     name = base if exact else f"{base}-{secrets.token_hex(4)}"
     dims = {"hosts": hosts, **per_host}
-    pm = ProcMesh(name, _Shape(dims, list(range(math.prod(dims.values())))), [])
+    pm = ProcMesh(name, Shape(dims, list(range(math.prod(dims.values())))), [])
 
     async def work(rt: Runtime) -> None:
         addrs = agents
@@ -112,12 +113,10 @@ def spawn_actor_mesh(
     check_mesh_name(base)
     name = f"{base}-{secrets.token_hex(4)}"
     per_proc = getattr(opts, "actors_per_proc", 1)
-    shape = _Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
+    shape = Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
     mesh = _pending_actor_mesh(name, _grouping.actors_shape(shape, per_proc), base, opts.cls)
     mesh._owns_procs = True
     if opts.detached:  # DetachError now if no agent can outlive this script
-        from zmesh._client import lookup as _lookup
-
         _lookup.external_agents(f"mesh {base!r}")
 
     async def work(rt: Runtime) -> None:
@@ -127,8 +126,6 @@ def spawn_actor_mesh(
             per_proc=per_proc,
         )  # fmt: skip
         if opts.detached:
-            from zmesh._client import lookup as _lookup
-
             await _lookup.detach_mesh(rt, base, up)
             mesh._detached = base  # its stop() and a copy's, in an actor: by name
         assert mesh._gate is not None
@@ -138,12 +135,12 @@ def spawn_actor_mesh(
     return mesh
 
 
-def _pending_actor_mesh(proc_mesh: str, shape: _Shape, name: str, cls: type[A]) -> ActorMesh[A]:
+def _pending_actor_mesh(proc_mesh: str, shape: Shape, name: str, cls: type[A]) -> ActorMesh[A]:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     infos = endpoints_of(cls)
     mesh: ActorMesh[A] = ActorMesh(
-        name, cls.__qualname__, frozenset(infos), _Shape(shape.dims, shape.ranks), [],
+        name, cls.__qualname__, frozenset(infos), Shape(shape.dims, shape.ranks), [],
         modes=_modes(infos),
     )  # fmt: skip
     mesh.proc_mesh = proc_mesh
@@ -345,7 +342,7 @@ async def _spawn_actors(
             ) from err  # fmt: skip
         raise err
     infos = endpoints_of(cls)
-    shape = _grouping.actors_shape(_Shape(dims, procs._shape.ranks), per_proc)
+    shape = _grouping.actors_shape(Shape(dims, procs._shape.ranks), per_proc)
     refs = [r for rs in members for r in rs] if members else procs._refs
     return ActorMesh(
         name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),

@@ -25,6 +25,8 @@ import threading
 import time
 from types import FrameType
 
+from zmesh._actor import Actor, endpoints_of
+
 log = logging.getLogger("zmesh.proc")
 
 TICK = 0.25  # a wake-up of the loop and of the watchdog, four times a second
@@ -73,7 +75,6 @@ class _Watch:
 
 def endpoint_in(frame: FrameType | None) -> str:
     """``Class.endpoint`` of the innermost async endpoint on ``frame``'s stack, else ``""``."""
-    from zmesh._actor import Actor, endpoints_of
 
     while frame is not None:
         me = frame.f_locals.get("self") if frame.f_code.co_argcount else None

@@ -29,6 +29,7 @@ import zmq
 
 from zmesh._actor import set_current, set_own_proc
 from zmesh._client import local as _local
+from zmesh._client import runtime as _runtime
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
@@ -108,8 +109,6 @@ class ProcServer:
             log.exception("cannot report statistics")
 
     async def serve(self) -> None:
-        from zmesh._client import runtime as _runtime
-
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)

@@ -16,6 +16,10 @@ import os
 import signal
 import sys
 
+from zmesh._client import controller as _controller
+from zmesh._client import local as _local
+from zmesh._host import stacks as _stacks
+from zmesh._shared.ownership import MESH_KEY_FD_VAR, MESH_KEY_VAR
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.boundary import PROC_ENV_VAR, ProcEnv, decode_proc_env
@@ -31,8 +35,6 @@ def boot() -> ProcEnv:
         level=logging.INFO,
         format=f"%(asctime)s {spec.mesh}[{spec.rank}] %(levelname)s %(message)s",
     )
-    from zmesh._client import controller as _controller
-    from zmesh._host import stacks as _stacks
 
     try:  # first, so that even a hang while importing the user's code can be shown
         _stacks.install(spec.log_path)  # SIGUSR1 dumps every thread's stack (zmesh stack)
@@ -47,7 +49,6 @@ def boot() -> ProcEnv:
     if not os.environ.get("ZMESH_AGENTS"):
         # Meshes spawned by an actor go to this proc's own agent by default,
         # never to a private embedded agent of the proc.
-        from zmesh._client import local as _local
 
         _local.configure([spec.agent])
     _hold_mesh_key(spec.mesh)
@@ -63,8 +64,6 @@ def _hold_mesh_key(mesh: str) -> None:
     Our actors act for the mesh with it (they may spawn into its procs and
     stop their actors); the processes they start do not inherit it.
     """
-    from zmesh._client import local as _local
-    from zmesh._shared.ownership import MESH_KEY_FD_VAR, MESH_KEY_VAR
 
     key = os.environ.pop(MESH_KEY_VAR, "")
     fd = os.environ.pop(MESH_KEY_FD_VAR, "")

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from zmesh._client.agents import AgentClient
 from zmesh._host import relayown as _own
 from zmesh._host.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
@@ -190,8 +191,6 @@ class RelayServer:
         """Ask our agent which procs of our mesh it runs here, then serve what waited."""
         try:
             if self._agent is None:
-                from zmesh._client.agents import AgentClient
-
                 self._agent = AgentClient(zmq.Context.instance(), self.server.spec.agent, self.loop)
             reply = await self._agent.request(lambda i: w.GetState(i, self.server.mesh), 5.0)
             known: dict[int, tuple[int, str]] = {}

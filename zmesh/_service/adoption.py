@@ -26,12 +26,15 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from zmesh._client import local as _local
-from zmesh._client.mesh import ActorMesh, _Shape
+from zmesh._client.lookup import principal
+from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._client.stopping import stop_request
 from zmesh._errors import ZmeshError
 from zmesh._service.client import ServiceClient, TableRow, decode_table
 from zmesh._service.routing import HEALTHY, UNHEALTHY
 from zmesh._service.supervisor import Supervisor
+from zmesh._shared.points import Shape
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
@@ -123,7 +126,6 @@ class DetachedSupervisor(Supervisor):
 
 async def file_replica(rt: Runtime, name: str, service_id: str, refs: list[ProcRef]) -> None:
     """File a replica's procs with the service's name, so its agents keep them."""
-    from zmesh._client.lookup import principal
 
     by_agent: dict[str, set[str]] = {}
     for ref in refs:
@@ -147,7 +149,6 @@ async def adopt(
 
     Nothing is left on a first start: ``({}, [])``.
     """
-    from zmesh._client.lookup import principal
 
     owned: set[str] = set()
     last: list[TableRow] = []
@@ -177,7 +178,7 @@ async def adopt(
     adopted: dict[int, tuple[int, ActorMesh[Any]]] = {}
     for row in last:
         if row.state == HEALTHY and row.refs and all(r.mesh in owned for r in row.refs):
-            shape = _Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
+            shape = Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
             mesh: ActorMesh[Any] = ActorMesh(row.actor, cls_name, endpoints, shape, list(row.refs))
             mesh._owns_procs = True
             adopted[row.index] = (row.generation, mesh)
@@ -192,8 +193,6 @@ async def adopt(
 
 
 async def _stop_meshes(rt: Runtime, names: list[str]) -> None:
-    from zmesh._client.stopping import stop_request
-
     for addr in _local.configured_agents() or []:
         for mesh in names:
             try:

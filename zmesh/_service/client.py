@@ -37,6 +37,7 @@ from zmesh._errors import (
 )
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceConfig, Session
+from zmesh._shared.points import Shape
 from zmesh._shared.state import owner_gone
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -186,9 +187,7 @@ class ServiceClient:
                     row.index, row.generation, row.last_failure or row.state, False
                 )
             if row.state == HEALTHY and row.generation > slot.generation and row.refs:
-                from zmesh._client.mesh import _Shape
-
-                shape = _Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
+                shape = Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
                 mesh: ActorMesh[Any] = ActorMesh(
                     row.actor, self.cls_name, self.endpoints, shape, list(row.refs)
                 )

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
+from zmesh._client.launch import run_on
 from zmesh._client.runtime import Runtime
 from zmesh._errors import (
     ActorStoppedError,
@@ -26,6 +26,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._service.routing import Session, current_session
+from zmesh._service.streaming import open_service_stream
 from zmesh._shared.aio import running_loop
 from zmesh._wire.codec import Codec
 
@@ -99,7 +100,6 @@ class ServiceEndpoint(Generic[R]):
         self, args: tuple[Any, ...], kwargs: dict[str, Any], session: Session | None, least: bool
     ) -> Any:
         """A generator endpoint's stream from one replica (zmesh._service.streaming)."""
-        from zmesh._service.streaming import open_service_stream
 
         return open_service_stream(
             self._svc, self._name, args, kwargs, timeout=self._timeout, session=session,

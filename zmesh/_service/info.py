@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zmesh._client.mesh import ActorMesh
 from zmesh._errors import HandleTypeError
+from zmesh._service.service import Service
 
 if TYPE_CHECKING:
     from zmesh._actor import Actor
@@ -54,7 +56,6 @@ def service_info(svc: Actor) -> ServiceInfo:
     Raises:
         HandleTypeError: ``svc`` is not a service (an actor mesh, say).
     """
-    from zmesh._service.service import Service
 
     if not isinstance(svc, Service):
         kind = "mesh" if _is_mesh(svc) else type(svc).__name__
@@ -71,6 +72,4 @@ def service_info(svc: Actor) -> ServiceInfo:
 
 
 def _is_mesh(x: object) -> bool:
-    from zmesh._client.mesh import ActorMesh
-
     return isinstance(x, ActorMesh)

@@ -47,7 +47,6 @@ from zmesh._client.lookup import (
     external_agents,
     find,
     on_home,
-    stop_name,
 )
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
@@ -242,28 +241,3 @@ async def _current(orch: ActorMesh[Orchestrator]) -> ActorMesh[Orchestrator]:
 def _as_detached(svc: Service, name: str, orch: ActorMesh[Orchestrator]) -> Service:
     svc._detached = (name, orch)
     return svc
-
-
-def stop_detached(svc: Service) -> Future[None]:
-    """``svc.stop()`` of a detached service, from any script or actor acting for its keys.
-
-    Raises (from the future):
-        NameNotFoundError: not ours (other keys), or stopped already.
-    """
-    name, orch = svc._detached  # type: ignore[misc]
-
-    async def go(rt: Runtime) -> None:
-        # Only by name: the agents check that we act for the keys that made it
-        # (an endpoint of the orchestrator could not: any key that reaches a
-        # proc may call it). They stop the orchestrator, whose cleanup stops
-        # the replicas, and the replicas filed under the name.
-        client = svc._client_now()
-        replicas = {r.agent for m in client.meshes if m is not None for r in m._refs}
-        await stop_name(rt, name, sorted({r.agent for r in orch._refs} | replicas))
-        for client in list(svc._clients.values()):
-            try:
-                client.rt.loop.call_soon_threadsafe(client.stop)  # calls after this: stopped
-            except RuntimeError:  # its loop ended (an asyncio.run() that used the handle)
-                continue
-
-    return on_home(go)

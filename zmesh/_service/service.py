@@ -30,10 +30,11 @@ import secrets
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from zmesh._actor import Actor, EndpointInfo, endpoints_of
+from zmesh._actor import EndpointInfo
 from zmesh._client import runtime as _runtime
-from zmesh._client.adverbs import run_on
 from zmesh._client.future import Future
+from zmesh._client.launch import run_on
+from zmesh._client.lookup import on_home, stop_name
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
 from zmesh._errors import EndpointError, ServiceError
@@ -46,14 +47,12 @@ from zmesh._service.routing import (
     ServiceConfig,
     ServiceStatistics,
     Session,
-    make_router,
 )
 from zmesh._service.supervisor import Supervisor
-from zmesh._shared.aio import running_loop
 from zmesh._shared.state import service_state
 
 if TYPE_CHECKING:
-    from zmesh._options import Options
+    pass
 
 # Clients of services in this process, by service id and runtime: handles of
 # one service (the owner's, one unpickled here) share them.
@@ -178,9 +177,7 @@ class Service:
         sup = self._supervisor or _supervisors.get(self.id)  # a handle come back home
         rt = _runtime.home()
         if sup is None and self._detached is not None:
-            from zmesh._service.orchestrator import stop_detached
-
-            return stop_detached(self)
+            return _stop_detached(self)
         if sup is None:
             err = ServiceError(
                 f"service {self.name} is stopped by the process that made it", mesh=self.name
@@ -304,36 +301,26 @@ def _rebuild_service(
     return svc
 
 
-def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``Cls.options(replicas=...).spawn(...)``: a future of the running ``Service``.
+def _stop_detached(svc: Service) -> Future[None]:
+    """``svc.stop()`` of a detached service, from any script or actor acting for its keys.
 
-    The service runs on this process's I/O loop (see ``runtime.home``), so it
-    outlives the event loop of its caller.
+    Raises (from the future):
+        NameNotFoundError: not ours (other keys), or stopped already.
     """
-    if not (isinstance(opts.cls, type) and issubclass(opts.cls, Actor)):
-        raise TypeError(f"{opts.cls!r} is not a zmesh.Actor subclass")
-    if opts.detached:  # its supervisor runs on an external agent, not here
-        from zmesh._service.orchestrator import spawn_detached
+    name, orch = svc._detached  # type: ignore[misc]
 
-        return spawn_detached(opts, args, kwargs)
-    config = ServiceConfig(**opts.service_config)
-    rt = _runtime.home()
+    async def go(rt: Runtime) -> None:
+        # Only by name: the agents check that we act for the keys that made it
+        # (an endpoint of the orchestrator could not: any key that reaches a
+        # proc may call it). They stop the orchestrator, whose cleanup stops
+        # the replicas, and the replicas filed under the name.
+        client = svc._client_now()
+        replicas = {r.agent for m in client.meshes if m is not None for r in m._refs}
+        await stop_name(rt, name, sorted({r.agent for r in orch._refs} | replicas))
+        for client in list(svc._clients.values()):
+            try:
+                client.rt.loop.call_soon_threadsafe(client.stop)  # calls after this: stopped
+            except RuntimeError:  # its loop ended (an asyncio.run() that used the handle)
+                continue
 
-    async def go() -> Service:
-        svc = Service(
-            f"{opts.name}-{secrets.token_hex(6)}", opts.name, opts.cls.__qualname__,
-            endpoints_of(opts.cls), opts.replicas, config, make_router(config.router),
-        )  # fmt: skip
-        client = ServiceClient(
-            rt, svc.name, svc._n, config, svc.router, svc.cls_name, frozenset(svc.endpoints)
-        )
-        svc._clients[id(rt)] = _clients[(svc.id, id(rt))] = client
-        sup = svc._supervisor = _supervisors[svc.id] = Supervisor(
-            rt, client, opts, args, kwargs, svc.id
-        )
-        await sup.start()
-        return svc
-
-    if running_loop() is rt.loop:
-        return Future(afut=rt.loop.create_task(go()))
-    return Future(cfut=asyncio.run_coroutine_threadsafe(go(), rt.loop))
+    return on_home(go)

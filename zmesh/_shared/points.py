@@ -139,3 +139,43 @@ def check_per_proc(per_proc: Any) -> int:
     if per_proc < 1:
         raise ValueError(f"actors_per_proc must be at least 1, got {per_proc}")
     return per_proc
+
+
+class Shape:
+    """Named dims over a list of flat ranks (a full mesh or a slice of one)."""
+
+    def __init__(self, dims: dict[str, int], ranks: list[int]) -> None:
+        self.dims = dict(dims)
+        self.ranks = list(ranks)
+
+    def sliced(self, sel: dict[str, int | slice]) -> Shape:
+        for name in sel:
+            if name not in self.dims:
+                raise ValueError(f"no dimension {name!r} (dims: {list(self.dims)})")
+        names = list(self.dims)
+        # Coordinates of each position of this view, row-major.
+        keep_dims: dict[str, int] = {}
+        picks: dict[str, list[int]] = {}
+        for name in names:
+            size = self.dims[name]
+            s = sel.get(name, slice(None))
+            if isinstance(s, int):
+                if not -size <= s < size:
+                    raise IndexError(f"{name}={s} is out of range for size {size}")
+                picks[name] = [s % size]
+            else:
+                picks[name] = list(range(size))[s]
+                keep_dims[name] = len(picks[name])
+        out: list[int] = []
+        strides = {n: math.prod(self.dims[m] for m in names[i + 1 :]) for i, n in enumerate(names)}
+
+        def walk(i: int, offset: int) -> None:
+            if i == len(names):
+                out.append(self.ranks[offset])
+                return
+            n = names[i]
+            for c in picks[n]:
+                walk(i + 1, offset + c * strides[n])
+
+        walk(0, 0)
+        return Shape(keep_dims, out)

@@ -19,6 +19,9 @@ import os
 import sys
 from typing import Any
 
+from zmesh import __version__
+from zmesh._errors import ZmeshError
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("zmesh.cli.agent", "run a host agent"),
@@ -38,7 +41,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def version() -> str:
     """The installed zmesh's version."""
-    from zmesh import __version__
 
     return __version__
 
@@ -99,8 +101,6 @@ def _silence_stdout() -> None:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from zmesh._errors import ZmeshError
-
     try:
         code: Any = ns.run(ns)
         sys.stdout.flush()  # a closed pipe shows here, not at exit

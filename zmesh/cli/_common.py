@@ -9,7 +9,10 @@ import re
 import sys
 from typing import Any
 
+from zmesh._client import local as _local
 from zmesh._errors import AgentError, SecurityError
+from zmesh._shared import registry as _registry
+from zmesh._wire import security as _security
 
 
 def agent_args(parser: argparse.ArgumentParser, *, timeout: float = 5.0) -> None:
@@ -86,9 +89,6 @@ def agent_addresses(args: argparse.Namespace, *, allow_none: bool = False) -> li
             or an unreadable host file.
         SecurityError: unreadable keys.
     """
-    from zmesh._client import local as _local
-    from zmesh._shared import registry as _registry
-    from zmesh._wire import security as _security
 
     if args.keys:
         _security.use(args.keys)

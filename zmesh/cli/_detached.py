@@ -13,6 +13,7 @@ import asyncio
 import functools
 from typing import Any
 
+from zmesh._client.lookup import principal
 from zmesh._wire import messages as w
 
 
@@ -20,7 +21,6 @@ async def stop_detached(
     col: Any, addresses: list[str], name: str, operators: dict[str, str], timeout: float
 ) -> list[dict[str, Any]]:
     """``[{"mesh", "host", "ok", "error"}]`` of the agents that kept ``name`` (``[]``: none)."""
-    from zmesh._client.lookup import principal
 
     mine = principal()
 

@@ -8,6 +8,13 @@ import secrets
 import sys
 from typing import TYPE_CHECKING
 
+from zmesh._errors import AgentError, SecurityError
+from zmesh._host import forklaunch
+from zmesh._host.agent import HostAgent
+from zmesh._host.forkserver import ForkServer
+from zmesh._shared import registry as _registry
+from zmesh._wire.boundary import encode, ready_line
+from zmesh._wire.security import Keys
 from zmesh.cli._common import normalize_address
 
 if TYPE_CHECKING:
@@ -44,7 +51,6 @@ def run_agent(args: argparse.Namespace) -> int:
     # The forkserver first: its imports (~0.2 s of CPU) then overlap with the
     # agent's own, on another core, instead of following them: a script's
     # first spawn waits for both.
-    from zmesh._host import forklaunch
 
     epoch = secrets.token_hex(6)
     try:
@@ -52,14 +58,7 @@ def run_agent(args: argparse.Namespace) -> int:
     except OSError:
         popen = None  # the agent tries again, and says why
 
-    from zmesh._errors import AgentError, SecurityError
-    from zmesh._host.agent import HostAgent
-    from zmesh._host.forkserver import ForkServer
-
     forkserver = ForkServer(popen) if popen is not None else None
-    from zmesh._shared import registry as _registry
-    from zmesh._wire.boundary import encode, ready_line
-    from zmesh._wire.security import Keys
 
     try:
         keys = Keys.load(args.keys, agent=True) if args.keys else None

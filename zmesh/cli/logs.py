@@ -11,9 +11,11 @@ import sys
 import time
 from typing import Any
 
+from zmesh._shared import registry
 from zmesh._wire import messages as w
 from zmesh.cli import _runlogs
 from zmesh.cli._common import agent_addresses, agent_args, json_arg, print_json
+from zmesh.cli._detached import stop_detached
 from zmesh.top._actions import stop_one
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, service_of
@@ -244,13 +246,9 @@ def run_stop(args: argparse.Namespace) -> int:
 
 
 async def _stop(addresses: list[str], args: argparse.Namespace) -> int:
-    from zmesh._shared import registry
-
     operators = {e.address: e.operator for e in registry.live()}
     col = Collector(addresses, 10)
     try:
-        from zmesh.cli._detached import stop_detached
-
         rows = await stop_detached(col, addresses, args.mesh, operators, args.timeout)
         if rows:  # a detached service or mesh of that name: its agents stopped it
             _print_stopped(args, rows)

@@ -12,8 +12,10 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
+from zmesh._shared import registry
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
+from zmesh._wire import security as _security
 from zmesh.cli._common import agent_addresses, agent_args, print_json
 from zmesh.top._collect import Collector, Snapshot
 from zmesh.top._health import LIVE, find_meshes, judge
@@ -69,7 +71,8 @@ def run_top(args: argparse.Namespace) -> int:
     if not sys.stdin.isatty():
         print("zmesh top: stdin is not a terminal; use --once or --json", file=sys.stderr)
         return 2
-    from zmesh._shared import registry
+    # Late: the live app is for `zmesh top` only; ps, status and stack share
+    # this module and start without it.
     from zmesh.top._app import run
 
     operators = {e.address: e.operator for e in registry.live()}  # K stops as this user
@@ -244,7 +247,6 @@ def unreachable(snap: Snapshot) -> list[str]:
 
 def silent_reasons(snap: Snapshot) -> dict[str, str]:
     """Each agent that never answered -> why, if its handshake says ("" if not)."""
-    from zmesh._wire import security as _security
 
     # A keyed agent drops a peer with no keys or the wrong ones: the handshake tells.
     return {

@@ -37,6 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from zmesh._errors import AgentError
+from zmesh._shared import registry
+from zmesh._wire import messages as w
+from zmesh._wire import security as _security
+from zmesh._wire.codec import Codec
+from zmesh._wire.security import secure_client
 from zmesh.cli._common import doc_help, json_arg, print_json
 
 DEFAULT_LAUNCHER = "ssh {host} --"
@@ -118,7 +123,6 @@ def _key_tar(keys: str) -> bytes:
 
 def run_up(args: argparse.Namespace) -> int:
     """Start the agents; print where they are once they all answer."""
-    from zmesh._wire import security as _security
 
     if not args.hostfile:
         raise AgentError("zmesh up needs a HOSTFILE")
@@ -371,10 +375,6 @@ def wait_started(
     """
     import zmq
 
-    from zmesh._wire import messages as w
-    from zmesh._wire.codec import Codec
-    from zmesh._wire.security import secure_client
-
     ctx: Any = zmq.Context.instance()
     deadline = time.monotonic() + timeout
     silent = list(controls)
@@ -434,8 +434,6 @@ def run_down(args: argparse.Namespace) -> int:
 
 
 def _down_local(address: str, timeout: float) -> int:
-    from zmesh._shared import registry
-
     entries = [e for e in registry.live() if e.address == address]
     if not entries:
         print(f"zmesh down: no agent of yours at {address} on this host", file=sys.stderr)

@@ -35,6 +35,7 @@ from zmesh._shared import registry
 from zmesh._shared.state import Status
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
+from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec
 from zmesh._wire.security import keys_for, secure_client
 from zmesh._wire.zsock import AsyncSocket, configure
@@ -340,7 +341,6 @@ class Collector:
 
     def _follow_registry(self, now: float) -> None:
         """Read the registry: agents that ended go, new ones (``follow``) are followed."""
-        from zmesh._wire import security as _security
 
         self.entries = {e.address: e for e in registry.live()}
         for a in list(self.agents):
