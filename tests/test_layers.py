@@ -39,11 +39,11 @@ FACE = {
     "_typing", "_version", "testing",
 }  # fmt: skip
 
-# The most imports of zmesh code inside functions there may be: the
-# forkserver's and a proc's start (their first use is in a fresh process,
-# where every millisecond of import is paid by each spawn), the face's
-# (``import zmesh`` loads only what a script uses), and a command's own.
-MAX_INNER_IMPORTS = 17
+# The most imports of zmesh code inside functions there may be, each with
+# its reason where it is (docs/architecture.md lists them): the
+# forkserver's warm-up, the face's (``import zmesh`` loads only what a
+# script uses), the dashboard's, and ProcMesh.spawn's.
+MAX_INNER_IMPORTS = 15
 
 # Arrows that still run up, until the restructure takes them out; none may be added.
 KNOWN_UPWARD = {("_actor", "face")}  # Actor.options() makes an Options

@@ -427,7 +427,7 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
     (``EndpointRef._one``), which also makes the lane.
     """
     ln: Lane | None = getattr(_local, "lane", None)
-    if ln is None or ln.loop is not _runtime._home:
+    if ln is None or ln.loop is not _runtime.home_loop():
         return None
     for v in args:
         t = type(v)
@@ -441,7 +441,7 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
 
 # ---------------------------------------------------------------- per thread
 
-_local = threading.local()
+_local = _runtime.thread_lanes  # the runtime tells a thread's lane before it sends
 
 
 def _forget_after_fork() -> None:
@@ -479,12 +479,3 @@ def existing(rt: Runtime) -> Lane | None:
     """The calling thread's lane to ``rt``, if it has one."""
     ln: Lane | None = getattr(_local, "lane", None)
     return ln if ln is not None and ln.rt is rt else None
-
-
-def _before_io(rt: Runtime, targets: Iterable[str] | None) -> None:
-    ln = existing(rt)
-    if ln is not None:
-        ln.before_io(targets)
-
-
-_runtime.before_io = _before_io

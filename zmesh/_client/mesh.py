@@ -31,6 +31,7 @@ from zmesh._client.meshstate import (  # noqa: F401  (zmesh.MeshState)
 )
 from zmesh._client.pending import Gate, NotReady
 from zmesh._client.runtime import ProcRef
+from zmesh._client.stopping import stop_when_ready
 from zmesh._client.values import ValueMesh  # noqa: F401  (zmesh.ValueMesh)
 from zmesh._errors import EndpointError
 from zmesh._shared.aio import running_loop
@@ -237,6 +238,8 @@ class ProcMesh(_MeshBase):
             SpawnError: ``__init__`` raised in some proc (with its traceback),
                 or the procs did not start.
         """
+        # Late: spawning builds this module's handles; the one verb that
+        # needs it reaches it when called.
         from zmesh._client import spawning
 
         _names.check_name(name, "actor name")
@@ -256,9 +259,7 @@ class ProcMesh(_MeshBase):
 
     def stop(self) -> Future[None]:
         """Stop every proc; later calls to their actors raise ``ActorStoppedError``."""
-        from zmesh._client import spawning
-
-        return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=True))
+        return submit(lambda rt: stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data, once its procs are up (see ActorMesh).
@@ -364,11 +365,9 @@ class ActorMesh(_MeshBase, Generic[A]):
         A mesh still spawning is stopped once it is up; one whose spawn
         failed has nothing left to stop.
         """
-        from zmesh._client import spawning
-
         if self._detached:  # by name, as its keys' (zmesh._client.lookup): every proc of it
             return stop_detached_mesh(self)
-        return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=self._owns_procs))
+        return submit(lambda rt: stop_when_ready(rt, self, procs=self._owns_procs))
 
     def __reduce__(self) -> Any:
         # A handle travels as plain data; the receiver makes its own sockets.

@@ -37,11 +37,7 @@ def _followed_ranks(mesh: str, first: Runtime) -> dict[int, Rank]:
     ``Controller.watch`` fills a view with Running and no pid until the
     agent speaks: that guess is no knowledge, so it is left out.
     """
-    with _runtime._lock:  # a runtime whose loop does not run hears nothing: stale
-        others = [
-            rt for rt in _runtime._runtimes.values()
-            if rt is not first and not rt.closed and rt.loop.is_running()
-        ]  # fmt: skip
+    others = [rt for rt in _runtime.live_runtimes() if rt is not first]
     known: dict[int, Rank] = {}
     for rt in (first, *others):
         ctl = rt.controller

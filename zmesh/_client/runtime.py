@@ -131,8 +131,9 @@ class Runtime(Connections):
         if here:
             fn(*args)
         else:
-            if targets != () and before_io is not None:
-                before_io(self, targets)
+            lane: Lane | None = getattr(thread_lanes, "lane", None)
+            if targets != () and lane is not None and lane.rt is self:
+                lane.before_io(targets)
             self.loop.call_soon_threadsafe(fn, *args)
 
     # ------------------------------------------------------------ requests
@@ -335,9 +336,10 @@ class Runtime(Connections):
         self.conns.clear()
 
 
-# Set by zmesh._client.lanes: called in a thread without a loop before it
-# sends on the I/O path (``Runtime.dispatch``), with the runtime and targets.
-before_io: Callable[[Runtime, Iterable[str] | None], None] | None = None
+# Each thread's own lane (``thread_lanes.lane``), set by zmesh._client.lanes.
+# ``Runtime.dispatch`` tells it before the thread sends on the I/O path, so
+# that what the thread sent on its lane goes out first.
+thread_lanes = threading.local()
 
 
 # ---------------------------------------------------------- which runtime
@@ -346,6 +348,17 @@ _lock = threading.Lock()
 _runtimes: dict[asyncio.AbstractEventLoop, Runtime] = {}
 _home: asyncio.AbstractEventLoop | None = None  # where threads without a loop send work
 _io_thread: threading.Thread | None = None
+
+
+def home_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop of the runtime threads without a loop send work to, if it runs yet."""
+    return _home
+
+
+def live_runtimes() -> list[Runtime]:
+    """This process's runtimes whose loops run (one that does not hears nothing)."""
+    with _lock:
+        return [rt for rt in _runtimes.values() if not rt.closed and rt.loop.is_running()]
 
 
 def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -31,7 +31,7 @@ from zmesh._client.launch import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
 from zmesh._client.runtime import Runtime
-from zmesh._client.stopping import stop_actors, stop_procs
+from zmesh._client.stopping import stop_procs
 from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
 from zmesh._shared.points import Shape, check_per_proc
 from zmesh._wire import messages as w
@@ -204,32 +204,6 @@ async def _ready_arguments(
         except Exception:  # _spawn_actors says what cannot be sent
             pass
         return args, kwargs
-
-
-async def stop_when_ready(rt: Runtime, mesh: ProcMesh | ActorMesh[Any], procs: bool) -> None:
-    """``mesh.stop()``: a spawn of procs is given up, one of actors awaited; then stop.
-
-    Nothing is left of a failed spawn, so there is nothing more to stop.
-    """
-    spawn = mesh._spawning
-    if procs and spawn is not None and not mesh._ready.done():
-        mesh._given_up = True
-        task = spawn._afut
-        if task is not None and task.get_loop() is rt.loop:
-            task.cancel()  # _start_procs stops what it asked the agents for
-        elif spawn._cfut is not None:
-            spawn._cfut.cancel()
-    try:
-        await _until_ready(mesh)
-    except Exception:
-        return
-    if procs and any(not r.agent for r in mesh._refs):
-        return  # this_proc() of a client: the process is not ours to stop
-    if procs:
-        await stop_procs(rt, mesh._refs)
-    else:
-        assert isinstance(mesh, ActorMesh)
-        await stop_actors(rt, mesh)
 
 
 async def spawn_owned_mesh(

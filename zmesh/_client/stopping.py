@@ -18,7 +18,7 @@ from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
-    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.mesh import ActorMesh, ProcMesh
 
 
 def stop_request(name: str) -> Callable[[int], w.Stop]:
@@ -91,3 +91,28 @@ async def stop_actors(rt: Runtime, mesh: ActorMesh[Any]) -> None:
             f"cannot stop {mesh.actor}: {first.message}", mesh=first.mesh, rank=first.rank,
             host=first.host, log_path=first.log_path,
         ) from first  # fmt: skip
+
+
+async def stop_when_ready(rt: Runtime, mesh: ProcMesh | ActorMesh[Any], procs: bool) -> None:
+    """``mesh.stop()``: a spawn of procs is given up, one of actors awaited; then stop.
+
+    Nothing is left of a failed spawn, so there is nothing more to stop.
+    """
+    spawn = mesh._spawning
+    if procs and spawn is not None and not mesh._ready.done():
+        mesh._given_up = True
+        task = spawn._afut
+        if task is not None and task.get_loop() is rt.loop:
+            task.cancel()  # _start_procs stops what it asked the agents for
+        elif spawn._cfut is not None:
+            spawn._cfut.cancel()
+    try:
+        await asyncio.wrap_future(mesh._ready)
+    except Exception:
+        return
+    if procs and any(not r.agent for r in mesh._refs):
+        return  # this_proc() of a client: the process is not ours to stop
+    if procs:
+        await stop_procs(rt, mesh._refs)
+    else:
+        await stop_actors(rt, mesh)  # type: ignore[arg-type]  # procs=False: an ActorMesh

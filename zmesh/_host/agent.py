@@ -129,13 +129,13 @@ class HostAgent:
         self.control_addr = ""
         self.stream_addr = ""
         self.stats_addr = ""  # a stream of its own: supervision clients never pay for it
-        self._stopping = asyncio.Event()
+        self.stopping = asyncio.Event()
         self.statsbook = StatsBook()
         self._ticks = 0
         self._gate: Gate | None = None  # the ZAP handler of a keyed TCP agent
         self._socket_dir = ""  # an ipc agent's private directory of sockets
         self._proc_bind = ""  # where procs bind: tcp://host:* or an ipc prefix
-        self._logs = _logtail.LogTail(self.procs.meshes, self.label)  # zmesh logs; forwarded prints
+        self.logs = _logtail.LogTail(self.procs.meshes, self.label)  # zmesh logs; forwarded prints
 
     # ------------------------------------------------------------ serving
 
@@ -176,15 +176,15 @@ class HostAgent:
         stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys, stats)
         self.stats_addr = _bind(stats_pub, stats)
         self._stats_pub = AsyncSocket(stats_pub, loop, None)
-        self._logs.bind(ctx, loop, self.keys, stream)
+        self.logs.bind(ctx, loop, self.keys, stream)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self.stopping.set)
         log.info("agent %s control=%s stream=%s", self.label, self.control_addr, self.stream_addr)
         if ready is not None:
             ready(self.ready_info())
         ticker = asyncio.ensure_future(self._tick_forever())
         try:
-            await self._stopping.wait()
+            await self.stopping.wait()
         finally:
             ticker.cancel()
             await self.procs.shutdown()
@@ -195,7 +195,7 @@ class HostAgent:
             self._ctrl.close()
             self._pub.close()
             self._stats_pub.close()
-            self._logs.close()
+            self.logs.close()
             if self._gate is not None:
                 self._gate.stop()
             if self._socket_dir:  # every socket file of ours and of our procs
@@ -210,7 +210,7 @@ class HostAgent:
 
     def stop(self) -> None:
         """Ask the agent to stop its procs and exit."""
-        self._stopping.set()
+        self.stopping.set()
 
     # --------------------------------------------------------- requests
 
@@ -225,7 +225,7 @@ class HostAgent:
             self._drop(f"undecodable message: {exc!r}")
             req = request_of(frames[1], w.AGENT_REQUESTS)
             if req is not None:  # a request: its sender learns why, and waits for nothing
-                self._reply(ident, w.Ack(req[1], ok=False, error=explain(req[0], exc)))
+                self.reply(ident, w.Ack(req[1], ok=False, error=explain(req[0], exc)))
             return
         try:
             self._handle(ident, msg)
@@ -234,7 +234,7 @@ class HostAgent:
             req_id = getattr(msg, "id", None)
             if isinstance(req_id, int):
                 error = f"{type(msg).__name__} failed on {self.label}: {exc!r}"
-                self._reply(ident, w.Ack(req_id, ok=False, error=error))
+                self.reply(ident, w.Ack(req_id, ok=False, error=error))
 
     def _handle(self, ident: bytes, msg: Any) -> None:
         if isinstance(msg, w.ProcHeartbeat):
@@ -246,16 +246,16 @@ class HostAgent:
         elif isinstance(msg, w.ProcHello):
             self.procs.hello(msg)
         elif isinstance(msg, w.CreateOrUpdate):
-            self._reply(ident, self._create(msg))
+            self.reply(ident, self._create(msg))
         elif isinstance(msg, w.Stop):
-            self._reply(ident, self._stop_mesh(msg.id, msg.name, msg.secret))
+            self.reply(ident, self._stop_mesh(msg.id, msg.name, msg.secret))
         elif isinstance(msg, w.OwnerGone):
             if self.owners.is_owner(msg.owner, msg.secret):
                 self._stop_owner(msg.owner, "owner exited")
             else:
                 log.warning("refused an OwnerGone for %s from another client", msg.owner)
                 error = not_owner(msg.owner, "say that it exited")
-                self._reply(ident, w.Ack(0, ok=False, denied=True, error=error))
+                self.reply(ident, w.Ack(0, ok=False, denied=True, error=error))
         elif isinstance(msg, w.ProcStats):
             st = msg.stats
             proc = self.procs.find(st.mesh, st.rank, st.generation)
@@ -286,7 +286,8 @@ class HostAgent:
         if self.dropped == 1 or self.dropped % 1000 == 0:
             log.warning("dropped %d malformed message(s); latest: %s", self.dropped, why)
 
-    def _reply(self, ident: bytes, msg: Any) -> None:
+    def reply(self, ident: bytes, msg: Any) -> None:
+        """Answer the client (or proc) ``ident`` on the control socket."""
         self._ctrl.send([ident, *self._codec.encode(msg)])
 
     def _create(self, msg: w.CreateOrUpdate) -> w.Ack:
@@ -373,14 +374,14 @@ class HostAgent:
         beat = w.Heartbeat(seq=self.seq, epoch=self.epoch, agent=self.label, time=time.time())
         self._pub.send(self._codec.encode(beat))
         self.procs.tick(now)
-        self._logs.tick()
+        self.logs.tick()
         if self._gate is not None:
             self._gate.refresh()  # keys added to or removed from authorized/
         for owner, why in self.owners.due(now):
             self._stop_owner(owner, f"{OWNER_GONE}: {why}", failure=True)
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             log.info("parent %d is gone; stopping", self.parent_pid)
-            self._stopping.set()
+            self.stopping.set()
 
     def _helpers(self) -> set[int]:
         """Children of ours that are no procs and no orphans: the janitor."""

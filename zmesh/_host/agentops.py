@@ -32,20 +32,20 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
     """Answer ``msg``, one of ``REQUESTS``, to ``ident``."""
     if isinstance(msg, w.GetState | w.ListMeshes):
         name = getattr(msg, "name", "")
-        agent._reply(ident, state_reply(agent, msg.id, name))
+        agent.reply(ident, state_reply(agent, msg.id, name))
     elif isinstance(msg, w.Describe):
         me = (agent.label, agent.control_addr, agent.stream_addr, agent.epoch, os.getpid())
-        agent._reply(
+        agent.reply(
             ident,
-            w.AgentInfo(msg.id, *me, hostname=socket.gethostname(), logs=agent._logs.address),
+            w.AgentInfo(msg.id, *me, hostname=socket.gethostname(), logs=agent.logs.address),
         )
     elif isinstance(msg, w.GetStats):
-        agent._reply(ident, w.StatsReply(msg.id, agent.stats(), agent.stats_addr))
+        agent.reply(ident, w.StatsReply(msg.id, agent.stats(), agent.stats_addr))
     elif isinstance(msg, w.GetLogs):
-        agent._reply(ident, agent._logs.answer(msg))
+        agent.reply(ident, agent.logs.answer(msg))
     elif isinstance(msg, w.GetHealth):
         stopped = [m.name for m in agent.procs.meshes.values() if m.stopped]
-        agent._reply(ident, w.HealthReply(msg.id, stopped))
+        agent.reply(ident, w.HealthReply(msg.id, stopped))
     else:
         _stack(agent, ident, msg)
 
@@ -64,7 +64,7 @@ def _stack(agent: HostAgent, ident: bytes, msg: w.GetStack) -> None:
     """``zmesh stack``: answered without blocking the loop."""
     proc, error = _live_proc(agent.procs, agent.label, msg.mesh, msg.rank)
     if proc is None:
-        agent._reply(ident, w.StackReply(msg.id, ok=False, error=error))
+        agent.reply(ident, w.StackReply(msg.id, ok=False, error=error))
         return
     where = f"{msg.mesh}[{msg.rank}] on {agent.label}"
     # A stack file older than the proc is a stale one: its proc cannot
@@ -74,8 +74,8 @@ def _stack(agent: HostAgent, ident: bytes, msg: w.GetStack) -> None:
 
     async def answer() -> None:
         reply = await _stacks.reply(msg.id, where, proc.popen.pid, proc.log_path, send, started)
-        if not agent._stopping.is_set():
-            agent._reply(ident, reply)
+        if not agent.stopping.is_set():
+            agent.reply(ident, reply)
 
     _stacks.background(answer())
 

@@ -87,26 +87,26 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
     """Answer one of ``REQUESTS``."""
     book: DetachedBook = agent.detached
     if isinstance(msg, w.Detach):
-        agent._reply(ident, _detach(agent, book, msg))
+        agent.reply(ident, _detach(agent, book, msg))
     elif isinstance(msg, w.Lookup):
         live = book.live(agent, msg.principal)
         names = {n: r for n, r in live.items() if r.handle}
         rec = names.get(msg.name)
         if rec is None:
             error = f"no detached service or mesh named {msg.name!r} of yours on {agent.label}"
-            agent._reply(ident, w.LookupReply(
+            agent.reply(ident, w.LookupReply(
                 msg.id, ok=False, names=sorted(names), error=error, replicas=msg.name in live
             ))  # fmt: skip
         else:
             down = [book.restarts.down[m] for m in rec.meshes if m in book.restarts.down]
             why, log_path = down[0] if down else ("", "")
-            agent._reply(ident, w.LookupReply(
+            agent.reply(ident, w.LookupReply(
                 msg.id, kind=rec.kind, handle=rec.handle, down=why, log_path=log_path
             ))  # fmt: skip
     elif isinstance(msg, w.StopDetached):
-        agent._reply(ident, _stop(agent, book, msg))
+        agent.reply(ident, _stop(agent, book, msg))
     elif isinstance(msg, w.Adopt):
-        agent._reply(ident, _adopt(agent, book, msg))
+        agent.reply(ident, _adopt(agent, book, msg))
 
 
 def transition(agent: HostAgent, mesh: Mesh, rank: int, state: Rank) -> None:
