@@ -36,7 +36,7 @@ LAYERS = [
 ]  # fmt: skip
 FACE = {
     "__init__", "__version__", "_context", "_lookup", "_options", "_singletons", "_this_proc",
-    "_typing", "_version", "testing",
+    "_typing", "_version", "routing", "testing",
 }  # fmt: skip
 
 # The most imports of zmesh code inside functions there may be, each with

@@ -62,6 +62,8 @@ from zmesh._errors import (
 from zmesh._options import Options, service
 
 if TYPE_CHECKING:
+    from zmesh import routing as routing
+    from zmesh import testing as testing
     from zmesh._client.accumulate import Accumulator
     from zmesh._client.adverbs import EndpointRef
     from zmesh._client.controller import SupervisionEvent
@@ -80,12 +82,7 @@ if TYPE_CHECKING:
     from zmesh._service.endpoint import ServiceEndpoint
     from zmesh._service.info import ServiceInfo, service_info
     from zmesh._service.routing import (
-        LeastLoadedRouter,
-        ReplicaStatistics,
-        RoundRobinRouter,
-        Router,
         ServiceConfig,
-        ServiceStatistics,
         Session,
     )
     from zmesh._shared.points import Extent
@@ -133,12 +130,7 @@ _LAZY = {
     "connect": "zmesh._client.hosts",
     "lookup": "zmesh._lookup",
     "this_host": "zmesh._client.hosts",
-    "LeastLoadedRouter": "zmesh._service.routing",
-    "ReplicaStatistics": "zmesh._service.routing",
-    "RoundRobinRouter": "zmesh._service.routing",
-    "Router": "zmesh._service.routing",
     "ServiceConfig": "zmesh._service.routing",
-    "ServiceStatistics": "zmesh._service.routing",
     "Session": "zmesh._service.routing",
     "Service": "zmesh._service.service",
     "ServiceEndpoint": "zmesh._service.endpoint",
@@ -150,12 +142,20 @@ _LAZY = {
 }
 
 
+# The public submodules, by audience (as trio.lowlevel and trio.testing).
+_SUBMODULES = {"routing", "testing"}
+
+
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # read on first use: importlib.metadata costs a proc's start
         from zmesh._version import version
 
         globals()[name] = value = version()
         return value
+    if name in _SUBMODULES:  # zmesh.routing.Router after a plain `import zmesh`
+        submodule = importlib.import_module(f"zmesh.{name}")
+        globals()[name] = submodule
+        return submodule
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'zmesh' has no attribute {name!r}")
@@ -190,7 +190,6 @@ __all__ = [
     "HandleTypeError",
     "HostMesh",
     "ItemStream",
-    "LeastLoadedRouter",
     "MeshFailure",
     "MeshState",
     "NameNotFoundError",
@@ -202,10 +201,7 @@ __all__ = [
     "PortReceiver",
     "ProcMesh",
     "Rank",
-    "ReplicaStatistics",
     "ResponsePortError",
-    "RoundRobinRouter",
-    "Router",
     "SecurityError",
     "Service",
     "ServiceConfig",
@@ -213,7 +209,6 @@ __all__ = [
     "ServiceError",
     "ServiceInfo",
     "ServiceOverloadedError",
-    "ServiceStatistics",
     "Session",
     "SessionLostError",
     "SpawnError",

@@ -61,7 +61,7 @@ async def running(cls: type[zmesh.Actor], **options: Any) -> AsyncIterator[Any]:
         await svc.stop()
 
 
-def replica(svc: Any, i: int) -> zmesh.ReplicaStatistics:
+def replica(svc: Any, i: int) -> zmesh.routing.ReplicaStatistics:
     return svc.statistics().replicas[i]
 
 

@@ -144,9 +144,9 @@ async def test_call_one_fanout_and_broadcast() -> None:
             assert len(svc.replica(i)) == 1
         assert_clean(svc)
         stats = svc.statistics()
-        assert isinstance(stats, zmesh.ServiceStatistics)
+        assert isinstance(stats, zmesh.routing.ServiceStatistics)
         assert [r.index for r in stats.replicas] == [0, 1, 2]
-        assert all(isinstance(r, zmesh.ReplicaStatistics) for r in stats.replicas)
+        assert all(isinstance(r, zmesh.routing.ReplicaStatistics) for r in stats.replicas)
 
 
 @pytest.mark.anyio
@@ -224,7 +224,7 @@ async def test_round_robin_spreads_evenly() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("router", ["least_loaded", "instance"])
 async def test_least_loaded_avoids_a_busy_replica(router: str) -> None:
-    chosen = zmesh.LeastLoadedRouter() if router == "instance" else router
+    chosen = zmesh.routing.LeastLoadedRouter() if router == "instance" else router
     async with running(Echo, replicas=3, router=chosen) as svc:
         async with svc.session() as s:
             busy = [svc.nap.call_one(1.5) for _ in range(6)]  # six calls on one replica
@@ -239,13 +239,15 @@ async def test_least_loaded_avoids_a_busy_replica(router: str) -> None:
         assert spread(together) <= 1, Counter(together)
 
 
-class HighestRouter(zmesh.Router):
+class HighestRouter(zmesh.routing.Router):
     """Always the healthy replica with the highest index; records what it was shown."""
 
     def __init__(self) -> None:
         self.shown: list[tuple[list[int], str | None]] = []
 
-    def choose(self, replicas: Sequence[zmesh.ReplicaStatistics], session: str | None) -> int:
+    def choose(
+        self, replicas: Sequence[zmesh.routing.ReplicaStatistics], session: str | None
+    ) -> int:
         self.shown.append(([r.index for r in replicas], session))
         return max(r.index for r in replicas)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import zmesh
-from zmesh import Future, ServiceStatistics, Session
+from zmesh import Future, Session
+from zmesh.routing import ServiceStatistics
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type

@@ -222,3 +222,8 @@ class Session:
             f"<Session {self.id} replica={self.replica} generation={self.generation} "
             f"rebinds={self.rebinds}>"
         )
+
+
+# Tracebacks, reprs and pickles name them where users import them (zmesh.routing).
+for _cls in (LeastLoadedRouter, ReplicaStatistics, RoundRobinRouter, Router, ServiceStatistics):
+    _cls.__module__ = "zmesh.routing"
