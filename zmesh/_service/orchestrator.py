@@ -56,6 +56,7 @@ from zmesh._client.stopping import stop_procs
 from zmesh._errors import ServiceError, SpawnError, ZmeshError
 from zmesh._options import Options
 from zmesh._service import service as _service
+from zmesh._service import signatures
 from zmesh._service.adoption import DetachedSupervisor, adopt
 from zmesh._service.client import ServiceClient
 from zmesh._service.routing import ServiceConfig, make_router
@@ -80,6 +81,9 @@ class Plan:
     settings: dict[str, Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Each endpoint's parameters and types, packed where the class is defined
+    # (zmesh._service.signatures): they travel in the handle, for zmesh http.
+    signatures: dict[str, bytes] = field(default_factory=dict)
 
 
 class Orchestrator(Actor):
@@ -98,7 +102,7 @@ class Orchestrator(Actor):
         p = self.plan
         opts: Options[Any] = Options(p.cls, name=p.name, detached=False, **p.sizes, **p.settings)
         config = ServiceConfig(**opts.service_config)
-        endpoints = endpoints_of(p.cls)
+        endpoints = signatures.sign(endpoints_of(p.cls), p.signatures)
         svc = Service(
             p.service_id, p.name, p.cls.__qualname__, endpoints, opts.replicas, config,
             make_router(config.router),
@@ -145,7 +149,7 @@ def spawn_detached(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, 
     sizes = {"procs": opts.procs, "hosts": opts.hosts, "replicas": opts.replicas}
     plan = Plan(
         opts.cls, opts.name, f"{opts.name}-{secrets.token_hex(6)}", sizes,
-        dict(opts.service_config), args, kwargs,
+        dict(opts.service_config), args, kwargs, signatures.pack(opts.cls),
     )  # fmt: skip
 
     async def go(rt: Runtime) -> Service:

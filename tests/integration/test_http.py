@@ -1,0 +1,314 @@
+"""``zmesh http``: detached services over HTTP/JSON and SSE, through a real
+agent, a service whose creator has exited, and the standard library's client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _helpers import run_python
+from integration._gateway import (
+    Gateway,
+    child_env,
+    services_behind_gateway,
+    start_gateway,
+    stop_gateway,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with services_behind_gateway(tmp_path_factory.mktemp("http")) as gateway:
+        yield gateway
+
+
+def _events(resp: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:
+    """``(event, data)`` of each Server-Sent Event, as they come."""
+    kind, data = "message", ""
+    while True:
+        line = resp.fp.readline().decode()
+        if not line:
+            return
+        line = line.rstrip("\n")
+        if line.startswith("event: "):
+            kind = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+        elif line == "":
+            yield kind, data
+            kind, data = "message", ""
+
+
+def _stream(gw: Gateway, endpoint: str, *args: object) -> list[tuple[str, str]]:
+    c = gw.connection()
+    try:
+        c.request("POST", f"/v1/model/{endpoint}", body=json.dumps({"args": list(args)}),
+                  headers={"Authorization": f"Bearer {gw.token}",
+                           "Accept": "text/event-stream"})  # fmt: skip
+        resp = c.getresponse()
+        assert resp.status == 200, resp.read()
+        assert resp.getheader("content-type") == "text/event-stream"
+        return list(_events(resp))
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------- auth
+
+
+def test_healthz_needs_no_token_and_everything_else_does(gw: Gateway) -> None:
+    assert gw.request("GET", "/healthz", token=None)[:3:2] == (200, {"ok": True})
+    status, headers, doc = gw.request("POST", "/v1/model/add", {"args": [1]}, token=None)
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert doc["error"]["type"] == "Unauthorized"
+    assert gw.request("POST", "/v1/model/add", {"args": [1]}, token="wrong")[0] == 401
+    assert gw.request("GET", "/v1/services", token=None)[0] == 401
+    assert gw.request("POST", "/v1/model/add", {"args": [1]})[0] == 200
+
+
+def test_the_token_file_is_made_private(gw: Gateway) -> None:
+    mode = stat.S_IMODE(os.stat(gw.token_file).st_mode)
+    assert mode == 0o600
+    assert len(gw.token) >= 32
+
+
+# ---------------------------------------------------------------- calls
+
+
+def test_a_call_returns_its_result_as_json(gw: Gateway) -> None:
+    assert gw.call("model", "add", 2, 3) == 5
+    assert gw.call("model", "add", 2) == 3  # the default
+    assert gw.call("model", "add", a=2, b=5) == 7
+    assert gw.call("model", "area", {"w": 2, "h": 3}, scale=0.5) == 3.0  # a dataclass, built
+    status, _, doc = gw.request("POST", "/v1/model/pid", b"")  # no body: no arguments
+    assert status == 200 and isinstance(doc["result"], int)
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(gw: Gateway) -> None:
+    conn = gw.connection()
+    try:
+        for i in range(50):
+            assert gw.request("POST", "/v1/model/add", {"args": [i, i]}, conn=conn)[2] == {
+                "result": 2 * i
+            }
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ({"args": ["two"]}, "argument 'a': Expected `int`, got `str`"),
+        ({"args": []}, "missing a required argument: 'a'"),
+        ({"args": [1, 2, 3]}, "too many positional arguments"),
+        ({"kwargs": {"a": 1, "c": 2}}, "unexpected keyword argument 'c'"),
+        ({"args": [1], "extra": 1}, "unknown keys: extra"),
+        ({"args": {"a": 1}}, '{"args": [...], "kwargs": {...}}'),
+        (b"{not json", "not a JSON object"),
+        (b"[1, 2]", "not a JSON object"),
+    ],
+)
+def test_arguments_that_do_not_fit_are_422(gw: Gateway, body: object, why: str) -> None:
+    status, _, doc = gw.request("POST", "/v1/model/add", body)
+    assert status == 422, doc
+    assert doc["error"]["type"] == "EndpointError"
+    assert why in doc["error"]["message"]
+
+
+def test_a_nested_type_is_checked_too(gw: Gateway) -> None:
+    status, _, doc = gw.request("POST", "/v1/model/area", {"args": [{"w": 2}]})
+    assert status == 422 and "missing required field `h`" in doc["error"]["message"], doc
+
+
+def test_unknown_services_and_endpoints_are_404(gw: Gateway) -> None:
+    status, _, doc = gw.request("POST", "/v1/nope/add", {})
+    assert status == 404 and doc["error"]["type"] == "NameNotFoundError"
+    assert "model" in doc["error"]["message"]  # the names there are listed
+    status, _, doc = gw.request("POST", "/v1/model/nope", {})
+    assert status == 404 and doc["error"]["type"] == "EndpointError"
+    assert "add" in doc["error"]["message"]  # the endpoints are listed
+    assert gw.request("GET", "/v2/anything")[0] == 404
+    assert gw.request("GET", "/v1/model/add")[0] == 405
+
+
+def test_an_endpoint_that_raises_is_500_with_the_remote_type(gw: Gateway) -> None:
+    status, _, doc = gw.request("POST", "/v1/model/fail", {"args": ["no good"]})
+    assert status == 500
+    assert doc == {"error": {"type": "ValueError", "message": "no good"}}
+    assert gw.call("model", "add", 1, 1) == 2  # the replica serves on
+
+
+def test_a_result_json_cannot_carry_is_500_naming_its_type(gw: Gateway) -> None:
+    status, _, doc = gw.request("POST", "/v1/model/opaque", {})
+    assert status == 500 and doc["error"]["type"] == "EncodeError"
+    assert "range" in doc["error"]["message"]
+
+
+def test_a_request_past_its_timeout_is_504(gw: Gateway) -> None:
+    status, _, doc = gw.request("POST", "/v1/model/nap", {"args": [3]}, {"X-Zmesh-Timeout": "0.3"})
+    assert status == 504 and doc["error"]["type"] == "CallTimeoutError", doc
+    bad = gw.request("POST", "/v1/model/nap", {"args": [0]}, {"X-Zmesh-Timeout": "soon"})
+    assert bad[0] == 422
+
+
+def test_overload_is_503_with_retry_after(gw: Gateway) -> None:
+    # tiny: one replica, one request at a time, no queue.
+    done: list[int] = []
+    busy = threading.Thread(
+        target=lambda: done.append(gw.request("POST", "/v1/tiny/nap", {"args": [3]})[0])
+    )
+    busy.start()
+    try:
+        deadline_status = None
+        for _ in range(100):  # until the first request holds the replica
+            status, headers, doc = gw.request("POST", "/v1/tiny/nap", {"args": [0]})
+            if status == 503:
+                deadline_status = status
+                break
+        assert deadline_status == 503, doc
+        assert headers["retry-after"] == "1"
+        assert doc["error"]["type"] == "ServiceOverloadedError"
+    finally:
+        busy.join(30)
+    assert done == [200]
+
+
+def test_a_session_keeps_calls_on_one_replica(gw: Gateway) -> None:
+    pids = {gw.call("model", "pid") for _ in range(6)}
+    assert len(pids) == 2  # round robin over both replicas
+    for sid in ("alice", "bob"):
+        one = {
+            gw.request("POST", "/v1/model/pid", {}, {"X-Zmesh-Session": sid})[2]["result"]
+            for _ in range(6)
+        }
+        assert len(one) == 1, one
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_services_are_listed_with_json_schemas(gw: Gateway) -> None:
+    status, _, doc = gw.request("GET", "/v1/services")
+    assert status == 200
+    by_name = {s["name"]: s for s in doc["services"]}
+    assert set(by_name) == {"model", "tiny"}
+    model = by_name["model"]
+    assert model["class"] == "Model" and model["replicas"] == 2
+    eps = {e["name"]: e for e in model["endpoints"]}
+    assert eps["add"]["params"] == [
+        {"name": "a", "kind": "positional_or_keyword", "required": True,
+         "schema": {"type": "integer"}},
+        {"name": "b", "kind": "positional_or_keyword", "required": False,
+         "schema": {"type": "integer"}},
+    ]  # fmt: skip
+    assert eps["add"]["returns"] == {"type": "integer"}
+    assert eps["tokens"]["stream"] is True and eps["tokens"]["returns"] == {"type": "string"}
+    assert eps["area"]["params"][0]["schema"] == {"$ref": "#/$defs/Shape"}
+    assert doc["$defs"]["Shape"]["required"] == ["w", "h"]
+
+
+def test_openapi_document(gw: Gateway) -> None:
+    status, _, doc = gw.request("GET", "/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.")
+    add = doc["paths"]["/v1/model/add"]["post"]
+    assert {"200", "401", "404", "422", "500", "503", "504"} <= set(add["responses"])
+    assert "Shape" in doc["components"]["schemas"]
+    assert (
+        "text/event-stream"
+        in doc["paths"]["/v1/model/tokens"]["post"]["responses"]["200"]["content"]
+    )
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_a_generator_endpoint_streams_events_then_an_end(gw: Gateway) -> None:
+    events = _stream(gw, "tokens", "hi", 5)
+    assert events == [
+        *(("message", json.dumps(f"hi-{i}")) for i in range(5)),
+        ("end", '{"items": 5}'),
+    ]
+    assert _stream(gw, "tokens", "none", 0) == [("end", '{"items": 0}')]
+
+
+def test_a_stream_error_after_items_ends_with_an_error_event(gw: Gateway) -> None:
+    events = _stream(gw, "broken", 3)
+    assert events[:3] == [("message", "0"), ("message", "1"), ("message", "2")]
+    kind, data = events[3]
+    assert kind == "error" and len(events) == 4
+    assert json.loads(data) == {"error": {"type": "RuntimeError", "message": "broke after 3"}}
+
+
+def test_a_stream_error_before_items_is_a_status(gw: Gateway) -> None:
+    status, _, doc = gw.request(
+        "POST", "/v1/model/tokens", {"args": ["x"]}, {"Accept": "text/event-stream"}
+    )
+    assert status == 422 and "'n'" in doc["error"]["message"]
+    status, _, doc = gw.request("POST", "/v1/model/tokens", {"args": ["x", 2]})
+    assert status == 406 and "text/event-stream" in doc["error"]["message"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_help_is_clear() -> None:
+    done = run_python(["-m", "zmesh", "http", "--help"], 60)
+    assert done.returncode == 0
+    for words in ("--bind", "--token-file", "X-Zmesh-Session", "Retry-After", "zmesh[http]"):
+        assert words in done.stdout
+
+
+def test_no_token_beyond_loopback_is_refused_unless_insecure(tmp_path: Path) -> None:
+    done = run_python(
+        ["-m", "zmesh", "http", "--no-token", "--bind", "0.0.0.0:0", "--agents", "ipc:///nowhere"],
+        60,
+    )
+    assert done.returncode == 2
+    assert "--insecure" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    done = run_python(
+        ["-m", "zmesh", "http", "--token-file", str(token), "--agents", "ipc:///nowhere"], 60
+    )
+    assert done.returncode == 2
+    assert "open to other users" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_stops_it_cleanly(gw: Gateway, tmp_path: Path) -> None:
+    other = start_gateway(gw.agent, tmp_path, "model")
+    try:
+        assert other.call("model", "add", 1, 1) == 2
+        assert (
+            other.request("POST", "/v1/tiny/nap", {"args": [0]})[0] == 404
+        )  # it serves only what it was told to
+    finally:
+        code = stop_gateway(other, signal.SIGINT)
+    assert code == 0
+    assert other.popen.stderr is not None
+
+
+def test_import_zmesh_loads_no_web_framework() -> None:
+    code = (
+        "import sys, zmesh, zmesh.http; "
+        "print(sorted(m for m in ('uvicorn', 'starlette', 'h11') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr
