@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _helpers import run_python
+from _helpers import connected, run_python, wait_for
 from integration._gateway import (
     Gateway,
     child_env,
@@ -312,3 +313,52 @@ def test_import_zmesh_loads_no_web_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
     )
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_the_gateway_mounts_in_a_starlette_app(gw: Gateway) -> None:
+    uvicorn = pytest.importorskip("uvicorn")
+    starlette = pytest.importorskip("starlette.applications")
+    routing = pytest.importorskip("starlette.routing")
+    import urllib.error
+    import urllib.request
+
+    import zmesh.http
+
+    def home(request: object) -> object:
+        from starlette.responses import PlainTextResponse
+
+        return PlainTextResponse("home")
+
+    with connected([gw.agent.control]):
+        gateway = zmesh.http.app(["model"], token="t0ken")
+        site = starlette.Starlette(
+            routes=[routing.Route("/", home), routing.Mount("/zmesh", app=gateway)]
+        )
+        sock = socket.create_server(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(site, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+        thread.start()
+        try:
+            wait_for(lambda: server.started, 30, "uvicorn started")
+            base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+            def post(path: str, body: dict[str, object], token: str) -> tuple[int, object]:
+                req = urllib.request.Request(
+                    base + path, data=json.dumps(body).encode(), method="POST",
+                    headers={"Authorization": f"Bearer {token}"},
+                )  # fmt: skip
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as resp:
+                        return resp.status, json.loads(resp.read())
+                except urllib.error.HTTPError as err:
+                    return err.code, json.loads(err.read())
+
+            assert post("/zmesh/v1/model/add", {"args": [20, 22]}, "t0ken") == (200, {"result": 42})
+            assert post("/zmesh/v1/model/add", {"args": [1]}, "nope")[0] == 401
+            assert post("/zmesh/v1/tiny/nap", {"args": [0]}, "t0ken")[0] == 404
+            with urllib.request.urlopen(base + "/", timeout=30) as resp:
+                assert resp.read() == b"home"
+        finally:
+            server.should_exit = True
+            thread.join(30)
+            sock.close()
