@@ -9,9 +9,11 @@ import os
 import signal
 import socket
 import stat
+import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,6 +108,21 @@ def test_keep_alive_serves_many_requests_on_one_connection(gw: Gateway) -> None:
             }
     finally:
         conn.close()
+
+
+def test_keep_alive_requests_do_not_wait_for_delayed_acks(gw: Gateway) -> None:
+    # Headers and body are two writes: without TCP_NODELAY each request on a
+    # kept-alive connection waits ~40 ms for the client's delayed ACK.
+    conn = gw.connection()
+    samples = []
+    try:
+        for _ in range(21):
+            t = time.perf_counter()
+            assert gw.request("GET", "/healthz", conn=conn)[0] == 200
+            samples.append(time.perf_counter() - t)
+    finally:
+        conn.close()
+    assert statistics.median(samples) < 0.025, samples
 
 
 @pytest.mark.parametrize(
