@@ -75,7 +75,7 @@ class Gateway:
                                  [(b"allow", b"POST")])  # fmt: skip
                     return
                 _, _, name, endpoint = path.split("/")
-                await self.call(scope, receive, send, name, endpoint)
+                await self._call(scope, receive, send, name, endpoint)
             else:
                 await _error(send, 404, "NotFound", f"no route {method} {path}")
         except ZmeshError as exc:  # the listing: no agent could be asked
@@ -84,7 +84,7 @@ class Gateway:
 
     # ------------------------------------------------------------ calls
 
-    async def call(
+    async def _call(
         self, scope: Scope, receive: Receive, send: Send, name: str, endpoint: str
     ) -> None:
         """``POST /v1/{name}/{endpoint}``."""
