@@ -37,7 +37,7 @@ WORDS = "the quick brown fox jumps over the lazy dog".split()
 
 
 class Writer(zmesh.Actor):
-    @zmesh.endpoint
+    @zmesh.concurrent_endpoint  # streams to many clients at once
     async def generate(self, prompt: str, n: int = 16) -> AsyncIterator[str]:
         """One word at a time, as a language model would stream its tokens."""
         for i in range(n):

@@ -151,3 +151,52 @@ def test_a_client_that_does_not_read_holds_everything_to_a_bound(
     finally:
         sock.close()
     assert gw.call("model", "add", 2, 2) == 4
+
+
+def test_no_healthy_replica_is_503_with_retry_after(gw: Gateway) -> None:
+    # tiny has one replica; killed, it is respawned slowly (5 s) meanwhile.
+    pid = gw.call("tiny", "pid")
+    slow = gw.dir / "slow-start"
+    slow.write_text("")
+    try:
+        os.kill(pid, signal.SIGKILL)
+
+        def refused() -> tuple[int, dict[str, str], dict[str, object]] | None:
+            got = gw.request("POST", "/v1/tiny/nap", {"args": [0]}, {"X-Zmesh-Timeout": "0.3"})
+            return got if got[0] == 503 else None
+
+        _, headers, doc = wait_for(refused, 10, "a 503 while no replica is healthy")
+        assert headers["retry-after"] == "1"
+        # Recovering, with no queue to wait in (max_queue=0): overloaded, a ServiceError.
+        assert doc["error"]["type"] in ("ServiceError", "ServiceOverloadedError"), doc  # type: ignore[index]
+    finally:
+        slow.unlink()
+
+    def back() -> bool:
+        status, _, doc = gw.request("POST", "/v1/tiny/pid", {})
+        return status == 200 and doc["result"] != pid
+
+    wait_for(back, 60, "tiny respawned", interval=0.2)
+
+
+@pytest.mark.stress
+def test_many_clients_that_vanish_mid_stream_close_every_generator(
+    gw: Gateway, tmp_path: Path
+) -> None:
+    n = 60
+    rss_before = _rss_kib(gw.popen.pid)
+    socks = [_open_stream(gw, "forever", str(tmp_path / f"closed-{i}")) for i in range(n)]
+    try:
+        for s in socks:
+            _read_until(s, b"\n\n", 1)  # each stream runs in a replica
+    finally:
+        for s in socks:
+            s.close()
+    wait_for(
+        lambda: all((tmp_path / f"closed-{i}").exists() for i in range(n)),
+        30,
+        "every generator closed in its replica",
+    )
+    grown = _rss_kib(gw.popen.pid) - rss_before
+    assert grown < 50 * 1024, f"the gateway grew {grown} KiB"
+    assert gw.call("model", "add", 3, 4) == 7

@@ -77,7 +77,7 @@ SERVICES = textwrap.dedent(
                 yield i
             raise RuntimeError(f"broke after {n}")
 
-        @zmesh.endpoint
+        @zmesh.concurrent_endpoint  # many clients stream at once
         async def forever(self, marker: str) -> AsyncIterator[int]:
             i = 0
             try:
@@ -101,6 +101,14 @@ SERVICES = textwrap.dedent(
 
 
     class Tiny(zmesh.Actor):
+        def __init__(self, slow_start: str) -> None:
+            if os.path.exists(slow_start):  # a test wants its respawn to take a while
+                time.sleep(5)
+
+        @zmesh.endpoint
+        async def pid(self) -> int:
+            return os.getpid()
+
         @zmesh.endpoint
         async def nap(self, seconds: float) -> float:
             await asyncio.sleep(seconds)
@@ -110,7 +118,7 @@ SERVICES = textwrap.dedent(
     Model.options(name="model", replicas=2, detached=True).spawn().get(90)
     Tiny.options(
         name="tiny", replicas=1, detached=True, max_concurrent_requests=1, max_queue=0
-    ).spawn().get(90)
+    ).spawn(sys.argv[1]).get(90)
     print("ready", flush=True)
     """
 )
@@ -213,7 +221,8 @@ def services_behind_gateway(root: Path) -> Iterator[Gateway]:
     try:
         script = root / "services.py"
         script.write_text(SERVICES)
-        done = run_python([str(script)], 120, env={"ZMESH_AGENTS": agent.control})
+        slow_start = str(root / "slow-start")  # while it exists, a Tiny replica starts slowly
+        done = run_python([str(script), slow_start], 120, env={"ZMESH_AGENTS": agent.control})
         assert done.returncode == 0 and "ready" in done.stdout, done.stdout + done.stderr
         gw = start_gateway(agent, root)
         try:
