@@ -81,6 +81,7 @@ def run_http(args: argparse.Namespace) -> int:
             f"--no-token on {host}, which other machines may reach, would let anyone call "
             "every service: keep the token, bind 127.0.0.1, or say --insecure"
         )
+    agents = agent_addresses(args)  # a bad address ends here, before a token file is made
     token_file = None
     token = None
     if not args.no_token:
@@ -88,7 +89,7 @@ def run_http(args: argparse.Namespace) -> int:
             args.token_file or os.path.join(paths.runtime_dir(), "http.token")
         )
         token = tokens.read_or_create(token_file)
-    zmesh.connect(agent_addresses(args), forward_logs=False)
+    zmesh.connect(agents, forward_logs=False)
     gateway = app(args.services or None, token=token, timeout=args.request_timeout)
 
     def ready(url: str) -> None:
