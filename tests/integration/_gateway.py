@@ -119,6 +119,8 @@ SERVICES = textwrap.dedent(
     Tiny.options(
         name="tiny", replicas=1, detached=True, max_concurrent_requests=1, max_queue=0
     ).spawn(sys.argv[1]).get(90)
+    plain = Tiny.options(name="plain", detached=True).as_actor(sys.argv[1])  # a mesh
+    plain.pid.call().get(90)
     print("ready", flush=True)
     """
 )

@@ -42,7 +42,7 @@ def _events(resp: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:
     """``(event, data)`` of each Server-Sent Event, as they come."""
     kind, data = "message", ""
     while True:
-        line = resp.fp.readline().decode()
+        line = resp.readline().decode()
         if not line:
             return
         line = line.rstrip("\n")
@@ -155,6 +155,8 @@ def test_unknown_services_and_endpoints_are_404(gw: Gateway) -> None:
     status, _, doc = gw.request("POST", "/v1/nope/add", {})
     assert status == 404 and doc["error"]["type"] == "NameNotFoundError"
     assert "model" in doc["error"]["message"]  # the names there are listed
+    status, _, doc = gw.request("POST", "/v1/plain/nap", {"args": [0]})
+    assert status == 404 and doc["error"]["type"] == "HandleTypeError"  # a detached mesh
     status, _, doc = gw.request("POST", "/v1/model/nope", {})
     assert status == 404 and doc["error"]["type"] == "EndpointError"
     assert "add" in doc["error"]["message"]  # the endpoints are listed
@@ -225,7 +227,7 @@ def test_services_are_listed_with_json_schemas(gw: Gateway) -> None:
     status, _, doc = gw.request("GET", "/v1/services")
     assert status == 200
     by_name = {s["name"]: s for s in doc["services"]}
-    assert set(by_name) == {"model", "tiny"}
+    assert set(by_name) == {"model", "tiny"}  # not "plain", a detached mesh
     model = by_name["model"]
     assert model["class"] == "Model" and model["replicas"] == 2
     eps = {e["name"]: e for e in model["endpoints"]}
@@ -312,17 +314,24 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     assert "open to other users" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_ctrl_c_stops_it_cleanly(gw: Gateway, tmp_path: Path) -> None:
+def test_ctrl_c_stops_it_cleanly_with_a_stream_open(gw: Gateway, tmp_path: Path) -> None:
     other = start_gateway(gw.agent, tmp_path, "model")
+    marker = tmp_path / "closed"
+    conn = other.connection()
     try:
         assert other.call("model", "add", 1, 1) == 2
-        assert (
-            other.request("POST", "/v1/tiny/nap", {"args": [0]})[0] == 404
-        )  # it serves only what it was told to
+        # It serves only what it was told to.
+        assert other.request("POST", "/v1/tiny/nap", {"args": [0]})[0] == 404
+        conn.request("POST", "/v1/model/forever", body=json.dumps({"args": [str(marker)]}),
+                     headers={"Authorization": f"Bearer {other.token}",
+                              "Accept": "text/event-stream"})  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
     finally:
         code = stop_gateway(other, signal.SIGINT)
+        conn.close()
     assert code == 0
-    assert other.popen.stderr is not None
+    wait_for(marker.exists, 20, "the open stream closed in the replica")
 
 
 def test_import_zmesh_loads_no_web_framework() -> None:
