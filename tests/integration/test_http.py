@@ -155,6 +155,9 @@ def test_unknown_services_and_endpoints_are_404(gw: Gateway) -> None:
     status, _, doc = gw.request("POST", "/v1/nope/add", {})
     assert status == 404 and doc["error"]["type"] == "NameNotFoundError"
     assert "model" in doc["error"]["message"]  # the names there are listed
+    for bad in ("/v1/no%20such!/add", "/v1//add"):  # no valid name
+        status, _, doc = gw.request("POST", bad, {})
+        assert status == 404 and doc["error"]["type"] == "NameNotFoundError", doc
     status, _, doc = gw.request("POST", "/v1/plain/nap", {"args": [0]})
     assert status == 404 and doc["error"]["type"] == "HandleTypeError"  # a detached mesh
     status, _, doc = gw.request("POST", "/v1/model/nope", {})

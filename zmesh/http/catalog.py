@@ -61,7 +61,11 @@ class Catalog:
         async with lock:  # concurrent first requests look it up once
             svc = self._handles.get(name)
             if svc is None:
-                handle = await zmesh.lookup(name)
+                try:
+                    found = zmesh.lookup(name)
+                except ValueError as exc:  # no valid name: nothing can be filed under it
+                    raise NameNotFoundError(f"no service {name!r}: {exc}", name=name) from exc
+                handle = await found
                 zmesh.service_info(handle)  # HandleTypeError: a mesh
                 svc = self._handles[name] = handle
         return svc
