@@ -8,7 +8,8 @@ client here, so the client costs as little as a Python client can:
 
 - ``p50``: one keep-alive connection, one request at a time (a 64-byte
   string echoed), next to the same call made directly from Python
-  (``zmesh.lookup`` then ``svc.echo(x)``), in the same run;
+  (``zmesh.lookup`` then ``svc.echo(x)``), in the same run, and next to
+  ``/healthz`` (HTTP alone, no call behind it);
 - ``requests/s``: 16 keep-alive connections, each one request at a time;
 - ``SSE items/s``: one stream of small items from a generator endpoint.
 
@@ -133,7 +134,9 @@ async def _sse_per_s(client: Client, path: str, items: int) -> float:
     return items / elapsed
 
 
-async def _gateway_round(url: str, token: str, n: int, items: int) -> dict[str, float]:
+async def _gateway_round(
+    url: str, token: str, n: int, items: int, floor: bool = True
+) -> dict[str, float]:
     u = urllib.parse.urlsplit(url)
     host, port = u.hostname or "127.0.0.1", u.port or 80
     headers = {"Authorization": f"Bearer {token}"}
@@ -141,9 +144,12 @@ async def _gateway_round(url: str, token: str, n: int, items: int) -> dict[str, 
     async with Client(host, port, headers) as c:
         await _p50_us(c, "/v1/benchhttp/echo", body, 50)  # warm up
         p50 = await _p50_us(c, "/v1/benchhttp/echo", body, n)
+        # HTTP alone, no call behind it (zmesh http's /healthz; Ray Serve has none).
+        bare = await _p50_us(c, "/healthz", b"", n) if floor else float("nan")
         sse = await _sse_per_s(c, "/v1/benchhttp/count", items)
     per_s = await _per_s(host, port, headers, "/v1/benchhttp/echo", body, n)
-    return {"http_p50_us": p50, "http_per_s": per_s, "sse_items_per_s": sse}
+    return {"http_p50_us": p50, "http_per_s": per_s, "sse_items_per_s": sse,
+            "healthz_p50_us": bare}  # fmt: skip
 
 
 async def _direct_p50_us(n: int) -> float:
@@ -232,7 +238,7 @@ def ray_serve(rounds: int, n: int, items: int) -> dict[str, Any]:
     try:
         serve.run(Echo.bind(), route_prefix="/v1/benchhttp")
         per_round = [
-            asyncio.run(_gateway_round("http://127.0.0.1:8000", "", n, items))
+            asyncio.run(_gateway_round("http://127.0.0.1:8000", "", n, items, floor=False))
             for _ in range(rounds)
         ]
         out: dict[str, Any] = {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
@@ -262,6 +268,7 @@ def render(res: dict[str, Any]) -> None:
         f"{res['direct_p50_us']:.0f} µs",
         rv("http_p50_us", "{:.0f} µs"),
     )
+    table.add_row("p50 of /healthz (HTTP alone)", f"{res['healthz_p50_us']:.0f} µs", "", "")
     table.add_row(
         f"requests/s, {CONNECTIONS} connections",
         f"{res['http_per_s']:,.0f}",
