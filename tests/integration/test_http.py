@@ -363,7 +363,7 @@ def test_the_gateway_mounts_in_a_starlette_app(gw: Gateway) -> None:
         return PlainTextResponse("home")
 
     with connected([gw.agent.control]):
-        gateway = zmesh.http.app(["model"], token="t0ken", max_body=1000)
+        gateway = zmesh.http.app(["model"], token="t0ken", max_body=1000, max_sessions=3)
         site = starlette.Starlette(
             routes=[routing.Route("/", home), routing.Mount("/zmesh", app=gateway)]
         )
@@ -375,11 +375,15 @@ def test_the_gateway_mounts_in_a_starlette_app(gw: Gateway) -> None:
             wait_for(lambda: server.started, 30, "uvicorn started")
             base = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
-            def post(path: str, body: dict[str, object], token: str) -> tuple[int, object]:
+            def post(
+                path: str, body: dict[str, object], token: str, session: str = ""
+            ) -> tuple[int, object]:
+                headers = {"Authorization": f"Bearer {token}"}
+                if session:
+                    headers["X-Zmesh-Session"] = session
                 req = urllib.request.Request(
-                    base + path, data=json.dumps(body).encode(), method="POST",
-                    headers={"Authorization": f"Bearer {token}"},
-                )  # fmt: skip
+                    base + path, data=json.dumps(body).encode(), method="POST", headers=headers
+                )
                 try:
                     with urllib.request.urlopen(req, timeout=30) as resp:
                         return resp.status, json.loads(resp.read())
@@ -393,6 +397,10 @@ def test_the_gateway_mounts_in_a_starlette_app(gw: Gateway) -> None:
             assert status == 413 and doc["error"]["type"] == "BodyTooLarge"  # type: ignore[index]
             with urllib.request.urlopen(base + "/", timeout=30) as resp:
                 assert resp.read() == b"home"
+            # Sessions clients invent are kept to a bound (the least recently used go).
+            for i in range(5):
+                assert post("/zmesh/v1/model/add", {"args": [i]}, "t0ken", f"s{i}")[0] == 200
+            assert gateway.catalog.statistics() == {"services": 1, "sessions": 3}
         finally:
             server.should_exit = True
             thread.join(30)
