@@ -66,6 +66,10 @@ def test_bench_quick_writes_json(tmp_path: Path) -> None:
             "fan-out call to 64 p50", "cold start (main -> first reply)",
             "idle proc RSS", "agent RSS", "spawn 64 procs, warm agent"} <= names  # fmt: skip
     assert all(isinstance(t["met"], bool) for t in report["targets"])
+    http = report["http"]  # the zmesh http rows (tools/bench_http.py)
+    for key in ("http_p50_us", "http_per_s", "sse_items_per_s", "direct_p50_us", "healthz_p50_us"):
+        assert math.isfinite(http[key]) and http[key] > 0, key
+    assert "zmesh http" in proc.stdout
     if "skipped" in report["ray"]:
         assert "ray not installed" in proc.stdout or "skipped" in proc.stdout
     else:

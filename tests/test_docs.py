@@ -1,4 +1,6 @@
-"""Every ```python block in README.md and docs/*.md runs (or, if marked, compiles).
+"""Every ```python block in README.md and docs/*.md runs (or, if marked, compiles),
+and so does every ```bash block of docs/http.md (its curl examples, against a
+live ``zmesh http``).
 
 A block is a whole program: it runs as its own script (``__main__``) against
 two loopback agents (``ZMESH_AGENTS``), and must exit 0 within its deadline.
@@ -18,7 +20,10 @@ block a reader can paste and run is the point.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +32,15 @@ import pytest
 
 from zmesh.testing import local_cluster
 
-from _helpers import run_python
+from _helpers import end_child, read_line, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NO_RUN = "<!-- no-run -->"
 FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+SHELL_FENCE = re.compile(r"^```bash\n(.*?)^```", re.M | re.S)
+HTTP_PAGE = ROOT / "docs" / "http.md"
+EXAMPLE = ROOT / "examples" / "http_tokens.py"
 
 
 @dataclass(frozen=True)
@@ -49,11 +57,11 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def blocks(page: Path) -> list[Block]:
-    """The ```python blocks of ``page``, in order."""
+def blocks(page: Path, fence: re.Pattern[str] = FENCE) -> list[Block]:
+    """The ```python blocks (or those ``fence`` finds) of ``page``, in order."""
     text = page.read_text()
     found = []
-    for m in FENCE.finditer(text):
+    for m in fence.finditer(text):
         before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
         line = text.count("\n", 0, m.start()) + 1
         found.append(Block(page, line, m.group(1), run=before != NO_RUN))
@@ -95,4 +103,42 @@ def test_block_runs(block: Block, two_hosts: str, tmp_path: Path) -> None:
     # A test module starts its own agents (local_cluster); a program uses two_hosts.
     env = {} if is_test else {"ZMESH_AGENTS": two_hosts}
     done = run_python(args, 120, env=env, cwd=str(tmp_path))
+    assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"
+
+
+SHELL = [b for b in blocks(HTTP_PAGE, SHELL_FENCE) if b.run]
+
+
+@pytest.fixture(scope="module")
+def gateway(two_hosts: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """``URL`` and ``TOKEN_FILE`` of a ``zmesh http`` serving the example's "writer"."""
+    root = tmp_path_factory.mktemp("http-doc")
+    env = {"ZMESH_AGENTS": two_hosts}
+    done = run_python([str(EXAMPLE), "up"], 120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "zmesh", "http", "--agents", two_hosts, "--bind", "127.0.0.1:0",
+         "--token-file", str(root / "token"), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ready = json.loads(read_line(popen, 60))
+        yield {"URL": ready["url"], "TOKEN_FILE": ready["token_file"]}
+    finally:
+        popen.terminate()
+        end_child(popen)
+        run_python([str(EXAMPLE), "down"], 60, env=env)
+
+
+def test_the_http_page_has_curl_blocks() -> None:
+    assert len(SHELL) >= 4 and all("curl" in b.code for b in SHELL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", SHELL, ids=lambda b: b.id)
+def test_shell_block_runs(block: Block, gateway: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code], capture_output=True, text=True,
+        timeout=60, env={"PATH": "/usr/local/bin:/usr/bin:/bin", **gateway}, cwd=str(tmp_path),
+    )  # fmt: skip
     assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"

@@ -52,6 +52,11 @@ EXPECT: dict[str, tuple[float, list[str], bool]] = {
         ],
         True,
     ),
+    "http_tokens.py": (
+        120,
+        [r"^up: made writer", r'^data: "\w+"$', r"^event: end$", r"^down: stopped$"],
+        True,
+    ),
     "multihost.py": (90, [r"over 2 agents", r"per-host fan-out: \[\[3, 3\], \[4, 4\]\]"], True),
 }
 

@@ -16,7 +16,8 @@ From the bottom up (docs/architecture.md says what each part is):
 - ``_service``: replicated services, built of actor meshes;
 - the face: ``zmesh/__init__.py`` and the modules it lends names from
   (``_options``, ``_context``, ``_lookup``, ``_this_proc``, ``_singletons``,
-  ``_typing``, ``testing``);
+  ``_typing``), and its submodules ``routing`` and ``testing``;
+- ``http``, the HTTP gateway (``zmesh[http]``), a client of services as any script is;
 - ``top``, then ``cli``.
 
 Imports inside functions are also few, and each one says why it is late.
@@ -32,7 +33,8 @@ from collections import defaultdict
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "zmesh"
 
 LAYERS = [
-    "_errors", "_shared", "_wire", "_actor", "_client", "_host", "_service", "face", "top", "cli",
+    "_errors", "_shared", "_wire", "_actor", "_client", "_host", "_service", "face", "http", "top",
+    "cli",
 ]  # fmt: skip
 FACE = {
     "__init__", "__version__", "_context", "_lookup", "_options", "_singletons", "_this_proc",

@@ -1,8 +1,9 @@
 """Write docs/api.md, the API reference, from the docstrings of zmesh's public names.
 
-One section per name of ``zmesh.__all__``, ``zmesh.routing.__all__`` and
-``zmesh.testing.__all__``, in that order: its signature, its docstring as
-written, and for a class its public methods and properties with the summary line of each.
+One section per name of ``zmesh.__all__``, ``zmesh.routing.__all__``,
+``zmesh.testing.__all__`` and ``zmesh.http.__all__``, in that order: its
+signature, its docstring as written, and for a class its public methods and
+properties with the summary line of each.
 ``python tools/apiref.py`` rewrites the page; ``--check`` exits 1 when it has
 drifted from the code (tests/test_api_reference.py runs that check), so the
 reference says what the code says.
@@ -31,10 +32,16 @@ def modules() -> list[tuple[str, Any]]:
     """The public modules, as (name, module)."""
     sys.path.insert(0, str(ROOT))
     import zmesh
+    import zmesh.http
     import zmesh.routing
     import zmesh.testing
 
-    return [("zmesh", zmesh), ("zmesh.routing", zmesh.routing), ("zmesh.testing", zmesh.testing)]
+    return [
+        ("zmesh", zmesh),
+        ("zmesh.routing", zmesh.routing),
+        ("zmesh.testing", zmesh.testing),
+        ("zmesh.http", zmesh.http),
+    ]
 
 
 def signature(obj: Any) -> str:

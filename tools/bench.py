@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import bench_http  # tools/: the zmesh http rows
 import bench_tree  # tools/: the tree vs flat rows
 import zmq
 
@@ -1005,6 +1006,18 @@ def _tree_rows(wanted: bool, rounds: int) -> dict[str, Any]:
     return {"tree": tree}
 
 
+def _http_rows(quick: bool, with_ray: bool) -> dict[str, Any]:
+    """zmesh http: p50 and requests/s over keep-alive, SSE items/s (tools/bench_http.py);
+    Ray Serve's HTTP ingress next to it when Ray is installed."""
+    log("zmesh http gateway")
+    if quick:
+        res = bench_http.measure(1, 500, 5000, with_ray=with_ray)
+    else:
+        res = bench_http.measure(3, 2000, 20000, with_ray=with_ray)
+    zmesh.shutdown()
+    return {"http": res}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="~1 minute smoke run")
@@ -1043,6 +1056,7 @@ def main() -> None:
         "ray": ray,
         **summarize(res, ray),
         **_tree_rows(args.tree or mode == "full", 1 if args.quick else 3),
+        **_http_rows(args.quick, not args.no_ray),
         "rounds": res["rounds"],
         "cold": res["cold"],
         "rss_mb": res["rss_mb"],
@@ -1050,6 +1064,8 @@ def main() -> None:
     render(report, markdown=args.markdown)
     if "tree" in report:
         bench_tree.render(report["tree"])
+    if "http" in report:
+        bench_http.render(report["http"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2, default=float)

@@ -51,6 +51,8 @@ class EndpointInfo:
     port: bool = False  # takes a response port first (``explicit_response_port``)
     batch: int = 0  # > 0: up to this many calls are run as one invocation
     batch_wait: float = 0.0  # seconds a batch waits for more calls after its first
+    # A detached service's: its parameters and types, packed (zmesh._service.signatures).
+    signature: bytes = b""
 
 
 class Endpoint(Generic[P, R]):

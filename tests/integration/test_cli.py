@@ -25,6 +25,7 @@ COMMANDS = [
     "logs",
     "stop",
     "get",
+    "http",
     "up",
     "down",
 ]
@@ -68,7 +69,7 @@ def test_every_command_takes_json(name: str) -> None:
     assert "--json" in done.stdout
 
 
-@pytest.mark.parametrize("cmd", [["ps"], ["status"], ["top", "--once"], ["stack", "m"]])
+@pytest.mark.parametrize("cmd", [["ps"], ["status"], ["top", "--once"], ["stack", "m"], ["http"]])
 def test_a_bad_address_is_one_line_not_a_traceback(cmd: list[str]) -> None:
     done = zmesh_cmd(*cmd, "--agents", "node1")
     assert done.returncode == 2

@@ -242,6 +242,23 @@ async def stop_name(rt: Runtime, name: str, agents: list[str]) -> None:
         )
 
 
+def detached_names() -> Future[list[str]]:
+    """The names of the detached services and meshes of our keys on the configured agents.
+
+    Raises (from the future):
+        SecurityError, AgentError: no configured agent could be asked.
+    """
+
+    async def go(rt: Runtime) -> list[str]:
+        try:  # no name is "": the agents answer with the names they have
+            await find(rt, "")
+        except NameNotFoundError as exc:
+            return exc.names
+        return []
+
+    return on_home(go)
+
+
 def stop_detached_mesh(mesh: Any) -> Future[None]:
     """``mesh.stop()`` of a detached mesh: its procs, by name, for our keys.
 

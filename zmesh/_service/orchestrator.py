@@ -54,6 +54,7 @@ from zmesh._client.spawning import spawn_owned_mesh
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import ServiceError, SpawnError, ZmeshError
 from zmesh._service import service as _service
+from zmesh._service import signatures
 from zmesh._service.adoption import DetachedSupervisor, adopt
 from zmesh._service.client import ServiceClient
 from zmesh._service.routing import ServiceConfig, make_router
@@ -78,6 +79,9 @@ class Plan:
     service_id: str
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Each endpoint's parameters and types, packed where the class is defined
+    # (zmesh._service.signatures): they travel in the handle, for zmesh http.
+    signatures: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def cls(self) -> type[Actor]:
@@ -104,7 +108,7 @@ class Orchestrator(Actor):
         p = self.plan
         opts = p.opts
         config = ServiceConfig(**opts.service_config)
-        endpoints = endpoints_of(p.cls)
+        endpoints = signatures.sign(endpoints_of(p.cls), p.signatures)
         svc = Service(
             p.service_id, p.name, p.cls.__qualname__, endpoints, opts.replicas, config,
             make_router(config.router),
@@ -148,7 +152,9 @@ def spawn_detached(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, 
             nothing is left running.
     """
     agents = external_agents(f"service {opts.name!r}")
-    plan = Plan(opts, f"{opts.name}-{secrets.token_hex(6)}", args, kwargs)
+    plan = Plan(
+        opts, f"{opts.name}-{secrets.token_hex(6)}", args, kwargs, signatures.pack(opts.cls)
+    )
 
     async def go(rt: Runtime) -> Service:
         await ensure_free(rt, opts.name, f"service {opts.name!r}")

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("zmesh.cli.logs", "what a mesh's procs printed (every rank by default; -f follows)"),
     "stop": ("zmesh.cli.logs", "stop a detached service, or a mesh, by name"),
     "get": ("zmesh.cli.get", "a mesh by name: its generation and every rank, from each agent"),
+    "http": ("zmesh.cli.http", "serve detached services over HTTP/JSON and SSE (zmesh[http])"),
     "up": ("zmesh.cli.up", "start one agent per host of a host file (ssh, srun, ...)"),
     "down": ("zmesh.cli.up", "stop the agents 'zmesh up' started"),
 }
