@@ -17,11 +17,16 @@ was stopped out of, a ``def`` health check beside a running call) the call
 goes to the pool as before, so a blocked thread here stops nothing else
 and the pool's rules (it grows only when its threads are blocked, not
 while the machine is merely starved) hold for everything else.
+
+A proc starts at most ``ZMESH_ACTOR_THREADS`` (64) of these threads at
+once, read when one is about to start: the actors past that (a proc of a
+thousand actors) share the pool, as every actor did before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from queue import SimpleQueue
 from typing import Any
@@ -29,11 +34,23 @@ from typing import Any
 # The future a call's result resolves, the function and its arguments.
 _Item = tuple["asyncio.Future[Any]", Any, tuple[Any, ...]]
 
+DEFAULT_LIMIT = 64
+
+
+def limit() -> int:
+    """How many actor threads a proc may have at once (``ZMESH_ACTOR_THREADS``)."""
+    try:
+        return max(0, int(os.environ.get("ZMESH_ACTOR_THREADS", DEFAULT_LIMIT)))
+    except ValueError:
+        return DEFAULT_LIMIT
+
 
 class ActorThread:
     """One actor's worker thread (started on its first sync call, ended by ``close``)."""
 
     __slots__ = ("busy", "done", "future", "loop", "name", "queue", "thread")
+
+    live = 0  # threads of this process started and not yet closed (the loop's thread counts)
 
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         self.loop = loop
@@ -46,8 +63,15 @@ class ActorThread:
         # sets it to finish the message there, with no task wake-up).
         self.done: Any = None
 
+    def free(self) -> bool:
+        """Whether a call may run here now: not busy, and its thread is
+        running or may start (fewer than ``limit()`` run in this process)."""
+        if self.busy:
+            return False
+        return self.thread is not None or ActorThread.live < limit()
+
     def run(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args)`` in this thread (it must not be ``busy``); its future."""
+        """Run ``fn(*args)`` in this thread (it must be ``free``); its future."""
         fut = self.loop.create_future()
         self.busy = True
         self.future = fut
@@ -57,11 +81,15 @@ class ActorThread:
                 target=self._main, name=f"zmesh-actor-{self.name}", daemon=True
             )
             self.thread.start()
+            ActorThread.live += 1
         return fut
 
     def close(self) -> None:
         """End the thread once the call in it (if any) returns."""
-        self.queue.put(None)
+        if self.thread is not None:
+            self.queue.put(None)
+            ActorThread.live -= 1
+            self.thread = None
 
     def _main(self) -> None:
         get, call_soon = self.queue.get, self.loop.call_soon_threadsafe
