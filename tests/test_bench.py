@@ -74,3 +74,27 @@ def test_bench_quick_writes_json(tmp_path: Path) -> None:
         assert "ray not installed" in proc.stdout or "skipped" in proc.stdout
     else:
         assert {"ray_lat_p50_us", "ray_pipelined_per_s"} <= results.keys()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_rows_runs_only_the_rows_asked_for(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "ZMESH_AGENTS"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--sync-only", "--rounds", "2", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["rows"] == ["sync"]
+    row = report["results"]["sync_endpoint_p50_us"]
+    assert row["zmesh"] > 0 and row["base"] > 0 and row["ratio_vs_base"] > 0
+    assert len(report["rounds"]["sync_ep_ratio"]) == 2
+    assert "call_one_p50_us" not in report["results"]  # the rows left out are not run
+    assert [t["name"] for t in report["targets"]] == ["def endpoint call_one p50 vs async def"]
+    bad = subprocess.run(
+        [sys.executable, str(BENCH), "--rows", "nope"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown rows" in bad.stderr

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from zmesh._actor import Endpoint, Point, set_actor_name, set_current
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
+from zmesh._host.actorthread import ActorThread
 from zmesh._host.batching import Batcher
 from zmesh._shared import stats as _stats
 from zmesh._shared.aio import enter_task, leave_task, running_loop
@@ -95,6 +96,10 @@ class Mailbox:
         self.checking: asyncio.Task[None] | None = None
         self.next_check: tuple[bytes, w.Call, list[Any]] | None = None
         self.task = asyncio.ensure_future(self._run())
+        # Its sync endpoints' own worker thread (zmesh._host.actorthread), and the
+        # message waiting for it that ``step`` finishes when it is done.
+        self.thread = ActorThread(self.task.get_loop(), name)
+        self.driving: Any = None
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
         if self.batchers and call.method in self.batchers:
@@ -134,23 +139,49 @@ class Mailbox:
     def step(self, coro: Any, method: str) -> None:
         """Run ``coro`` (a message's handling, of ``method``) up to its first
         suspension, now, as the mailbox task; the task finishes it from there.
-        The actor must be idle (its task waiting, nothing queued)."""
+        The actor must be idle (its task waiting, nothing queued).
+
+        A suspension on this actor's own thread (a sync endpoint running in
+        it) is the exception: the thread's result comes back in one loop
+        callback, which goes on with the message right there (``_resume``),
+        with no task wake-up in between. The actor is held meanwhile, so its
+        later mail queues."""
         assert self.context is not None  # the task is waiting, so _run set it
         loop = self.task.get_loop()
         enter_task(loop, self.task)  # asyncio.current_task() is the actor's task, as in _run
         try:
             yielded = self.context.run(coro.send, None)
         except StopIteration:
+            self._ended()
             return  # done, reply sent
         except Exception:
             log.exception("handling %s.%s failed", self.name, method)
+            self._ended()
             return
         finally:
             leave_task(loop, self.task)
-        # It awaits something: the mailbox task finishes it; later mail queues.
         self.busy = True
+        if yielded is self.thread.future and yielded is not None:
+            self.held = True
+            self.driving = (coro, method)
+            self.thread.done = self._resume
+            return
+        # It awaits something: the mailbox task finishes it; later mail queues.
         self.handoff = (coro, yielded, None)
         self._wake()
+
+    def _resume(self) -> None:
+        """The actor's thread is done with the message ``step`` left there: go on with it."""
+        (coro, method), self.driving = self.driving, None
+        self.held = False
+        self.step(coro, method)
+
+    def _ended(self) -> None:
+        """A message ``step`` ran is done: the actor is idle; its task goes on with the queue."""
+        if self.busy:  # it had waited for the actor's thread
+            self.busy = False
+            if self.queue:
+                self._wake()
 
     def hold(self, part: tuple[Any, int, str] | None = None) -> None:
         """The actor is busy with work run outside its task (it must be idle now):
@@ -318,6 +349,11 @@ class Mailbox:
         streams) are cancelled, which answers each of them "stopped".
         """
         self.stopped = True
+        if self.driving is not None:
+            # Its sync endpoint runs on in the actor's thread: the task gets the
+            # message, to throw its cancellation in (which answers "stopped").
+            self.handoff, self.driving, self.thread.done = (self.driving[0], None, None), None, None
+        self.thread.close()
         self.task.cancel()
         if self.part is not None:  # its thread runs on; its answer comes too late to count
             gather, index, method = self.part

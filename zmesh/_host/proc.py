@@ -319,9 +319,14 @@ class ProcServer:
                 result = await invoke(fn, box.instance, args, kwargs)
             else:
                 ctx = contextvars.copy_context()
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
-                )
+                if box.thread.free():  # the actor's own thread (zmesh._host.actorthread)
+                    result = await box.thread.run(
+                        ctx.run, invoke_sync, fn, box.instance, args, kwargs
+                    )
+                else:  # never behind it (a concurrent call, a health check), or too many
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
+                    )
                 if type(result) is Raised:
                     raise result.exc
         except BadArguments as exc:

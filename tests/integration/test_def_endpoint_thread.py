@@ -1,0 +1,114 @@
+"""An actor's ``def`` endpoints run in a thread of its own (zmesh._host.actorthread).
+
+Cheaper than the proc's pool (one queue put there, one loop wake-up back),
+and thread-bound state stays with the actor from call to call. These check
+that, and that it keeps the promises of the pool: a blocked actor holds up
+nobody else, a call beside a busy thread does not wait behind it, a stop
+answers the call running in it, and a ``BaseException`` raised in it comes
+back to its caller typed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import zmesh
+
+from _helpers import wait_for
+
+
+class Threaded(zmesh.Actor):
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    @zmesh.endpoint
+    def where(self) -> tuple[int, str]:
+        return threading.get_ident(), threading.current_thread().name
+
+    @zmesh.endpoint
+    def count(self) -> int:
+        """Thread-bound state: a counter in a ``threading.local``."""
+        self.local.n = getattr(self.local, "n", 0) + 1
+        return int(self.local.n)
+
+    @zmesh.endpoint
+    def block(self, seconds: float, flag: str) -> float:
+        Path(flag).touch()
+        time.sleep(seconds)
+        return seconds
+
+    @zmesh.endpoint(concurrent=True)
+    def beside(self) -> str:
+        return threading.current_thread().name
+
+    @zmesh.endpoint
+    def exit(self) -> None:
+        raise KeyboardInterrupt("from a def endpoint")
+
+
+def test_each_actors_def_endpoints_run_in_one_thread_of_its_own() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 1}).get(timeout=60)
+    try:
+        a = procs.spawn("a", Threaded).get(timeout=30)
+        b = procs.spawn("b", Threaded).get(timeout=30)
+        seen_a = {a.where.call_one().get(timeout=10) for _ in range(20)}
+        seen_b = {b.where.call_one().get(timeout=10) for _ in range(20)}
+        assert len(seen_a) == 1 and len(seen_b) == 1, (seen_a, seen_b)
+        assert seen_a != seen_b  # two actors of one proc: two threads
+        assert next(iter(seen_a))[1].startswith("zmesh-actor-a")
+        # So state bound to a thread stays with the actor from call to call.
+        assert [a.count.call_one().get(timeout=10) for _ in range(5)] == [1, 2, 3, 4, 5]
+    finally:
+        procs.stop().get(timeout=20)
+
+
+def test_a_call_beside_a_busy_actor_thread_does_not_wait_behind_it(tmp_path: Path) -> None:
+    one = Threaded.options().as_actor().get(timeout=60)
+    try:
+        flag = tmp_path / "blocking"
+        blocked = one.block.call_one(3.0, str(flag))
+        wait_for(flag.exists, 10, "the def endpoint to start blocking")
+        t0 = time.monotonic()
+        name = one.beside.call_one().get(timeout=10)  # concurrent: the pool runs it
+        assert time.monotonic() - t0 < 1.5, "it waited for the blocked actor thread"
+        assert not name.startswith("zmesh-actor-"), name
+        assert not blocked.done()
+        assert blocked.get(timeout=10) == 3.0
+        # The thread is the actor's again once it is free.
+        assert one.where.call_one().get(timeout=10)[1].startswith("zmesh-actor-")
+    finally:
+        one.stop().get(timeout=20)
+
+
+def test_stopping_an_actor_in_its_thread_answers_the_call_and_the_proc_goes_on(
+    tmp_path: Path,
+) -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 1}).get(timeout=60)
+    try:
+        a = procs.spawn("a", Threaded).get(timeout=30)
+        b = procs.spawn("b", Threaded).get(timeout=30)
+        flag = tmp_path / "blocking"
+        blocked = a.block.call_one(5.0, str(flag))
+        wait_for(flag.exists, 10, "the def endpoint to start blocking")
+        t0 = time.monotonic()
+        a.stop().get(timeout=10)
+        with pytest.raises(zmesh.ActorStoppedError):
+            blocked.get(timeout=3)
+        assert time.monotonic() - t0 < 3.0
+        assert b.count.call_one().get(timeout=10) == 1  # the proc's other actor goes on
+    finally:
+        procs.stop().get(timeout=20)
+
+
+def test_a_base_exception_from_the_actor_thread_fails_the_call_typed() -> None:
+    one = Threaded.options().as_actor().get(timeout=60)
+    try:
+        with pytest.raises(zmesh.ActorError) as info:
+            one.exit.call_one().get(timeout=10)
+        assert info.value.remote_type == "KeyboardInterrupt"
+    finally:
+        one.stop().get(timeout=20)
