@@ -32,6 +32,7 @@ from zmesh._actor import set_current
 from zmesh._client import local as _local
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
+from zmesh._host import cancelling as _cancelling
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
@@ -84,6 +85,7 @@ class ProcServer:
         self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
+        self.cancels = 0  # calls their callers cancelled (zmesh._host.cancelling)
         self.backlog = 0  # see MAX_BACKLOG
         self.backlog_bytes = 0  # and MAX_BACKLOG_BYTES
         self.spawning: set[asyncio.Task[None]] = set()
@@ -251,6 +253,8 @@ class ProcServer:
             _lifecycle.then(self, ending, lambda: self.router.send(reply))  # after __cleanup__
         elif isinstance(msg, w.Credit | w.Cancel):
             self.producers.control(ident, msg)
+        elif isinstance(msg, w.CancelCall):
+            _cancelling.cancel(self, ident, msg)
         elif isinstance(msg, w.Relay):  # this proc relays a tree fan-out (zmesh._host.relay)
             if self.relay is None:
                 self.relay = RelayServer(self)
@@ -315,6 +319,9 @@ class ProcServer:
         if ep.info.port and not call.oneway and args:  # (a oneway's port is the sender's own)
             guard = _responseport.arm(args[0], ep, type(box.instance).__name__, self._where())
         t0 = counters.begin()
+        # Its caller may cancel it while it runs (zmesh._host.cancelling).
+        key = (ident, call.id)
+        run = box.active[key] = _cancelling.Running(asyncio.current_task(), ep.info.is_async)
         try:
             if ep.info.is_async:
                 result = await invoke(fn, box.instance, args, kwargs)
@@ -326,6 +333,7 @@ class ProcServer:
                 if type(result) is Raised:
                     raise result.exc
         except BadArguments as exc:
+            box.active.pop(key, None)
             if guard is not None:
                 guard.disarm(exc)
             counters.end(t0, 1)
@@ -333,6 +341,13 @@ class ProcServer:
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
         except BaseException as exc:
+            box.active.pop(key, None)
+            if run.cancelled and not box.stopped:  # its caller cancelled it: not an error
+                if guard is not None:
+                    guard.disarm(None)
+                counters.end(t0, 0)
+                _cancelling.answer(self, ident, call, run)
+                return
             if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
                 if guard is not None:
                     guard.disarm(None)
@@ -351,7 +366,11 @@ class ProcServer:
             if isinstance(exc, SystemExit):
                 self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
             return
+        box.active.pop(key, None)
         counters.end(t0, 0)
+        if run.cancelled:  # it ran to its end all the same: the result goes nowhere
+            _cancelling.answer(self, ident, call, run)
+            return
         if call.oneway:
             return
         if guard is not None:
