@@ -332,13 +332,16 @@ class Actor(_Handle):
         name: str | None = None,
         config: ServiceConfig | None = None,
         detached: bool | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
         **service_config: Any,
     ) -> Options[A]:
         """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
-        ``.as_service``). Defaults come from ``@zmesh.service`` on the class."""
+        ``.as_service``). Defaults come from ``@zmesh.service`` on the class.
+        ``env`` and ``cwd``: every proc's added variables and working directory."""
         from zmesh._options import Options
 
         return Options(
             cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
-            detached=detached, **service_config,
+            detached=detached, env=env, cwd=cwd, **service_config,
         )  # fmt: skip

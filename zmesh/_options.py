@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._actor import Actor
+from zmesh._client.procsetup import ProcSetup
 
 if TYPE_CHECKING:
     from zmesh._client.future import Future
@@ -38,6 +39,10 @@ class Options(Generic[A]):
             appends a suffix, and it names the procs' log files).
         config: a whole ``zmesh.ServiceConfig``; settings given one by one
             override its fields.
+        env: variables added to the environment of every proc, on every host
+            (only ``ZMESH_*`` variables reach agents started elsewhere).
+        cwd: the working directory of every proc (default: this process's);
+            it must exist on every host.
         detached: keep the service or mesh running after this script exits,
             under ``name``, until ``zmesh stop NAME`` or ``stop()``; other
             scripts attach with ``zmesh.lookup(name)``. Needs an external
@@ -50,6 +55,7 @@ class Options(Generic[A]):
     Raises:
         ValueError: a size below 1, a name that is not valid, or a service
             setting that is unknown or bad.
+        TypeError: an ``env`` that does not map str to str.
     """
 
     def __init__(
@@ -62,9 +68,20 @@ class Options(Generic[A]):
         name: str | None = None,
         config: ServiceConfig | None = None,
         detached: bool | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
         **service_config: Any,
     ) -> None:
         defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        env = env if env is not None else defaults.pop("env", None)
+        cwd = cwd if cwd is not None else defaults.pop("cwd", None)
+        defaults.pop("env", None)
+        defaults.pop("cwd", None)
+        # The procs' environment and working directory (zmesh._client.procsetup).
+        self.setup: ProcSetup | None = None
+        if env or cwd is not None:
+            self.setup = ProcSetup(env=env or {}, cwd=cwd)
+            self.setup.check({})
         detached = detached if detached is not None else defaults.pop("detached", False)
         # Actors per proc (as_actor only): a keyword of options(), not a service setting.
         per_proc = service_config.pop("actors_per_proc", None)

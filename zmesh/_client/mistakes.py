@@ -90,12 +90,13 @@ def check_options(cls: type, sizes: dict[str, Any], service_config: dict[str, An
     settings = [f.name for f in dataclasses.fields(ServiceConfig)]
     for key in service_config:
         if key not in settings:
-            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", *settings]
+            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", "env", "cwd"]
+            known += settings
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(
                 f"{where} got an unknown setting {key!r}{hint}; it takes procs, hosts, "
-                "name, detached, for as_actor(): actors_per_proc, and for as_service(): "
+                "name, detached, env, cwd, for as_actor(): actors_per_proc, and for as_service(): "
                 f"replicas, config, {', '.join(settings)}"
             )
     try:

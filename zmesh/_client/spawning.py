@@ -28,6 +28,7 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
+from zmesh._client.procsetup import ProcSetup
 from zmesh._client.runtime import Runtime
 from zmesh._client.stopping import stop_actors, stop_procs
 from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
@@ -48,6 +49,7 @@ def start_procs(
     per_host: dict[str, int],
     base: str,
     exact: bool = False,
+    setup: ProcSetup | None = None,
 ) -> ProcMesh:
     """``HostMesh.spawn_procs``: the ``ProcMesh`` now, its procs in the background.
 
@@ -65,9 +67,9 @@ def start_procs(
         if addrs is None:
             addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
         if exact:
-            up = await _named.spawn_or_update(rt, addrs, per_host, name, pm)
+            up = await _named.spawn_or_update(rt, addrs, per_host, name, pm, setup)
         else:
-            up = await _procstart.spawn_procs(rt, addrs, per_host, base, name)
+            up = await _procstart.spawn_procs(rt, addrs, per_host, base, name, setup)
         pm._refs = up._refs
 
     _launch(pm, work)
@@ -121,7 +123,7 @@ def spawn_actor_mesh(
         args_now = await _ready_arguments(args, kwargs)
         up = await spawn_owned_mesh(
             rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name,
-            per_proc=per_proc,
+            per_proc=per_proc, setup=opts.setup,
         )  # fmt: skip
         if opts.detached:
             from zmesh._client import lookup as _lookup
@@ -243,6 +245,7 @@ async def spawn_owned_mesh(
     addrs: list[str] | None = None,
     proc_mesh: str | None = None,
     per_proc: int = 1,
+    setup: ProcSetup | None = None,
 ) -> ActorMesh[A]:
     """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
 
@@ -251,13 +254,14 @@ async def spawn_owned_mesh(
             ``hosts`` configured agents, or the embedded default).
         proc_mesh: the procs' mesh name (default: ``name`` and a random suffix).
         per_proc: actors in each proc (more than 1: the mesh's dim ``actors``).
+        setup: the procs' environment and working directory (``options(env=, cwd=)``).
 
     Raises:
         SpawnError: a proc or an actor failed to start; nothing is left running.
     """
     if addrs is None:
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
+    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh, setup)
     try:
         mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
     except BaseException:

@@ -36,6 +36,7 @@ from zmesh._host import cancelling as _cancelling
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
+from zmesh._host import procsetup as _procsetup
 from zmesh._host import responseport as _responseport
 from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
@@ -455,6 +456,7 @@ class ProcServer:
 def main() -> None:
     """Run this process as the proc ``ZMESH_PROC`` describes, until it is stopped."""
     spec = _procboot.boot()
+    _procsetup.apply(spec)  # its CPUs and bootstrap, before any actor (zmesh._host.procsetup)
     server = ProcServer(spec, _local.mesh_proof(spec.mesh))
     try:
         asyncio.run(server.serve())
