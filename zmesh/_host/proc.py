@@ -90,6 +90,7 @@ class ProcServer:
         self.backlog = 0  # see MAX_BACKLOG
         self.backlog_bytes = 0  # and MAX_BACKLOG_BYTES
         self.spawning: set[asyncio.Task[None]] = set()
+        self.initializing = 0  # SpawnActors whose __init__ runs (statistics: Initializing)
         self.pool = Workers()  # grows as threads block (see zmesh._shared.workers)
         self.sampler = _stats.ProcSampler()
         self.producers = Producers(self)  # generator endpoints' streams
@@ -102,6 +103,7 @@ class ProcServer:
             self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
             self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
             **(self.relay.counts() if self.relay is not None else {}), **_bounds.counts(self),
+            initializing=self.initializing,
         )  # fmt: skip
 
     def _report_statistics(self) -> None:
@@ -246,6 +248,11 @@ class ProcServer:
             task = asyncio.ensure_future(build(self, ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
+            # Initializing from now until __init__ ends: said at once, both ways,
+            # not at the next statistics (a second away).
+            self.initializing += 1
+            self._report_statistics()
+            task.add_done_callback(self._initialized)
         elif isinstance(msg, w.StopActor):
             if not self._owned(ident, msg, "stop its actors"):
                 return
@@ -260,6 +267,10 @@ class ProcServer:
             if self.relay is None:
                 self.relay = RelayServer(self)
             self.relay.handle(ident, msg, frames)
+
+    def _initialized(self, _: asyncio.Task[None]) -> None:
+        self.initializing -= 1
+        self._report_statistics()
 
     def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
         """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
