@@ -25,6 +25,7 @@ from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import procstart as _procstart
 from zmesh._client import runtime as _runtime
+from zmesh._client import spawnprogress as _progress
 from zmesh._client.adverbs import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, _Shape, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
@@ -161,8 +162,12 @@ def _launch(mesh: ProcMesh | ActorMesh[Any], work: Callable[[Runtime], Any]) -> 
     if isinstance(mesh, ActorMesh):
         Gate(ready).join(mesh)
 
+    # Procs of the mesh, for a progress line (actor meshes add "actors" per proc).
+    procs = math.prod(n for d, n in mesh._shape.dims.items() if d != "actors")
+
     async def run(rt: Runtime) -> None:
         mesh._ready_loop = rt.loop
+        shown = _progress.start(rt, mesh.proc_mesh, procs)  # on a terminal, after 1 s
         try:
             await work(rt)
         except asyncio.CancelledError:
@@ -181,6 +186,9 @@ def _launch(mesh: ProcMesh | ActorMesh[Any], work: Callable[[Runtime], Any]) -> 
                 exc = SpawnError(f"{type(exc).__name__}: {exc}", mesh=mesh.proc_mesh)
             ready.set_exception(exc)
             return
+        finally:
+            if shown is not None:
+                shown.cancel()
         ready.set_result(None)
 
     rt, home = _runtime.current()
