@@ -220,3 +220,28 @@ def test_cancel_from_another_thread_wakes_a_blocked_get(napper: zmesh.ActorMesh[
     with pytest.raises(concurrent.futures.CancelledError):
         fut.get(timeout=10)
     assert time.monotonic() - t0 < 5
+
+
+def test_cancel_reaches_one_actor_of_several_in_a_proc() -> None:
+    mesh = Napper.options(procs=1, actors_per_proc=2).as_actor().get(timeout=60)
+    try:
+        second = mesh.slice(actors=1)
+        second.seen.call_one().get(timeout=10)
+
+        async def main() -> None:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(second.nap.call_one(60, "async"), 0.5)
+
+        asyncio.run(main())
+        fut = second.nap.options(block=False).call_one(60, "thread")  # the I/O path
+        time.sleep(0.3)
+        assert fut.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            fut.get(timeout=5)
+        wait_for(
+            lambda: second.seen.call_one().get(timeout=5)["cancelled"] == ["async", "thread"], 10,
+            "both naps to see CancelledError",
+        )  # fmt: skip
+        assert mesh.slice(actors=0).seen.call_one().get(timeout=5)["cancelled"] == []
+    finally:
+        mesh.stop().get(timeout=30)

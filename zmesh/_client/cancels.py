@@ -50,9 +50,10 @@ def withdraw(codec: Codec, req: OneRequest) -> None:
         drain(c)
 
 
-def cancel_sink(codec: Codec, conns: list[ProcConn], sink: concurrent.futures.Future[Any]) -> None:
+def cancel_sink(codec: Codec, conns: list[ProcConn], sink: Any) -> None:
     """Cancel the call whose answer goes to ``sink`` (a caller's ``.get()`` from a
-    thread), on one of ``conns``; ``sink`` fails with ``CancelledError``."""
+    thread: a concurrent future, or an ``ActorSink`` of one), on one of
+    ``conns``; ``sink`` fails with ``CancelledError``."""
     for c in conns:
         for req in list(c.pending.values()):
             if getattr(req, "fut", None) is sink:

@@ -182,8 +182,9 @@ class Runtime(Connections):
         req = OneRequest(req_id, c, fut, size, actor)
         if timeout is not None:
             req.timer = self.loop.call_later(timeout, expire_one, req, timeout)
-        if isinstance(fut, asyncio.Future):  # cancelling it reaches the proc
-            fut.add_done_callback(functools.partial(_cancels.on_done, self.codec, req))
+        waiter = fut.fut if type(fut) is _grouping.ActorSink else fut  # (one actor of several)
+        if isinstance(waiter, asyncio.Future):  # cancelling it reaches the proc
+            waiter.add_done_callback(functools.partial(_cancels.on_done, self.codec, req))
         if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and over(c, size)):
             wait(c, frames, req, 0, block)
             return
@@ -192,11 +193,11 @@ class Runtime(Connections):
         if size:
             c.bytes += size
 
-    def withdraw_threadsafe(self, sink: concurrent.futures.Future[Any], addr: str) -> None:
+    def withdraw_threadsafe(self, sink: Any, addr: str) -> None:
         """Cancel the call to ``addr`` whose answer goes to ``sink``, from any thread."""
         self.loop.call_soon_threadsafe(self._withdraw, sink, addr)
 
-    def _withdraw(self, sink: concurrent.futures.Future[Any], addr: str) -> None:
+    def _withdraw(self, sink: Any, addr: str) -> None:
         c = self.conns.get(addr)
         _cancels.cancel_sink(self.codec, [c] if c is not None else [], sink)
 
