@@ -178,3 +178,14 @@ def test_bad_setups_fail_at_once(kwargs: dict[str, Any], error: type, words: str
 def test_bad_options_env_fails_at_once() -> None:
     with pytest.raises(TypeError, match="str to str"):
         Probe.options(env={"A": 1})  # type: ignore[dict-item]
+
+
+def test_a_services_replicas_get_env_and_cwd(tmp_path: Path) -> None:
+    svc = Probe.options(replicas=2, env={"MY_SERVICE": "s"}, cwd=str(tmp_path)).as_service()
+    service = svc.get(timeout=60)
+    try:
+        for _ in range(4):  # round robin: both replicas
+            s = service.seen.call_one().get(timeout=30)
+            assert s["env"] == {"MY_SERVICE": "s"} and s["cwd"] == str(tmp_path)
+    finally:
+        service.stop().get(timeout=30)
