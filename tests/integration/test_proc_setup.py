@@ -189,3 +189,12 @@ def test_a_services_replicas_get_env_and_cwd(tmp_path: Path) -> None:
             assert s["env"] == {"MY_SERVICE": "s"} and s["cwd"] == str(tmp_path)
     finally:
         service.stop().get(timeout=30)
+
+
+def test_a_cwd_missing_on_the_host_fails_the_spawn_saying_so(tmp_path: Path) -> None:
+    missing = str(tmp_path / "not-here")
+    procs = zmesh.this_host().spawn_procs({"procs": 1}, cwd=missing)
+    with pytest.raises(zmesh.SpawnError) as info:
+        procs.initialized.get(timeout=60)
+    text = str(info.value)
+    assert "the cwd of proc" in text and missing in text, text

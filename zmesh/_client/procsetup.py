@@ -4,11 +4,11 @@
 proc_bind=[...])`` and ``Cls.options(env=..., cwd=...)`` describe it as a
 ``ProcSetup``, checked at once in the caller. It travels in the mesh's spec
 to every agent, as environment variables of the procs (the agent needs no
-new message for it): ``env`` as it is, the working directory as the spec's
-own, and the bootstrap (pickled by value when it comes from ``__main__``)
-and the bindings in two ``ZMESH_`` variables the proc takes out of its
-environment before anything else runs (``zmesh._host.procsetup``), so
-that nothing the proc starts inherits them.
+new message for it): ``env`` as it is, and the working directory, the
+bootstrap (pickled by value when it comes from ``__main__``) and the
+bindings in ``ZMESH_`` variables the proc takes out of its environment
+before anything else runs (``zmesh._host.procsetup``), so that nothing the
+proc starts inherits them.
 
 ``bootstrap="cuda"`` is the one-word default for GPU hosts: each proc gets
 ``CUDA_VISIBLE_DEVICES`` from its coordinate in its mesh's ``gpus`` dim.
@@ -29,6 +29,7 @@ from zmesh._shared.procbind import (
     BIND_KEYS,
     BOOTSTRAP_VAR,
     BUILTIN_BOOTSTRAPS,
+    CWD_VAR,
     PROC_BIND_VAR,
     cpu_list,
 )
@@ -100,11 +101,9 @@ class ProcSetup:
             out[BOOTSTRAP_VAR] = "pickle:" + base64.b64encode(cloudpickle.dumps(boot)).decode()
         if self.proc_bind is not None:
             out[PROC_BIND_VAR] = json.dumps(self.proc_bind)
+        if self.cwd is not None:  # entered by the proc, which says so if it cannot
+            out[CWD_VAR] = os.path.abspath(self.cwd)
         return out
-
-    def directory(self) -> str:
-        """The procs' working directory: ``cwd``, else the caller's."""
-        return os.path.abspath(self.cwd) if self.cwd is not None else os.getcwd()
 
 
 def _check_bind(bind: Any, per_host: Mapping[str, int]) -> None:

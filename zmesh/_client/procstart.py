@@ -25,7 +25,7 @@ from zmesh._client.procsetup import ProcSetup
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.stopping import stop_mesh_on
 from zmesh._errors import AgentError, SecurityError, SpawnError
-from zmesh._shared.procbind import BOOTSTRAP_VAR, PROC_BIND_VAR
+from zmesh._shared.procbind import BOOTSTRAP_VAR, CWD_VAR, PROC_BIND_VAR
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
@@ -92,7 +92,7 @@ async def _start_procs(
 
 # Our own variables that are not the procs' to inherit: a proc's own spec,
 # and a setup (a proc that spawns a mesh gives that mesh its own).
-_NOT_PASSED = frozenset({"ZMESH_PROC", BOOTSTRAP_VAR, PROC_BIND_VAR})
+_NOT_PASSED = frozenset({"ZMESH_PROC", BOOTSTRAP_VAR, PROC_BIND_VAR, CWD_VAR})
 
 
 def proc_spec(
@@ -100,8 +100,9 @@ def proc_spec(
 ) -> Callable[[int, list[int]], w.ProcSpec]:
     """``(host index, ranks) -> ProcSpec``: what this client's procs start with
     (and ``setup``'s environment, working directory, bootstrap and CPUs)."""
-    cwd = setup.directory() if setup is not None else os.getcwd()
-    prep = w.MainSpec(sys_path=list(sys.path), dir=cwd)
+    # A cwd of the setup's own is entered by the proc (zmesh._host.procsetup).
+    own_cwd = setup is not None and setup.cwd is not None
+    prep = w.MainSpec(sys_path=list(sys.path), dir="" if own_cwd else os.getcwd())
     env = {
         k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k not in _NOT_PASSED
     }  # fmt: skip

@@ -1,11 +1,12 @@
-"""A proc's own setup, before it serves: CPU binding, then its bootstrap.
+"""A proc's own setup, before it serves: its working directory, CPU binding, bootstrap.
 
-The caller's ``ProcSetup`` (``zmesh._client.procsetup``) arrives in two
+The caller's ``ProcSetup`` (``zmesh._client.procsetup``) arrives in
 variables, taken out of the environment here so that nothing the proc
-starts inherits them. ``proc_bind``'s entry for this proc (by its index on
-its host) pins every thread of the proc to those CPUs; then the bootstrap
-runs (``"cuda"``: ``CUDA_VISIBLE_DEVICES`` from the ``gpus`` coordinate).
-Both come before the proc says hello, so before any actor: its rank is
+starts inherits them. The proc enters its ``cwd``; ``proc_bind``'s entry
+for this proc (by its index on its host) pins every thread of the proc to
+those CPUs; then the bootstrap runs (``"cuda"``: ``CUDA_VISIBLE_DEVICES``
+from the ``gpus`` coordinate).
+All come before the proc says hello, so before any actor: its rank is
 Initializing meanwhile, and a failure ends the proc (exit status 78) with
 its reason on the last line of its log, which the caller's ``SpawnError``
 quotes.
@@ -24,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 
-from zmesh._shared.procbind import BOOTSTRAP_VAR, PROC_BIND_VAR, cpu_list
+from zmesh._shared.procbind import BOOTSTRAP_VAR, CWD_VAR, PROC_BIND_VAR, cpu_list
 from zmesh._wire.boundary import ProcEnv
 
 # The exit status of a proc whose setup failed (EX_CONFIG).
@@ -35,9 +36,13 @@ def apply(spec: ProcEnv) -> None:
     """Bind this proc's CPUs and run its bootstrap; exit (``SETUP_FAILED``) if either fails."""
     boot = os.environ.pop(BOOTSTRAP_VAR, "")
     bind = os.environ.pop(PROC_BIND_VAR, "")
+    cwd = os.environ.pop(CWD_VAR, "")
     where = f"{spec.mesh}[{spec.rank}] on {spec.host}"
-    step = "proc_bind"
+    step = "cwd"
     try:
+        if cwd:
+            os.chdir(cwd)
+        step = "proc_bind"
         if bind:
             entries = json.loads(bind)
             bind_cpus(entries[local_index(spec) % len(entries)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 # environment first thing, so nothing it starts inherits them.
 BOOTSTRAP_VAR = "ZMESH_BOOTSTRAP"
 PROC_BIND_VAR = "ZMESH_PROC_BIND"
+CWD_VAR = "ZMESH_CWD"
 # Built-in bootstraps, by the word that names them.
 BUILTIN_BOOTSTRAPS = ("cuda",)
 # What a proc_bind entry may say (Monarch's keys): CPUs as a Linux cpu list
