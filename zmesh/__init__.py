@@ -35,7 +35,7 @@ from zmesh._actor import (
     current_request,
     endpoint,
 )
-from zmesh._context import Context, context, current_actor_name, current_size
+from zmesh._context import Context, call_cancelled, context, current_actor_name, current_size
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -220,6 +220,7 @@ __all__ = [
     "SupervisionEvent",
     "ValueMesh",
     "ZmeshError",
+    "call_cancelled",
     "concurrent_endpoint",
     "connect",
     "context",

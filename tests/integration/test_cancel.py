@@ -51,6 +51,15 @@ class Napper(zmesh.Actor):
         return seconds
 
     @zmesh.endpoint
+    def steps(self, n: int) -> int:
+        for step in range(n):  # a sync endpoint that looks between its steps
+            if zmesh.call_cancelled():
+                self.cancelled.append(f"steps at {step}")
+                return step
+            time.sleep(0.01)
+        return n
+
+    @zmesh.endpoint
     async def seen(self) -> dict[str, Any]:
         return {"cancelled": self.cancelled, "finished": self.finished, "sync": self.sync_ended}
 
@@ -245,3 +254,21 @@ def test_cancel_reaches_one_actor_of_several_in_a_proc() -> None:
         assert mesh.slice(actors=0).seen.call_one().get(timeout=5)["cancelled"] == []
     finally:
         mesh.stop().get(timeout=30)
+
+
+def test_a_sync_endpoint_that_checks_call_cancelled_ends_early(
+    napper: zmesh.ActorMesh[Napper],
+) -> None:
+    assert zmesh.call_cancelled() is False  # outside any endpoint
+    napper.seen.call_one().get(timeout=10)
+    fut = napper.steps.call_one(6000)  # 60 s of steps
+    time.sleep(0.5)
+    assert fut.cancel()
+    wait_for(
+        lambda: any(
+            c.startswith("steps at") for c in napper.seen.call_one().get(timeout=5)["cancelled"]
+        ),
+        10,
+        "the endpoint to see call_cancelled()",
+    )
+    assert napper.steps.call_one(3).get(timeout=10) == 3  # and the next call is not cancelled

@@ -339,6 +339,7 @@ class ProcServer:
                 result = await invoke(fn, box.instance, args, kwargs)
             else:
                 ctx = contextvars.copy_context()
+                ctx.run(_context.set_call, run)  # what zmesh.call_cancelled() reads
                 result = await asyncio.get_running_loop().run_in_executor(
                     self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
                 )
