@@ -253,6 +253,9 @@ _CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_acto
 
 # The name of the actor whose code runs (its mesh's actor name).
 _ACTOR_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_actor_name")
+# The call a sync endpoint's thread runs for (``zmesh._host.cancelling.Running``),
+# set by the proc around it: what ``call_cancelled()`` reads.
+_CALL: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_call")
 # This process's own proc, when it is one (set by zmesh._host.proc once it binds).
 _own_proc: ProcRef | None = None
 
@@ -260,6 +263,34 @@ _own_proc: ProcRef | None = None
 def set_actor_name(name: str) -> None:
     """Name, in the running context, the actor whose code runs (the proc calls it)."""
     _ACTOR_NAME.set(name)
+
+
+def set_call(call: Any) -> None:
+    """Say, in the running context, which call a sync endpoint runs for (the proc calls it)."""
+    _CALL.set(call)
+
+
+def call_cancelled() -> bool:
+    """Whether the caller cancelled the call the running sync endpoint answers.
+
+    A sync (``def``) endpoint cannot be interrupted: it runs to its end and
+    its result is dropped. One that works in steps can check this between
+    them and return early, which frees its actor for the next message. An
+    ``async def`` endpoint is cancelled where it awaits instead
+    (``CancelledError``). ``False`` anywhere else.
+
+    Example::
+
+        @zmesh.endpoint
+        def train(self, steps: int) -> int:
+            for step in range(steps):
+                if zmesh.call_cancelled():
+                    return step
+                self.step()
+            return steps
+    """
+    call = _CALL.get(None)
+    return call is not None and bool(call.cancelled)
 
 
 def set_own_proc(ref: ProcRef) -> None:
@@ -403,13 +434,16 @@ class Actor(_Handle):
         name: str | None = None,
         config: ServiceConfig | None = None,
         detached: bool | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
         **service_config: Any,
     ) -> Options[A]:
         """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
-        ``.as_service``). Defaults come from ``@zmesh.service`` on the class."""
+        ``.as_service``). Defaults come from ``@zmesh.service`` on the class.
+        ``env`` and ``cwd``: every proc's added variables and working directory."""
         from zmesh._options import Options
 
         return Options(
             cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
-            detached=detached, **service_config,
+            detached=detached, env=env, cwd=cwd, **service_config,
         )  # fmt: skip

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._actor import Actor
+from zmesh._client.procsetup import ProcSetup
 from zmesh._service.routing import ServiceConfig
 from zmesh._shared.points import check_per_proc
 from zmesh._wire.names import check_name
@@ -47,12 +48,13 @@ def check_options(cls: type, sizes: dict[str, Any], service_config: dict[str, An
     settings = [f.name for f in dataclasses.fields(ServiceConfig)]
     for key in service_config:
         if key not in settings:
-            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", *settings]
+            known = [*_SIZES, "name", "detached", "config", "actors_per_proc", "env", "cwd"]
+            known += settings
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(
                 f"{where} got an unknown setting {key!r}{hint}; it takes procs, hosts, "
-                "name, detached, for as_actor(): actors_per_proc, and for as_service(): "
+                "name, detached, env, cwd, for as_actor(): actors_per_proc, and for as_service(): "
                 f"replicas, config, {', '.join(settings)}"
             )
     try:
@@ -77,6 +79,10 @@ class Options(Generic[A]):
             appends a suffix, and it names the procs' log files).
         config: a whole ``zmesh.ServiceConfig``; settings given one by one
             override its fields.
+        env: variables added to the environment of every proc, on every host
+            (only ``ZMESH_*`` variables reach agents started elsewhere).
+        cwd: the working directory of every proc (default: this process's);
+            it must exist on every host.
         detached: keep the service or mesh running after this script exits,
             under ``name``, until ``zmesh stop NAME`` or ``stop()``; other
             scripts attach with ``zmesh.lookup(name)``. Needs an external
@@ -89,6 +95,7 @@ class Options(Generic[A]):
     Raises:
         ValueError: a size below 1, a name that is not valid, or a service
             setting that is unknown or bad.
+        TypeError: an ``env`` that does not map str to str.
     """
 
     def __init__(
@@ -101,9 +108,20 @@ class Options(Generic[A]):
         name: str | None = None,
         config: ServiceConfig | None = None,
         detached: bool | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
         **service_config: Any,
     ) -> None:
         defaults: dict[str, Any] = dict(getattr(cls, "__zmesh_service__", {}))
+        env = env if env is not None else defaults.pop("env", None)
+        cwd = cwd if cwd is not None else defaults.pop("cwd", None)
+        defaults.pop("env", None)
+        defaults.pop("cwd", None)
+        # The procs' environment and working directory (zmesh._client.procsetup).
+        self.setup: ProcSetup | None = None
+        if env or cwd is not None:
+            self.setup = ProcSetup(env=env or {}, cwd=cwd)
+            self.setup.check({})
         detached = detached if detached is not None else defaults.pop("detached", False)
         # Actors per proc (as_actor only): a keyword of options(), not a service setting.
         per_proc = service_config.pop("actors_per_proc", None)

@@ -294,7 +294,8 @@ class EndpointRef(Generic[R]):
             rt.call_threadsafe, ref, actor, self._name, payload, buffers, deadline, sink,
             timeout, self._block, here=False, targets=(),
         )  # fmt: skip
-        return Future(cfut=cfut, about=(ref, self._name))
+        withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
+        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw)
 
     @_deferrable("future")
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from zmesh._client import inflight as _inflight
 from zmesh._client.controller import AGENT_TIMEOUT
 from zmesh._client.inflight import OneRequest, Request, fail, resolve, settle, timeout_error
 from zmesh._errors import ConnectionLostError, OverloadedError, SupervisionError, ZmeshError
@@ -63,7 +64,9 @@ DISCONNECT_GRACE = AGENT_TIMEOUT + 0.5
 class ProcConn:
     """This runtime's DEALER to one proc, and the requests in flight on it."""
 
-    __slots__ = ("broken", "bytes", "mesh", "pending", "ref", "sock", "waiting", "watchers")
+    __slots__ = (
+        "abandoned", "broken", "bytes", "mesh", "pending", "ref", "sock", "waiting", "watchers",
+    )  # fmt: skip
 
     def __init__(self, ref: ProcRef, sock: AsyncSocket | None) -> None:
         self.ref = ref
@@ -80,6 +83,9 @@ class ProcConn:
         # Told when this connection fails: waits that outlive their request (an
         # explicit response port the proc still holds after its endpoint returned).
         self.watchers: list[Callable[[ZmeshError], None]] = []
+        # Calls given up on (cancelled, timed out) the proc has not answered:
+        # request id -> (why, when); see zmesh._client.cancels.
+        self.abandoned: dict[int, tuple[str, float]] = {}
 
     @property
     def inflight(self) -> int:
@@ -154,8 +160,10 @@ def expire_one(req: OneRequest, timeout: float) -> None:
     """``req``'s timeout passed: it fails, and its slot on the connection frees."""
     c = req.conn
     sent = c.pending.pop(req.id, None) is not None
-    resolve(req.fut, False, timeout_error(c.ref, timeout))  # sent or still waiting
+    why = _inflight.hint(c.abandoned, _inflight.ahead_of(c.pending, req.id)) if sent else ""
+    resolve(req.fut, False, timeout_error(c.ref, timeout, why))  # sent or still waiting
     if sent:
+        _inflight.abandon(c.abandoned, req.id, "timed out")
         c.bytes -= req.size
         if c.waiting:
             drain(c)

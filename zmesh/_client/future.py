@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._errors import CallTimeoutError
@@ -27,19 +27,23 @@ class Future(Generic[T]):
     lane's socket itself, with no thread in between.
     """
 
-    __slots__ = ("_about", "_afut", "_cfut")
+    __slots__ = ("_about", "_afut", "_cfut", "_withdraw")
 
     def __init__(
         self,
         afut: asyncio.Future[T] | None = None,
         cfut: concurrent.futures.Future[T] | None = None,
         about: tuple[ProcRef | str, str] | None = None,
+        withdraw: Callable[[], None] | None = None,
     ) -> None:
         self._afut = afut
         self._cfut = cfut
         # What the result comes from, for the context of a timeout: the
         # proc (one target) or the mesh name (many), and the endpoint.
         self._about = about
+        # Cancels a call to one actor whose answer goes to ``cfut`` (already
+        # sent), from any thread; an ``afut``'s own cancel does that.
+        self._withdraw = withdraw
 
     def __await__(self) -> Generator[Any, None, T]:
         # Not a generator itself: handing out the inner future's iterator
@@ -55,8 +59,12 @@ class Future(Generic[T]):
         Args:
             timeout: seconds to wait; ``None`` waits as long as it takes.
 
+        Ctrl+C (``KeyboardInterrupt``) while it waits cancels the operation
+        (``cancel()``) before it propagates.
+
         Raises:
             CallTimeoutError: the timeout passed first (the operation goes on).
+            concurrent.futures.CancelledError: the operation was cancelled.
             RuntimeError: called from the thread of the loop that must
                 produce the result (use ``await`` there).
         """
@@ -80,13 +88,52 @@ class Future(Generic[T]):
             if cfut.done():  # the result is an error that is a TimeoutError
                 raise
             raise self._timeout_error(timeout) from None
+        except KeyboardInterrupt:  # Ctrl+C: nobody waits for it any more
+            self.cancel()
+            raise
+
+    def cancel(self) -> bool:
+        """Cancel the operation unless it has ended; whether it was cancelled.
+
+        A call to one actor (``call_one``, a direct call, ``choose``) is
+        cancelled in its proc too: dropped if it has not started, else an
+        ``async`` endpoint gets ``CancelledError`` where it awaits, and a
+        sync endpoint, which cannot be interrupted, runs to its end with its
+        result dropped. Cancelling the task that awaits this future, or
+        Ctrl+C in ``.get()``, does the same. Other operations (a fan-out
+        ``call``, a spawn) stop being waited for; what they started goes on.
+
+        Returns:
+            ``False`` when the result (or error) was there already, or the
+            operation cannot be cancelled from this thread; else ``True``,
+            and ``await``/``.get()`` raise ``CancelledError``.
+        """
+        if self.done():
+            return False
+        afut = self._afut
+        if afut is not None:
+            loop = afut.get_loop()
+            if running_loop() is loop:
+                afut.cancel()
+            else:
+                loop.call_soon_threadsafe(afut.cancel)
+            return True
+        cfut = self._cfut
+        if cfut is None:
+            return False
+        if cfut.cancel():  # not handed to the runtime's loop yet: it is never sent
+            return True
+        if self._withdraw is None:
+            return False
+        self._withdraw()
+        return True
 
     def _timeout_error(self, timeout: float | None) -> CallTimeoutError:
         about = self._about
         if about is None:
             return CallTimeoutError(f"no result within {timeout}s")
         target, endpoint = about
-        message = f"{endpoint!r}: no result within {timeout}s (the call goes on)"
+        message = f"{endpoint!r}: no result within {timeout}s (the call goes on; .cancel() ends it)"
         if isinstance(target, str):
             return CallTimeoutError(message, mesh=target)
         return CallTimeoutError(

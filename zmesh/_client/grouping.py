@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -296,8 +297,10 @@ def call_one(
         rt.call(ref, name, method, payload, buffers, deadline, sink, timeout, block)
         return Future(afut=fut, about=(ref, method))
     cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    sink = ActorSink(cfut, ref)
     rt.dispatch(
-        rt.call_threadsafe, ref, name, method, payload, buffers, deadline, ActorSink(cfut, ref),
+        rt.call_threadsafe, ref, name, method, payload, buffers, deadline, sink,
         timeout, block, here=False, targets=(ref.addr,),
     )  # fmt: skip
-    return Future(cfut=cfut, about=(ref, method))
+    withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
+    return Future(cfut=cfut, about=(ref, method), withdraw=withdraw)

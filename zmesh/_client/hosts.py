@@ -6,9 +6,13 @@ A ``HostMesh`` is a set of agents (one per host); ``spawn_procs`` starts a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from zmesh._client import local as _local
 from zmesh._client import logforward, spawning
 from zmesh._client.mesh import ProcMesh, check_mesh_name
+from zmesh._client.procsetup import ProcSetup
 from zmesh._shared.points import Extent
 from zmesh._wire import names as _names
 from zmesh._wire import security as _security
@@ -40,7 +44,14 @@ class HostMesh:
         return Extent({"hosts": self._hosts})
 
     def spawn_procs(
-        self, per_host: dict[str, int] | None = None, *, name: str | None = None
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | str | None = None,
+        *,
+        name: str | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
     ) -> ProcMesh:
         """Start procs: ``per_host={"procs": 4}`` starts 4 on every host.
 
@@ -56,13 +67,33 @@ class HostMesh:
         mesh, once the update is done) has the new shape; actor meshes keep
         the procs they were spawned on. A stopped name starts a new mesh.
 
+        Each proc is set up before any actor runs in it, as Monarch's are:
+
+        Args:
+            per_host: the procs of each host, by dim: ``{"gpus": 8}``.
+            bootstrap: a callable (sync or ``async def``) each proc runs
+                first, or ``"cuda"``: each proc's ``CUDA_VISIBLE_DEVICES``
+                is its coordinate in the ``gpus`` dim.
+            name: the mesh's name (see above).
+            proc_bind: one dict per proc of a host, in rank order:
+                ``{"cpus": "0-3"}`` (or ``physcpubind``) pins the proc to
+                those CPUs, ``{"cpunodebind": "1"}`` (or ``membind``) to
+                NUMA node 1's CPUs.
+            env: variables added to every proc's environment, on every host.
+            cwd: every proc's working directory (default: the caller's).
+
         Raises:
             ValueError: at once, when ``name`` is not a valid name (1-119
                 letters, digits, ``_``, ``.`` or ``-``, without ``..``), or a
-                dim is not, or a size is below 1.
+                dim is not, or a size is below 1; a ``proc_bind`` of the
+                wrong length or keys; ``bootstrap="cuda"`` without ``gpus``.
+            TypeError: at once, for an ``env`` that is not str to str or a
+                ``bootstrap`` that is not callable.
 
         Raises (from ``await procs`` / ``procs.initialized``):
-            SpawnError: a proc died or did not become ready (with its log path).
+            SpawnError: a proc died or did not become ready (with its log
+                path): its bootstrap raised, its ``proc_bind`` CPUs are not
+                on its host, its ``cwd`` does not exist there.
             AgentError: an agent cannot be reached.
         """
 
@@ -73,7 +104,13 @@ class HostMesh:
             _names.check_name(dim, "dim")
             if size < 1:
                 raise ValueError(f"per_host sizes must be at least 1, got {per_host}")
-        return spawning.start_procs(self._agents, self._hosts, per_host, name, exact=exact)
+        setup = None
+        if bootstrap is not None or proc_bind is not None or env or cwd is not None:
+            setup = ProcSetup(env or {}, cwd, bootstrap, proc_bind)
+            setup.check(per_host)
+        return spawning.start_procs(
+            self._agents, self._hosts, per_host, name, exact=exact, setup=setup
+        )
 
     def __repr__(self) -> str:
         return f"<HostMesh {{hosts: {self._hosts}}}>"

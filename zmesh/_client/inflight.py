@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import pickle
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -49,14 +50,15 @@ class OneRequest:
     is not sent at all.
     """
 
-    __slots__ = ("conn", "fut", "id", "size", "timer")
+    __slots__ = ("actor", "conn", "fut", "id", "size", "timer")
 
-    def __init__(self, req_id: int, conn: ProcConn, fut: Sink, size: int) -> None:
+    def __init__(self, req_id: int, conn: ProcConn, fut: Sink, size: int, actor: str = "") -> None:
         self.id = req_id
         self.conn = conn
         self.fut = fut
         self.size = size  # bytes, for a large message; else 0
         self.timer: asyncio.TimerHandle | None = None
+        self.actor = actor  # whom a ``CancelCall`` names (zmesh._client.cancels)
 
 
 class Request:
@@ -109,10 +111,12 @@ def fail(req: Request | OneRequest, index: int, error: ZmeshError) -> None:
         settle(req, index, False, error)
 
 
-def timeout_error(ref: ProcRef, timeout: float) -> CallTimeoutError:
+def timeout_error(ref: ProcRef, timeout: float, hint: str = "") -> CallTimeoutError:
+    """The error of a call to ``ref`` with no reply within ``timeout``; ``hint``
+    says why the actor may be busy (``zmesh._client.cancels.hint``)."""
     return CallTimeoutError(
-        f"no reply within {timeout}s", mesh=ref.mesh, rank=ref.rank, host=ref.host,
-        log_path=ref.log_path or None,
+        f"no reply within {timeout}s" + (f": {hint}" if hint else ""), mesh=ref.mesh,
+        rank=ref.rank, host=ref.host, log_path=ref.log_path or None,
     )  # fmt: skip
 
 
@@ -159,3 +163,48 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
     if msg.kind == "denied":  # a spawn or stop in a proc of a mesh we do not own
         return SecurityError(msg.message, **ctx)
     return ActorStoppedError(msg.message, **ctx)
+
+
+# Abandoned calls remembered per connection, at most (the oldest go first):
+# enough to say "behind N calls", bounded whatever a caller gives up on.
+MAX_ABANDONED = 64
+
+
+def abandon(abandoned: dict[int, tuple[str, float]], req: int, why: str) -> None:
+    """Remember call ``req`` as given up on (``why``: "cancelled", "timed out")."""
+    if len(abandoned) >= MAX_ABANDONED:
+        del abandoned[next(iter(abandoned))]
+    abandoned[req] = (why, time.monotonic())
+
+
+def hint(abandoned: dict[int, tuple[str, float]], ahead: int) -> str:
+    """Why a call may have timed out behind a busy actor: ``""`` when nothing says so.
+
+    Args:
+        abandoned: this caller's calls to the proc it gave up on, not answered yet.
+        ahead: this caller's calls to the proc sent before it and not answered yet.
+    """
+    parts = []
+    if abandoned:
+        why, since = next(iter(abandoned.values()))
+        parts.append(
+            f"{len(abandoned)} earlier call(s) of this caller to this proc were given up on "
+            f"(the oldest {why} {time.monotonic() - since:.1f}s ago) and have not ended: the "
+            "actor may still be running one (a sync endpoint runs to its end even when cancelled)"
+        )
+    if ahead:
+        parts.append(
+            f"it was queued behind {ahead} earlier call(s) of this caller still unanswered "
+            "(an actor runs one call at a time unless the endpoint is concurrent=True)"
+        )
+    return "; ".join(parts)
+
+
+def ahead_of(pending: dict[int, Any], req: int) -> int:
+    """How many calls in ``pending`` (in send order) were sent before ``req``, up to 1,000."""
+    n = 0
+    for i in pending:
+        if i >= req or n >= 1000:
+            break
+        n += 1
+    return n

@@ -44,6 +44,7 @@ every other adverb. The guarantees stay those of the I/O path:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
 import threading
@@ -57,7 +58,7 @@ from zmesh._client import runtime as _runtime
 from zmesh._client.connections import MAX_IN_FLIGHT
 from zmesh._client.future import Future
 from zmesh._client.grouping import SEP, for_actor
-from zmesh._client.inflight import outcome, timeout_error
+from zmesh._client.inflight import abandon, ahead_of, hint, outcome, timeout_error
 from zmesh._client.runtime import ProcRef
 from zmesh._errors import ActorError, CallTimeoutError, ConnectionLostError, EncodeError
 from zmesh._wire import messages as w
@@ -97,15 +98,19 @@ class SyncCall(Future[Any]):
     ``.get()`` drives the lane's socket until then.
     """
 
-    __slots__ = ("expires", "id", "lane", "method", "ok", "ref", "settled", "timeout", "value")
+    __slots__ = (
+        "actor", "expires", "id", "lane", "method", "ok", "ref", "settled", "timeout", "value",
+    )  # fmt: skip
 
     def __init__(
-        self, lane: Lane, ref: ProcRef, req_id: int, method: str, timeout: float | None
-    ) -> None:
+        self, lane: Lane, ref: ProcRef, req_id: int, method: str, timeout: float | None,
+        actor: str = "",
+    ) -> None:  # fmt: skip
         self.lane = lane
         self.ref = ref
         self.id = req_id
         self.method = method
+        self.actor = actor  # its name in the proc, which a ``CancelCall`` gives
         self.timeout = timeout
         self.expires = _monotonic() + timeout if timeout is not None else 0.0
         self.settled = False
@@ -132,9 +137,19 @@ class SyncCall(Future[Any]):
         Args:
             timeout: seconds to wait; ``None`` waits as long as it takes.
 
+        Ctrl+C while it waits cancels the call (``cancel()``) before it propagates.
+
         Raises:
             CallTimeoutError: the timeout passed first (the call goes on).
+            concurrent.futures.CancelledError: the call was cancelled.
         """
+        try:
+            return self._get(timeout)
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def _get(self, timeout: float | None) -> Any:
         if not self.settled:
             lane = self.lane
             # The usual wait, the reply within a slice: one blocking receive
@@ -160,7 +175,8 @@ class SyncCall(Future[Any]):
             if not self.settled:
                 ref = self.ref
                 raise CallTimeoutError(
-                    f"{self.method!r}: no result within {timeout}s (the call goes on)",
+                    f"{self.method!r}: no result within {timeout}s (the call goes on; "
+                    ".cancel() ends it)",
                     mesh=ref.mesh, rank=ref.rank, host=ref.host, log_path=ref.log_path or None,
                 )  # fmt: skip
         if self.ok:
@@ -173,9 +189,29 @@ class SyncCall(Future[Any]):
             self.lane.wait(self, 0.0)
         return self.settled
 
+    def cancel(self) -> bool:
+        """Cancel the call unless it has ended (see ``Future.cancel``), from any thread."""
+        lane = self.lane
+        if self.settled or lane.calls.get(self.id) is not self:
+            return False
+        with lane.lock:
+            sock = lane.socks.get(self.ref.addr)
+            if sock is not None:  # the call's own connection: the cancel arrives after it
+                _send(sock, lane.encode(w.CancelCall(self.id, self.actor)), _NOBLOCK)
+        abandon(lane.abandoned, self.id, "cancelled")
+        self.settle(False, concurrent.futures.CancelledError())
+        return True
+
     def __await__(self) -> Generator[Any, None, Any]:
+        return self._await().__await__()
+
+    async def _await(self) -> Any:
         # Its lane's socket is driven by a blocking wait: in another thread.
-        return asyncio.get_running_loop().run_in_executor(None, self.get).__await__()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self.get)
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
 
 
 class Lane:
@@ -197,6 +233,8 @@ class Lane:
         self.lock = threading.Lock()
         self.socks: dict[str, Any] = {}  # each with RCVTIMEO SLICE_MS, but in a shorter wait
         self.calls: dict[int, SyncCall] = {}
+        # Calls given up on and not answered yet (zmesh._client.cancels).
+        self.abandoned: dict[int, tuple[str, float]] = {}
         self._ids = itertools.count(1)
         # Order with the I/O path (see the module docstring): the sequence
         # number of the thread's last I/O-path message to each proc (and to
@@ -249,7 +287,7 @@ class Lane:
                 raise EncodeError(
                     f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
                 ) from exc
-        call = SyncCall(self, ref, req_id, method, timeout)
+        call = SyncCall(self, ref, req_id, method, timeout, actor)
         # In ``calls`` before the check: a break from now on fails it; one
         # before shows in the connection (broken is set before calls fail).
         calls[req_id] = call
@@ -297,7 +335,11 @@ class Lane:
             expires = call.expires
             if expires and now >= expires:
                 assert call.timeout is not None
-                call.settle(False, timeout_error(call.ref, call.timeout))
+                ahead = ahead_of(self.calls, call.id)
+                why = hint(self.abandoned, ahead)
+                if self.calls.get(call.id) is call:
+                    abandon(self.abandoned, call.id, "timed out")
+                call.settle(False, timeout_error(call.ref, call.timeout, why))
                 return
             ms = SLICE_MS
             if until is not None and until - now < _SLICE_S:
@@ -355,11 +397,15 @@ class Lane:
                     call = self.calls.get(msg.id)
                     if call is not None:  # the usual reply, settled right here
                         call.settle(True, msg.payload.args[0])
+                    elif self.abandoned:  # a call given up on has ended
+                        self.abandoned.pop(msg.id, None)
                     return
                 if type(msg) is not _Reply or not msg.payload.nbuf:  # a Failure, a pickled value
                     call = self.calls.get(msg.id)
                     if call is not None:
                         call.settle(*outcome(self.codec, msg, [env], call.ref))
+                    elif self.abandoned:
+                        self.abandoned.pop(msg.id, None)
                     return
         frames: list[Any] = [env]
         while sock.get(_RCVMORE):
@@ -375,6 +421,8 @@ class Lane:
             call = self.calls.get(msg.id)
             if call is not None:
                 call.settle(*outcome(self.codec, msg, frames, call.ref))
+            elif self.abandoned:
+                self.abandoned.pop(msg.id, None)
 
     # ------------------------------------------------------------ the I/O path
 

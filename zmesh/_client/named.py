@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from zmesh._client import local as _local
 from zmesh._client import procstart as _procstart
+from zmesh._client.procsetup import ProcSetup
 from zmesh._errors import AgentError, SpawnError
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
@@ -67,7 +68,12 @@ def _live(ctl: Controller, name: str) -> bool:
 
 
 async def spawn_or_update(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str, handle: ProcMesh
+    rt: Runtime,
+    addrs: list[str],
+    per_host: dict[str, int],
+    name: str,
+    handle: ProcMesh,
+    setup: ProcSetup | None = None,
 ) -> ProcMesh:
     """Spawn the mesh ``name``, or update the running one to ``per_host``.
 
@@ -81,12 +87,12 @@ async def spawn_or_update(
     entry = _entry(ctl, name)
     async with entry.lock:
         if _live(ctl, name):
-            up = await _update(rt, entry, addrs, per_host, name)
+            up = await _update(rt, entry, addrs, per_host, name, setup)
         else:
             await _until_over(ctl, name)
             ctl.tombstones.pop(name, None)  # a new mesh under the old name: not stopped
             entry.handles = weakref.WeakSet()
-            up = await _procstart.spawn_procs(rt, addrs, per_host, name, name)
+            up = await _procstart.spawn_procs(rt, addrs, per_host, name, name, setup)
             entry.addrs, entry.per = list(addrs), math.prod(per_host.values())
             entry.generation = 0
         entry.handles.add(handle)
@@ -109,7 +115,12 @@ async def _until_over(ctl: Controller, name: str) -> None:
 
 
 async def _update(
-    rt: Runtime, entry: Named, addrs: list[str], per_host: dict[str, int], name: str
+    rt: Runtime,
+    entry: Named,
+    addrs: list[str],
+    per_host: dict[str, int],
+    name: str,
+    setup: ProcSetup | None = None,
 ) -> ProcMesh:
     """Send the changed spec to the mesh's agents; wait until it has its new shape."""
 
@@ -152,7 +163,7 @@ async def _update(
         for r in dropped:  # calls to them fail at once, not when the agent says so
             ctl.judge(ctl.hosts[(name, r)], name, r, Status.STOPPING, "the mesh shrank")
         dims = {"hosts": len(addrs), **per_host}
-        spec = _procstart.proc_spec(dims)
+        spec = _procstart.proc_spec(dims, setup)
         await asyncio.gather(
             *(
                 a.request(

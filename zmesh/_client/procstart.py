@@ -24,10 +24,12 @@ from zmesh._client import local as _local
 from zmesh._client import lookup as _lookup
 from zmesh._client.agentconn import agent_ready
 from zmesh._client.mesh import ProcMesh, check_mesh_name
+from zmesh._client.procsetup import ProcSetup
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.stopping import stop_mesh_on
 from zmesh._errors import SpawnError
 from zmesh._shared.points import Shape
+from zmesh._shared.procbind import BOOTSTRAP_VAR, CWD_VAR, PROC_BIND_VAR
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 
@@ -36,7 +38,12 @@ SPAWN_TIMEOUT = float(os.environ.get("ZMESH_SPAWN_TIMEOUT", "120"))
 
 
 async def spawn_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], base: str, name: str | None = None
+    rt: Runtime,
+    addrs: list[str],
+    per_host: dict[str, int],
+    base: str,
+    name: str | None = None,
+    setup: ProcSetup | None = None,
 ) -> ProcMesh:
     check_mesh_name(base)
     if name is None:
@@ -44,7 +51,7 @@ async def spawn_procs(
     ctl = rt.controller
     ctl.creating.add(name)  # not released while it starts, even if a rank fails
     try:
-        return await _start_procs(rt, addrs, per_host, name)
+        return await _start_procs(rt, addrs, per_host, name, setup)
     except BaseException:
         ctl.release(name)  # stopped already (or never made): nothing of it stays
         raise
@@ -53,13 +60,13 @@ async def spawn_procs(
 
 
 async def _start_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str
+    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str, setup: ProcSetup | None
 ) -> ProcMesh:
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
     if per < 1:
         raise SpawnError(f"per_host sizes must be at least 1, got {per_host}")
-    spec_of = proc_spec(dims)
+    spec_of = proc_spec(dims, setup)
     ctl = rt.controller
     owner_actor = _owner_actor()
     if owner_actor is not None:
@@ -84,10 +91,24 @@ async def _start_procs(
     return proc_mesh_of(ctl, name, dims, conns)
 
 
-def proc_spec(dims: dict[str, int]) -> Callable[[int, list[int]], w.ProcSpec]:
-    """``(host index, ranks) -> ProcSpec``: what this client's procs start with."""
-    prep = w.MainSpec(sys_path=list(sys.path), dir=os.getcwd())
-    env = {k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k != "ZMESH_PROC"}
+# Our own variables that are not the procs' to inherit: a proc's own spec,
+# and a setup (a proc that spawns a mesh gives that mesh its own).
+_NOT_PASSED = frozenset({"ZMESH_PROC", BOOTSTRAP_VAR, PROC_BIND_VAR, CWD_VAR})
+
+
+def proc_spec(
+    dims: dict[str, int], setup: ProcSetup | None = None
+) -> Callable[[int, list[int]], w.ProcSpec]:
+    """``(host index, ranks) -> ProcSpec``: what this client's procs start with
+    (and ``setup``'s environment, working directory, bootstrap and CPUs)."""
+    # A cwd of the setup's own is entered by the proc (zmesh._host.procsetup).
+    own_cwd = setup is not None and setup.cwd is not None
+    prep = w.MainSpec(sys_path=list(sys.path), dir="" if own_cwd else os.getcwd())
+    env = {
+        k: v for k, v in os.environ.items() if k.startswith("ZMESH_") and k not in _NOT_PASSED
+    }  # fmt: skip
+    if setup is not None:
+        env.update(setup.to_env())
     agents = _local.configured_agents()
     if agents is not None:  # zmesh.connect(): procs spawn on the same agents
         env["ZMESH_AGENTS"] = ",".join(agents)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from zmesh._client import cancels as _cancels
 from zmesh._client import grouping as _grouping
 from zmesh._client.connections import (
     BIG,
@@ -178,9 +179,12 @@ class Runtime(Connections):
                 f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
             ) from exc
         size = frames_size(frames) if buffers or len(frames[0]) >= BIG else 0
-        req = OneRequest(req_id, c, fut, size)
+        req = OneRequest(req_id, c, fut, size, actor)
         if timeout is not None:
             req.timer = self.loop.call_later(timeout, expire_one, req, timeout)
+        waiter = fut.fut if type(fut) is _grouping.ActorSink else fut  # (one actor of several)
+        if isinstance(waiter, asyncio.Future):  # cancelling it reaches the proc
+            waiter.add_done_callback(functools.partial(_cancels.on_done, self.codec, req))
         if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and over(c, size)):
             wait(c, frames, req, 0, block)
             return
@@ -188,6 +192,14 @@ class Runtime(Connections):
         c.pending[req_id] = req
         if size:
             c.bytes += size
+
+    def withdraw_threadsafe(self, sink: Any, addr: str) -> None:
+        """Cancel the call to ``addr`` whose answer goes to ``sink``, from any thread."""
+        self.loop.call_soon_threadsafe(self._withdraw, sink, addr)
+
+    def _withdraw(self, sink: Any, addr: str) -> None:
+        c = self.conns.get(addr)
+        _cancels.cancel_sink(self.codec, [c] if c is not None else [], sink)
 
     def next_id(self) -> int:
         """A fresh request id of this runtime."""
@@ -300,8 +312,10 @@ class Runtime(Connections):
 
     def _on_reply_msg(self, conn: ProcConn, msg: Any, frames: list[Any]) -> None:
         req = conn.pending.pop(msg.id, None)
-        if req is None:
-            return  # late answer to a request that already ended
+        if req is None:  # late answer to a request that already ended
+            if conn.abandoned:  # its actor is done with it now
+                conn.abandoned.pop(msg.id, None)
+            return
         if req.size:
             conn.bytes -= req.size
         if type(msg) is not w.Reply and type(msg) is not w.Failure:

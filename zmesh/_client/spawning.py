@@ -27,9 +27,11 @@ from zmesh._client import lookup as _lookup
 from zmesh._client import named as _named
 from zmesh._client import procstart as _procstart
 from zmesh._client import runtime as _runtime
+from zmesh._client import spawnprogress as _progress
 from zmesh._client.launch import submit
 from zmesh._client.mesh import ActorMesh, ProcMesh, check_mesh_name
 from zmesh._client.pending import Gate, NotReady, Ready
+from zmesh._client.procsetup import ProcSetup
 from zmesh._client.runtime import Runtime
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
@@ -53,6 +55,7 @@ def start_procs(
     per_host: dict[str, int],
     base: str,
     exact: bool = False,
+    setup: ProcSetup | None = None,
 ) -> ProcMesh:
     """``HostMesh.spawn_procs``: the ``ProcMesh`` now, its procs in the background.
 
@@ -69,9 +72,9 @@ def start_procs(
         if addrs is None:
             addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
         if exact:
-            up = await _named.spawn_or_update(rt, addrs, per_host, name, pm)
+            up = await _named.spawn_or_update(rt, addrs, per_host, name, pm, setup)
         else:
-            up = await _procstart.spawn_procs(rt, addrs, per_host, base, name)
+            up = await _procstart.spawn_procs(rt, addrs, per_host, base, name, setup)
         pm._refs = up._refs
 
     _launch(pm, work)
@@ -123,7 +126,7 @@ def spawn_actor_mesh(
         args_now = await _ready_arguments(args, kwargs)
         up = await spawn_owned_mesh(
             rt, opts.cls, opts.hosts, opts.procs, base, *args_now, proc_mesh=name,
-            per_proc=per_proc,
+            per_proc=per_proc, setup=opts.setup,
         )  # fmt: skip
         if opts.detached:
             await _lookup.detach_mesh(rt, base, up)
@@ -159,8 +162,12 @@ def _launch(mesh: ProcMesh | ActorMesh[Any], work: Callable[[Runtime], Any]) -> 
     if isinstance(mesh, ActorMesh):
         Gate(ready).join(mesh)
 
+    # Procs of the mesh, for a progress line (actor meshes add "actors" per proc).
+    procs = math.prod(n for d, n in mesh._shape.dims.items() if d != "actors")
+
     async def run(rt: Runtime) -> None:
         mesh._ready_loop = rt.loop
+        shown = _progress.start(rt, mesh.proc_mesh, procs)  # on a terminal, after 1 s
         try:
             await work(rt)
         except asyncio.CancelledError:
@@ -179,6 +186,9 @@ def _launch(mesh: ProcMesh | ActorMesh[Any], work: Callable[[Runtime], Any]) -> 
                 exc = SpawnError(f"{type(exc).__name__}: {exc}", mesh=mesh.proc_mesh)
             ready.set_exception(exc)
             return
+        finally:
+            if shown is not None:
+                shown.cancel()
         ready.set_result(None)
 
     rt, home = _runtime.current()
@@ -217,6 +227,7 @@ async def spawn_owned_mesh(
     addrs: list[str] | None = None,
     proc_mesh: str | None = None,
     per_proc: int = 1,
+    setup: ProcSetup | None = None,
 ) -> ActorMesh[A]:
     """Start ``hosts x procs`` procs and one actor in each; the mesh owns its procs.
 
@@ -225,13 +236,14 @@ async def spawn_owned_mesh(
             ``hosts`` configured agents, or the embedded default).
         proc_mesh: the procs' mesh name (default: ``name`` and a random suffix).
         per_proc: actors in each proc (more than 1: the mesh's dim ``actors``).
+        setup: the procs' environment and working directory (``options(env=, cwd=)``).
 
     Raises:
         SpawnError: a proc or an actor failed to start; nothing is left running.
     """
     if addrs is None:
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh)
+    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh, setup)
     try:
         mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
     except BaseException:

@@ -22,6 +22,7 @@ from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.actorthread import ActorThread
 from zmesh._host.batching import Batcher
+from zmesh._host.cancelling import Running
 from zmesh._shared import stats as _stats
 from zmesh._shared.aio import enter_task, leave_task, running_loop
 from zmesh._wire import messages as w
@@ -86,6 +87,9 @@ class Mailbox:
         self.part: tuple[Any, int, str] | None = None
         # Running ``concurrent`` messages, with the call each answers.
         self.running: dict[asyncio.Task[None], tuple[bytes, w.Call]] = {}
+        # Every call running now, by (caller, request id), for its caller to
+        # cancel (zmesh._host.cancelling).
+        self.active: dict[tuple[bytes, int], Running] = {}
         # Set by close(): a message cancelled from now on was running when the
         # actor stopped, and its caller is answered "stopped" (ProcServer.handle),
         # unless close() answered it already (``told``: (ident, request id)).

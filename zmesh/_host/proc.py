@@ -27,14 +27,16 @@ from typing import Any
 
 import zmq
 
-from zmesh._actor import set_current, set_own_proc
+from zmesh._actor import set_call, set_current, set_own_proc
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
+from zmesh._host import cancelling as _cancelling
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
+from zmesh._host import procsetup as _procsetup
 from zmesh._host import responseport as _responseport
 from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
@@ -85,9 +87,11 @@ class ProcServer:
         self.codec = Codec(w.PROC_INBOX)
         self.dropped = 0
         self.late = 0
+        self.cancels = 0  # calls their callers cancelled (zmesh._host.cancelling)
         self.backlog = 0  # see MAX_BACKLOG
         self.backlog_bytes = 0  # and MAX_BACKLOG_BYTES
         self.spawning: set[asyncio.Task[None]] = set()
+        self.initializing = 0  # SpawnActors whose __init__ runs (statistics: Initializing)
         self.pool = Workers()  # grows as threads block (see zmesh._shared.workers)
         self.sampler = _stats.ProcSampler()
         self.producers = Producers(self)  # generator endpoints' streams
@@ -100,6 +104,7 @@ class ProcServer:
             self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
             self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
             **(self.relay.counts() if self.relay is not None else {}), **_bounds.counts(self),
+            initializing=self.initializing,
         )  # fmt: skip
 
     def _report_statistics(self) -> None:
@@ -242,6 +247,11 @@ class ProcServer:
             task = asyncio.ensure_future(build(self, ident, msg, frames))
             self.spawning.add(task)  # keep a reference until it ends
             task.add_done_callback(self.spawning.discard)
+            # Initializing from now until __init__ ends: said at once, both ways,
+            # not at the next statistics (a second away).
+            self.initializing += 1
+            self._report_statistics()
+            task.add_done_callback(self._initialized)
         elif isinstance(msg, w.StopActor):
             if not self._owned(ident, msg, "stop its actors"):
                 return
@@ -250,10 +260,16 @@ class ProcServer:
             _lifecycle.then(self, ending, lambda: self.router.send(reply))  # after __cleanup__
         elif isinstance(msg, w.Credit | w.Cancel):
             self.producers.control(ident, msg)
+        elif isinstance(msg, w.CancelCall):
+            _cancelling.cancel(self, ident, msg)
         elif isinstance(msg, w.Relay):  # this proc relays a tree fan-out (zmesh._host.relay)
             if self.relay is None:
                 self.relay = RelayServer(self)
             self.relay.handle(ident, msg, frames)
+
+    def _initialized(self, _: asyncio.Task[None]) -> None:
+        self.initializing -= 1
+        self._report_statistics()
 
     def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
         """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
@@ -314,11 +330,15 @@ class ProcServer:
         if ep.info.port and not call.oneway and args:  # (a oneway's port is the sender's own)
             guard = _responseport.arm(args[0], ep, type(box.instance).__name__, self._where())
         t0 = counters.begin()
+        # Its caller may cancel it while it runs (zmesh._host.cancelling).
+        key = (ident, call.id)
+        run = box.active[key] = _cancelling.Running(asyncio.current_task(), ep.info.is_async)
         try:
             if ep.info.is_async:
                 result = await invoke(fn, box.instance, args, kwargs)
             else:
                 ctx = contextvars.copy_context()
+                ctx.run(set_call, run)  # what zmesh.call_cancelled() reads
                 if box.thread.free():  # the actor's own thread (zmesh._host.actorthread)
                     result = await box.thread.run(
                         ctx.run, invoke_sync, fn, box.instance, args, kwargs
@@ -330,6 +350,7 @@ class ProcServer:
                 if type(result) is Raised:
                     raise result.exc
         except BadArguments as exc:
+            box.active.pop(key, None)
             if guard is not None:
                 guard.disarm(exc)
             counters.end(t0, 1)
@@ -337,6 +358,13 @@ class ProcServer:
             self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
             return
         except BaseException as exc:
+            box.active.pop(key, None)
+            if run.cancelled and not box.stopped:  # its caller cancelled it: not an error
+                if guard is not None:
+                    guard.disarm(None)
+                counters.end(t0, 0)
+                _cancelling.answer(self, ident, call, run)
+                return
             if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
                 if guard is not None:
                     guard.disarm(None)
@@ -355,7 +383,11 @@ class ProcServer:
             if isinstance(exc, SystemExit):
                 self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
             return
+        box.active.pop(key, None)
         counters.end(t0, 0)
+        if run.cancelled:  # it ran to its end all the same: the result goes nowhere
+            _cancelling.answer(self, ident, call, run)
+            return
         if call.oneway:
             return
         if guard is not None:
@@ -440,6 +472,7 @@ class ProcServer:
 def main() -> None:
     """Run this process as the proc ``ZMESH_PROC`` describes, until it is stopped."""
     spec = _procboot.boot()
+    _procsetup.apply(spec)  # its CPUs and bootstrap, before any actor (zmesh._host.procsetup)
     server = ProcServer(spec, _local.mesh_proof(spec.mesh))
     try:
         asyncio.run(server.serve())

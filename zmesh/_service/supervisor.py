@@ -165,6 +165,7 @@ class Supervisor:
         mesh = await spawn_owned_mesh(
             self.rt, self.opts.cls, self.opts.hosts, self.opts.procs,
             f"{self.name}-r{index}", self._args, self._kwargs, self._placement(index),
+            setup=self.opts.setup,
         )  # fmt: skip
         if self.stopped:
             await stop_procs(self.rt, mesh._refs)

@@ -86,6 +86,8 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
         port_refused: its ``Port.send`` calls refused with ``PortFullError``.
         backlog_bytes: bytes of the calls waiting in its mailboxes (see
             ``ZMESH_PROC_MAX_BACKLOG_BYTES``).
+        initializing: spawns of actors whose ``__init__`` runs now; the
+            proc shows as Initializing while there are any (``zmesh ps``, top).
     """
 
     mesh: str
@@ -104,6 +106,7 @@ class ProcStatistics(msgspec.Struct, frozen=True, omit_defaults=True):
     port_dropped: int = 0
     port_refused: int = 0
     backlog_bytes: int = 0
+    initializing: int = 0
 
 
 class HostStatistics(msgspec.Struct, frozen=True, omit_defaults=True):

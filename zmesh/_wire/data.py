@@ -81,7 +81,8 @@ class Failure(Message, frozen=True):
     endpoint or bad arguments), ``encode`` (value cannot be sent), ``spawn``
     (``__init__`` raised), ``deadline`` (the request arrived too late),
     ``stopped`` (the actor is gone), ``denied`` (the sender does not own
-    the proc's mesh: a ``SpawnActor`` or ``StopActor`` without its key).
+    the proc's mesh: a ``SpawnActor`` or ``StopActor`` without its key),
+    ``cancelled`` (its caller cancelled it: ``CancelCall``).
     """
 
     id: int
@@ -177,6 +178,19 @@ class Cancel(Message, frozen=True):
     """The consumer is done: close the generator (its ``finally`` runs)."""
 
     id: int
+
+
+class CancelCall(Message, frozen=True):
+    """The caller cancelled call ``id`` to ``actor`` (sent on the call's own connection).
+
+    A call still queued is dropped; a running ``async`` endpoint is
+    cancelled; a running sync one is marked and its result dropped. The
+    proc answers with a ``Failure`` of kind ``cancelled`` when it has ended,
+    so that a caller knows its actor is free again (``zmesh._host.cancelling``).
+    """
+
+    id: int
+    actor: str
 
 
 # ------------------------------------------------ ports (any -> receiver)

@@ -30,7 +30,9 @@ AGENT_REQUESTS = frozenset(
 )
 PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall", "Relay"})
 
-PROC_INBOX: Any = Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | GroupCall | Relay
+PROC_INBOX: Any = (
+    Call | SpawnActor | StopActor | StreamCall | Credit | Cancel | CancelCall | GroupCall | Relay
+)
 CLIENT_INBOX: Any = (
     Reply | Failure | StreamItem | StreamEnd | StreamAlive | Gathered | GatheredFrames | RelayReply
 )

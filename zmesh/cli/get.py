@@ -44,6 +44,14 @@ async def _get(addresses: list[str], args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        # Procs whose actors' __init__ runs: Running to their agent, Initializing here.
+        starting = {
+            (p.mesh, p.rank, p.generation)
+            for a in snap.agents
+            if a.stats is not None
+            for p in a.stats.procs
+            if p.initializing
+        }
         holders = [
             (a.address, a.stats.agent)
             for a in snap.agents
@@ -66,7 +74,7 @@ async def _get(addresses: list[str], args: argparse.Namespace) -> int:
             continue
         for m in reply.meshes:
             if m.name in meshes:
-                _add(meshes[m.name], m, host)
+                _add(meshes[m.name], m, host, starting)
     out = [meshes[n] for n in names]
     for m in out:
         m["ranks"].sort(key=lambda r: r["rank"])
@@ -78,14 +86,25 @@ async def _get(addresses: list[str], args: argparse.Namespace) -> int:
     return 0
 
 
-def _add(into: dict[str, Any], m: w.MeshReport, host: str) -> None:
+def _add(
+    into: dict[str, Any], m: w.MeshReport, host: str, starting: set[tuple[str, int, int]]
+) -> None:
     into["generation"] = max(into["generation"], m.generation)
     if m.detached:  # kept past its creator under this name (zmesh.lookup)
         into["detached"] = m.detached
     into["ranks"].extend(
-        {"rank": r.rank, "status": r.status.value, "pid": r.pid, "host": host, "log": r.log_path}
+        {"rank": r.rank, "status": _status(m.name, r, starting), "pid": r.pid, "host": host,
+         "log": r.log_path}
         for r in m.ranks
-    )
+    )  # fmt: skip
+
+
+def _status(mesh: str, r: Any, starting: set[tuple[str, int, int]]) -> str:
+    """What a rank is doing: its agent's status, Initializing while an actor's __init__ runs."""
+    status: str = r.status.value
+    if status == "Running" and (mesh, r.rank, r.generation) in starting:
+        return "Initializing"
+    return status
 
 
 def _print(m: dict[str, Any]) -> None:

@@ -349,6 +349,8 @@ def _proc_rows(a: AgentSample, history: set[tuple[str, str]], since: float) -> l
             if p is not None and p.generation != r.generation:
                 p = None
             status = "Unknown" if a.state == "lost" and r.status == "Running" else r.status
+            if status == "Running" and p is not None and p.initializing:
+                status = "Initializing"  # up, but an actor's __init__ still runs
             reason = r.reason
             if r.exit_code is not None and "code" not in reason and "killed" not in reason:
                 reason = f"{reason} (code={r.exit_code})" if reason else f"code={r.exit_code}"
