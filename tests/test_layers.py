@@ -45,10 +45,8 @@ FACE = {
 # its reason where it is (docs/architecture.md lists them): the
 # forkserver's warm-up, the face's (``import zmesh`` loads only what a
 # script uses), the dashboard's, and ProcMesh.spawn's.
-MAX_INNER_IMPORTS = 15
+MAX_INNER_IMPORTS = 14
 
-# Arrows that still run up, until the restructure takes them out; none may be added.
-KNOWN_UPWARD = {("_actor", "face")}  # Actor.options() makes an Options
 
 
 def _part(module: str) -> str:
@@ -111,17 +109,11 @@ def test_parts_import_only_the_layers_below() -> None:
     up = {
         f"{a} -> {b}: {', '.join(where)}"
         for (a, b), where in arrows.items()
-        if LAYERS.index(b) > LAYERS.index(a) and (a, b) not in KNOWN_UPWARD
+        if LAYERS.index(b) > LAYERS.index(a)
     }
     assert not up, "imports that run up the layers (move the code to its layer):\n" + "\n".join(
         sorted(up)
     )
-
-
-def test_known_upward_arrows_are_still_there() -> None:
-    # One taken out: drop it from KNOWN_UPWARD, so it cannot come back.
-    _, arrows = _scan()
-    assert KNOWN_UPWARD <= set(arrows), sorted(KNOWN_UPWARD - set(arrows))
 
 
 def test_imports_inside_functions_do_not_grow() -> None:

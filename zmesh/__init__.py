@@ -27,7 +27,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import (
-    Actor,
     Endpoint,
     Point,
     call_cancelled,
@@ -60,7 +59,7 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
-from zmesh._options import Options, service
+from zmesh._options import Actor, Options, service
 
 if TYPE_CHECKING:
     from zmesh import routing as routing

@@ -1,4 +1,8 @@
-"""What users write: ``Actor`` subclasses with ``@endpoint`` methods."""
+"""What a class declares: ``@endpoint`` methods, and which actor runs now.
+
+Every process knows these: a user's ``zmesh.Actor`` subclass (the face's
+``Actor``, in ``zmesh._options``) is an ``ActorBase`` with endpoints.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,6 @@ from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
     from zmesh._client.runtime import ProcRef
-    from zmesh._options import Options
-    from zmesh._service.routing import ServiceConfig
     from zmesh._typing import (
         Adverbs,
         BatchEndpointify,
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-A = TypeVar("A", bound="Actor")
 
 
 # A streaming endpoint's producer runs at most this many items ahead of its
@@ -404,15 +405,13 @@ else:
     _Handle = object
 
 
-class Actor(_Handle):
-    """Base class of actors. Subclass it and mark methods with ``@zmesh.endpoint``.
+class ActorBase(_Handle):
+    """What every process knows of an actor class: the checks made when one
+    is defined, and its logger.
 
-    An actor handles one message at a time, in send order per sender, unless
-    an endpoint opts into ``concurrent=True``.
-
-    Optional hooks: ``__supervise__(self, failure)`` (sync or async) gets each
-    failure of a mesh this actor spawned (a truthy return handles it), and
-    ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops.
+    Users subclass ``zmesh.Actor`` (``zmesh._options``), which adds
+    ``options()``; zmesh's own code refers to this base, below the spawning
+    machinery that ``options()`` reaches.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -423,27 +422,3 @@ class Actor(_Handle):
     def logger(self) -> logging.Logger:
         """A logger named after the class; in a proc its lines go to the proc's log."""
         return logging.getLogger(f"zmesh.actor.{type(self).__qualname__}")
-
-    @classmethod
-    def options(
-        cls: type[A],
-        *,
-        procs: int | None = None,
-        hosts: int | None = None,
-        replicas: int | None = None,
-        name: str | None = None,
-        config: ServiceConfig | None = None,
-        detached: bool | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        **service_config: Any,
-    ) -> Options[A]:
-        """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
-        ``.as_service``). Defaults come from ``@zmesh.service`` on the class.
-        ``env`` and ``cwd``: every proc's added variables and working directory."""
-        from zmesh._options import Options
-
-        return Options(
-            cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
-            detached=detached, env=env, cwd=cwd, **service_config,
-        )  # fmt: skip

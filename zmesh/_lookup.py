@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, TypeVar, overload
 
-from zmesh._actor import Actor, endpoints_of
+from zmesh._actor import ActorBase, endpoints_of
 from zmesh._client.future import Future
 from zmesh._client.lookup import find, on_home
 from zmesh._client.mesh import ActorMesh
@@ -24,7 +24,7 @@ from zmesh._service.orchestrator import attach
 from zmesh._service.service import Service
 from zmesh._wire import messages as w
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 
 
 @overload

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zmesh._actor import Actor
+from zmesh._actor import ActorBase
 from zmesh._client.procsetup import ProcSetup
 from zmesh._service.routing import ServiceConfig
 from zmesh._shared.points import check_per_proc
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from zmesh._client.future import Future
     from zmesh._typing import Spawned
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 
 
 _SIZES = ("procs", "hosts", "replicas")
@@ -209,6 +209,43 @@ class Options(Generic[A]):
         return spawn_service(self, args, kwargs)
 
 
+AA = TypeVar("AA", bound="Actor")
+
+
+class Actor(ActorBase):
+    """Base class of actors. Subclass it and mark methods with ``@zmesh.endpoint``.
+
+    An actor handles one message at a time, in send order per sender, unless
+    an endpoint opts into ``concurrent=True``.
+
+    Optional hooks: ``__supervise__(self, failure)`` (sync or async) gets each
+    failure of a mesh this actor spawned (a truthy return handles it), and
+    ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops.
+    """
+
+    @classmethod
+    def options(
+        cls: type[AA],
+        *,
+        procs: int | None = None,
+        hosts: int | None = None,
+        replicas: int | None = None,
+        name: str | None = None,
+        config: ServiceConfig | None = None,
+        detached: bool | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        **service_config: Any,
+    ) -> Options[AA]:
+        """Say how to spawn this class; then ``.spawn(...)`` (or ``.as_actor``,
+        ``.as_service``). Defaults come from ``@zmesh.service`` on the class.
+        ``env`` and ``cwd``: every proc's added variables and working directory."""
+        return Options(
+            cls, procs=procs, hosts=hosts, replicas=replicas, name=name, config=config,
+            detached=detached, env=env, cwd=cwd, **service_config,
+        )  # fmt: skip
+
+
 def service(
     *,
     replicas: int = 1,
@@ -240,7 +277,7 @@ def service(
     defaults.update(settings)
 
     def decorate(cls: type[A]) -> type[A]:
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        if not (isinstance(cls, type) and issubclass(cls, ActorBase)):
             raise TypeError(f"@zmesh.service decorates zmesh.Actor subclasses, not {cls!r}")
         cls.__zmesh_service__ = defaults  # type: ignore[attr-defined]
         Options(cls)  # bad settings fail at the class, not at the first spawn

@@ -9,13 +9,14 @@ import concurrent.futures
 import threading
 from typing import Any, TypeVar
 
-from zmesh._actor import Actor
+from zmesh._actor import ActorBase
 from zmesh._client.future import Future
 from zmesh._client.hosts import HostMesh
 from zmesh._client.mesh import ActorMesh, ProcMesh
 from zmesh._client.shutdown import shutdown
+from zmesh._options import Options
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 
 _lock = threading.Lock()
 _controllers: dict[str, ActorMesh[Any]] = {}
@@ -42,7 +43,7 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
                 )
             if not _over(mesh):
                 return mesh  # type: ignore[return-value]  # typed as the class (zmesh._typing)
-        fresh: Any = cls.options(name=name).as_actor(*args, **kwargs)
+        fresh: Any = Options(cls, name=name).as_actor(*args, **kwargs)
         _controllers[name] = fresh
         return fresh
 

@@ -45,7 +45,7 @@ from typing import (
 from zmesh._client.adverbs import EndpointRef
 
 if TYPE_CHECKING:
-    from zmesh._actor import Actor, Endpoint
+    from zmesh._actor import ActorBase, Endpoint
     from zmesh._client.controller import SupervisionEvent
     from zmesh._client.future import Future
     from zmesh._client.meshstate import MeshState
@@ -62,7 +62,7 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 X = TypeVar("X")
 Y = TypeVar("Y")
-A = TypeVar("A", bound="Actor")
+A = TypeVar("A", bound="ActorBase")
 H = TypeVar("H", bound="HandleFace")
 
 # ``zmesh.ActorMesh[Counter]`` and ``zmesh.Service[Counter]``: a handle of

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from zmesh._actor import Actor
+from zmesh._actor import ActorBase
 from zmesh._client import local as _local
 from zmesh._client.inprocess import LocalEndpoint, LocalMesh, LocalStream, spawn
 from zmesh._shared import paths as _paths
@@ -84,7 +84,7 @@ __all__ = [
     "stop_agent",
 ]
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 
 
 def pid_alive(pid: int) -> bool:

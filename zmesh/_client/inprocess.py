@@ -30,7 +30,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Generic, TypeVar
 
-from zmesh._actor import Actor, Endpoint, Point, set_current
+from zmesh._actor import ActorBase, Endpoint, Point, set_current
 from zmesh._client.future import Future
 from zmesh._client.mesh import ValueMesh
 from zmesh._errors import (
@@ -48,7 +48,7 @@ from zmesh._shared.workers import Workers
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 R = TypeVar("R")
 log = logging.getLogger("zmesh.testing")
 _ids = itertools.count()

@@ -15,7 +15,7 @@ import pickle
 from collections.abc import AsyncIterator, Generator, Iterable
 from typing import Any, Generic, TypeVar
 
-from zmesh._actor import Actor
+from zmesh._actor import ActorBase
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import EndpointRef
 from zmesh._client.controller import SupervisionEvent
@@ -38,7 +38,7 @@ from zmesh._shared.aio import running_loop
 from zmesh._shared.points import Extent, Point, Shape
 from zmesh._wire import names as _names
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 T = TypeVar("T")
 M = TypeVar("M", bound="_MeshBase")
 

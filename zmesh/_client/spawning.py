@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from zmesh._actor import Actor, EndpointInfo, endpoints_of
+from zmesh._actor import ActorBase, EndpointInfo, endpoints_of
 from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import lookup as _lookup
@@ -43,7 +43,7 @@ from zmesh._wire.codec import Codec
 if TYPE_CHECKING:
     from zmesh._options import Options
 
-A = TypeVar("A", bound=Actor)
+A = TypeVar("A", bound=ActorBase)
 
 # How long actors' __init__ may take to return (procs: procstart.SPAWN_TIMEOUT).
 INIT_TIMEOUT = float(os.environ.get("ZMESH_INIT_TIMEOUT", "120"))
@@ -139,7 +139,7 @@ def spawn_actor_mesh(
 
 
 def _pending_actor_mesh(proc_mesh: str, shape: Shape, name: str, cls: type[A]) -> ActorMesh[A]:
-    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+    if not (isinstance(cls, type) and issubclass(cls, ActorBase)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     infos = endpoints_of(cls)
     mesh: ActorMesh[A] = ActorMesh(
@@ -265,7 +265,7 @@ async def _spawn_actors(
     kwargs: dict[str, Any],
     per_proc: int = 1,
 ) -> ActorMesh[A]:
-    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+    if not (isinstance(cls, type) and issubclass(cls, ActorBase)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     try:
         blob, _ = pickling.dumps(cls, lambda _: True)  # by value if it is in __main__

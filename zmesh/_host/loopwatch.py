@@ -25,7 +25,7 @@ import threading
 import time
 from types import FrameType
 
-from zmesh._actor import Actor, endpoints_of
+from zmesh._actor import ActorBase, endpoints_of
 
 log = logging.getLogger("zmesh.proc")
 
@@ -78,7 +78,7 @@ def endpoint_in(frame: FrameType | None) -> str:
 
     while frame is not None:
         me = frame.f_locals.get("self") if frame.f_code.co_argcount else None
-        if isinstance(me, Actor):
+        if isinstance(me, ActorBase):
             info = endpoints_of(type(me)).get(frame.f_code.co_name)
             if info is not None and info.is_async:
                 return f"{type(me).__name__}.{info.name}"

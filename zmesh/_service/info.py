@@ -19,7 +19,7 @@ from zmesh._errors import HandleTypeError
 from zmesh._service.service import Service
 
 if TYPE_CHECKING:
-    from zmesh._actor import Actor
+    from zmesh._actor import ActorBase
     from zmesh._service.routing import ServiceConfig
 
 
@@ -44,7 +44,7 @@ class ServiceInfo:
     detached: bool
 
 
-def service_info(svc: Actor) -> ServiceInfo:
+def service_info(svc: ActorBase) -> ServiceInfo:
     """The name, id and config of service ``svc`` (``await Cls.options(...).as_service()``).
 
     Example::

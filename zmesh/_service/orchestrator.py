@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from zmesh._actor import Actor, endpoint, endpoints_of
+from zmesh._actor import ActorBase, endpoint, endpoints_of
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
 from zmesh._client.faults import MeshFailure
@@ -84,7 +84,7 @@ class Plan:
     signatures: dict[str, bytes] = field(default_factory=dict)
 
     @property
-    def cls(self) -> type[Actor]:
+    def cls(self) -> type[ActorBase]:
         return self.opts.cls
 
     @property
@@ -92,7 +92,7 @@ class Plan:
         return self.opts.name
 
 
-class Orchestrator(Actor):
+class Orchestrator(ActorBase):
     """Runs one detached service's supervisor in its proc.
 
     It starts the service as it is built (a first start spawns the

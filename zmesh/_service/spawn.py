@@ -7,7 +7,7 @@ import asyncio
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from zmesh._actor import Actor, endpoints_of
+from zmesh._actor import ActorBase, endpoints_of
 from zmesh._client import runtime as _runtime
 from zmesh._client.future import Future
 from zmesh._service import service as _service
@@ -28,7 +28,7 @@ def spawn_service(opts: Options[Any], args: tuple[Any, ...], kwargs: dict[str, A
     The service runs on this process's I/O loop (see ``runtime.home``), so it
     outlives the event loop of its caller.
     """
-    if not (isinstance(opts.cls, type) and issubclass(opts.cls, Actor)):
+    if not (isinstance(opts.cls, type) and issubclass(opts.cls, ActorBase)):
         raise TypeError(f"{opts.cls!r} is not a zmesh.Actor subclass")
     if opts.detached:  # its supervisor runs on an external agent, not here
         return spawn_detached(opts, args, kwargs)
