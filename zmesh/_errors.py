@@ -169,8 +169,11 @@ class DetachError(SpawnError):
     """
 
 
-class SupervisionError(ZmeshError):
-    """The rank a call went to broke: it crashed, was killed, hung, or its host was lost.
+class SupervisionError(ZmeshError, RuntimeError):
+    """The rank a call went to broke: it crashed, was killed, hung, or its host was lost;
+    or the actor died (an exception with no caller to go to, as in Monarch).
+
+    A ``RuntimeError`` too, as Monarch's is.
 
     Attributes:
         reason: the supervision reason, e.g. ``"killed by SIGKILL"``.

@@ -288,3 +288,17 @@ def test_cleanup_runs_when_the_owner_exits(tmp_path: Path, marks: Path) -> None:
     assert res.returncode == 0, res.stderr
     wait_for(lambda: marks.read_text().count("owner gone") == 2, 10, "cleanups after owner exit")
     wait_for(lambda: session_pids() <= before, 10, "the owner's agent and procs to go")
+
+
+class Store(zmesh.Actor):
+    @zmesh.endpoint  # Monarch allows the name; to a checker it overrides the handle's .get
+    def get(self, key: str) -> str:  # type: ignore[override]
+        return key.upper()
+
+
+def test_an_endpoint_named_get_is_called_as_in_monarch() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    store = procs.spawn("store", Store)
+    store.initialized.get(timeout=60)
+    assert store.get.call_one("k").get(timeout=30) == "K"
+    procs.stop().get(timeout=10)

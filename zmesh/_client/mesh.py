@@ -350,7 +350,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             raise AttributeError(name)
         if name == "get" and name not in self.endpoints:
             # ``Cls.options().as_actor().get(timeout)``: wait, then the mesh
-            # (an endpoint may not be named ``get``: _client.mistakes refuses it).
+            # (unless an endpoint is named ``get``, as Monarch allows: it wins).
             return self._wait_ready
         if name not in self.endpoints:
             known = ", ".join(sorted(self.endpoints)) or "none"

@@ -24,10 +24,10 @@ _HANDLE_ATTRS = {
     "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
     "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
     "statistics", "stop", "supervision_events",
-    # Not an attribute but the handle's own: ``as_actor().get(timeout)`` waits
-    # for the mesh, and typed code (zmesh._typing) sees ``.get`` as that.
-    "get",
 }  # fmt: skip
+# ``get`` is not refused, as Monarch does not refuse it: an endpoint named
+# ``get`` wins over the handle's ``as_actor().get(timeout)`` (which waits for
+# the mesh; ``mesh.initialized.get(timeout)`` still does).
 _SIZES = ("procs", "hosts", "replicas")
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from zmesh import _context
 from zmesh._actor import Endpoint, Point, set_current
+from zmesh._host import actordeath as _actordeath
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.batching import Batcher
@@ -91,6 +92,10 @@ class Mailbox:
         # unless close() answered it already (``told``: (ident, request id)).
         self.stopped = False
         self.told: set[tuple[bytes, int]] = set()
+        # Set when the actor died (zmesh._host.actordeath): the failure every
+        # call of it gets from then on; and who asked to hear of that death.
+        self.dead = ""
+        self.watchers: list[tuple[bytes, int]] = []
         # The ``__health__`` check running now, and the one waiting for it (at
         # most one of each: see ``_check``).
         self.checking: asyncio.Task[None] | None = None
@@ -98,6 +103,9 @@ class Mailbox:
         self.task = asyncio.ensure_future(self._run())
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if self.dead:
+            _actordeath.dead_reply(self.server, ident, call, self)
+            return
         if self.batchers and call.method in self.batchers:
             self.batchers[call.method].add(ident, call, frames)
             return
@@ -279,6 +287,9 @@ class Mailbox:
                 finally:
                     self.waiter = None
                 continue
+            if self.dead:  # (kill() failed what was queued; nothing more runs)
+                self.queue.clear()
+                continue
             ident, call, frames = self.queue.popleft()
             self.server.started(self.sizes.popleft())
             ep = self.endpoints.get(call.method)
@@ -319,6 +330,7 @@ class Mailbox:
         streams) are cancelled, which answers each of them "stopped".
         """
         self.stopped = True
+        _actordeath.stopped(self.server, self)
         self.task.cancel()
         if self.part is not None:  # its thread runs on; its answer comes too late to count
             gather, index, method = self.part

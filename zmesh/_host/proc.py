@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import threading
@@ -29,7 +30,9 @@ import zmq
 
 from zmesh import _context
 from zmesh._actor import set_current
+from zmesh._client import faults as _faults
 from zmesh._client import local as _local
+from zmesh._host import actordeath as _actordeath
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
@@ -113,6 +116,8 @@ class ProcServer:
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
+        # A failure an actor of ours does not handle kills that actor alone.
+        _faults.kill_owner = functools.partial(_actordeath.kill_owner, self)
         _loopwatch.start(loop)  # warns when an async endpoint blocks the loop
         ctx: zmq.Context[Any] = zmq.Context.instance()
         # Where our agent tells us: an ipc:// path in its private directory,
@@ -226,7 +231,9 @@ class ProcServer:
             elif msg.sent:
                 _deadlines.transit(msg.clock, msg.sent)  # (it keeps the sender's clock offset)
             box = self.actors.get(msg.actor)
-            if box is None:
+            if msg.method == _actordeath.WATCH:  # its spawner asks to hear of its death
+                _actordeath.watch(self, ident, msg, box)
+            elif box is None:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
             else:
                 box.put(ident, msg, frames)
@@ -341,15 +348,21 @@ class ProcServer:
                 raise
             if guard is not None:
                 guard.disarm(exc)  # the error answers the call
-            # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
-            # GeneratorExit, a user's BaseException), fails this call alone.
             counters.end(t0, 1)
-            if not call.oneway:
-                self._send_failure(ident, call.id, "actor", exc, call.method)
-            else:
-                log.error("oneway call %s raised", call.method, exc_info=exc)
             if isinstance(exc, SystemExit):
+                if not call.oneway:
+                    self._send_failure(ident, call.id, "actor", exc, call.method)
                 self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
+            elif _actordeath.kills(box, exc, call, ep.info.port):
+                # Nowhere for it to go (a broadcast, an explicit port), or not an
+                # Exception: the actor dies, as in Monarch (zmesh._host.actordeath).
+                log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
+                _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
+                _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
+            elif not call.oneway:  # an Exception with a caller: its ActorError
+                self._send_failure(ident, call.id, "actor", exc, call.method)
+            else:  # (survive_errors)
+                log.error("oneway call %s raised", call.method, exc_info=exc)
             return
         counters.end(t0, 0)
         if call.oneway:

@@ -124,3 +124,8 @@ class Point(Mapping[str, int]):
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         return f"Point(rank={self.rank}, {inner})"
+
+    def label(self) -> str:
+        """The point as Monarch's errors print it: ``{'hosts': 0/1, 'gpus': 1/2}``."""
+        inner = ", ".join(f"{k!r}: {v}/{self.dims[k]}" for k, v in self.coords.items())
+        return "{" + inner + "}"
