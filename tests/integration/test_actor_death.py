@@ -38,6 +38,10 @@ class Worker(zmesh.Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @zmesh.endpoint
+    def abort(self, reason: str | None) -> None:
+        zmesh.context().actor_instance.abort(reason)
+
 
 class Owner(zmesh.Actor):
     """Spawns a mesh of workers on procs of its own; handles their failures or not."""
@@ -226,3 +230,14 @@ def test_a_failing_init_is_a_mesh_failure_per_rank_and_a_spawn_error(
         assert failure.log_path.endswith(f".{failure.rank}.g1.log")
     with pytest.raises(zmesh.SpawnError, match="no config"):
         bad.slice(gpus=1).pid.call_one().get(timeout=30)
+
+
+@pytest.mark.parametrize("reason", [None, "lost the lease"])
+def test_abort_kills_the_actor_with_its_reason(
+    faults: list[zmesh.MeshFailure], reason: str | None
+) -> None:
+    worker = zmesh.this_host().spawn_procs(per_host={"gpus": 1}).spawn("worker", Worker)
+    with pytest.raises(zmesh.SupervisionError, match=reason or "no reason provided"):
+        worker.abort.call_one(reason).get(timeout=60)
+    wait_for(lambda: faults, 20, "the hook")
+    assert f"ActorAborted: {reason or 'no reason provided'}" in faults[0].report()

@@ -302,3 +302,28 @@ def test_an_endpoint_named_get_is_called_as_in_monarch() -> None:
     store.initialized.get(timeout=60)
     assert store.get.call_one("k").get(timeout=30) == "K"
     procs.stop().get(timeout=10)
+
+
+def test_a_spawn_on_a_stopped_proc_mesh_says_so_as_monarch_does() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    procs.spawn("store", Store).initialized.get(timeout=60)
+    procs.stop().get(timeout=10)
+    late = procs.spawn("late", Store)
+    with pytest.raises(zmesh.ActorStoppedError, match="`ProcMesh` has already been stopped"):
+        late.initialized.get(timeout=30)
+    assert issubclass(zmesh.ActorStoppedError, zmesh.SupervisionError)
+    assert issubclass(zmesh.SupervisionError, RuntimeError)  # Monarch's callers catch these
+
+
+class Maker(zmesh.Actor):
+    @zmesh.endpoint
+    def make(self) -> Any:
+        # Returned while it still spawns: the reply waits for it, as in Monarch.
+        return zmesh.this_host().spawn_procs(per_host={"gpus": 1}).spawn("made", Store)
+
+
+def test_an_endpoint_returns_a_mesh_that_is_still_spawning() -> None:
+    maker = Maker.options().as_actor()
+    made = maker.make.call_one().get(timeout=60)
+    assert made.get.call_one("x").get(timeout=30) == "X"
+    maker.stop().get(timeout=10)

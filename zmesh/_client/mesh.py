@@ -100,6 +100,7 @@ class _MeshBase:
     _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
     _spawning: Future[None] | None = None  # the spawn's work, while it runs
     _given_up = False  # stop() gave the spawn up
+    _stopped = False  # stop() was called on this handle (a ProcMesh's)
 
     def stop(self) -> Future[None]:
         """Stop this mesh (see ``ProcMesh.stop``, ``ActorMesh.stop``)."""
@@ -293,9 +294,12 @@ class ProcMesh(_MeshBase):
         return self._wait_ready(timeout)
 
     def stop(self) -> Future[None]:
-        """Stop every proc; later calls to their actors raise ``ActorStoppedError``."""
+        """Stop every proc; later calls to their actors raise ``ActorStoppedError``,
+        and so does a spawn on this handle (Monarch's "`ProcMesh` has already been
+        stopped")."""
         from zmesh._client import spawning
 
+        self._stopped = True
         return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:

@@ -93,6 +93,8 @@ def start_actors(
     on_death = _actorwatch.handler()  # (the spawning actor is known here, not in work)
 
     async def work(rt: Runtime) -> None:
+        if procs._stopped:
+            raise ActorStoppedError("`ProcMesh` has already been stopped", mesh=procs.proc_mesh)
         await _until_ready(procs)
         args_now = await _ready_arguments(args, kwargs)
         up = await _spawn_actors(

@@ -32,6 +32,7 @@ from zmesh import _context
 from zmesh._actor import set_current
 from zmesh._client import faults as _faults
 from zmesh._client import local as _local
+from zmesh._client.pending import NotReady
 from zmesh._host import actordeath as _actordeath
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
@@ -375,7 +376,10 @@ class ProcServer:
                 self.fail(ident, call, "port", *wrong)
                 return
         try:
-            payload, buffers = Codec.pack_value(result)
+            try:
+                payload, buffers = Codec.pack_value(result)
+            except NotReady as wait:  # it returns a mesh still spawning: it goes once up
+                payload, buffers = await _once_spawned(result, wait)
             frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
         except Exception as exc:
             counters.errors += 1
@@ -444,6 +448,17 @@ class ProcServer:
         mod = type(exc).__module__
         name = qual if mod == "builtins" else f"{mod}.{qual}"
         return w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
+
+
+async def _once_spawned(result: Any, wait: NotReady) -> tuple[w.Payload, list[Any]]:
+    """Pack ``result`` once every mesh in it is up (Monarch returns such meshes);
+    a spawn that failed makes the pack raise its error."""
+    while True:
+        await asyncio.wait([asyncio.wrap_future(wait.ready)])
+        try:
+            return Codec.pack_value(result)
+        except NotReady as again:
+            wait = again
 
 
 def main() -> None:
