@@ -327,3 +327,14 @@ def test_an_endpoint_returns_a_mesh_that_is_still_spawning() -> None:
     made = maker.make.call_one().get(timeout=60)
     assert made.get.call_one("x").get(timeout=30) == "X"
     maker.stop().get(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_stream_in_a_loop_is_monarchs_iterator_of_awaitables() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    store = procs.spawn("store", Store)  # still spawning: the stream waits in its gate
+    assert sorted([await x for x in store.get.stream("a")]) == ["A", "A"]
+    await store.initialized
+    assert sorted([await x for x in store.get.stream("b")]) == ["B", "B"]
+    assert sorted([v async for v in store.get.stream("c")]) == ["C", "C"]  # zmesh's form too
+    await procs.stop()
