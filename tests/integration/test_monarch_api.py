@@ -338,3 +338,25 @@ async def test_stream_in_a_loop_is_monarchs_iterator_of_awaitables() -> None:
     assert sorted([await x for x in store.get.stream("b")]) == ["B", "B"]
     assert sorted([v async for v in store.get.stream("c")]) == ["C", "C"]  # zmesh's form too
     await procs.stop()
+
+
+class Tally(zmesh.Actor):
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    @zmesh.endpoint
+    def incr(self) -> None:
+        self.n += 1
+
+    @zmesh.endpoint
+    def value(self) -> int:
+        return self.n
+
+
+def test_an_accumulator_on_a_mesh_still_spawning_reads_its_actors_when_up() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    tally = procs.spawn("tally", Tally, 1)
+    tally.incr.broadcast()
+    acc = zmesh.Accumulator(tally.value, 0, lambda a, b: a + b)
+    assert acc.accumulate().get(timeout=60) == 4  # it returned its identity, 0
+    procs.stop().get(timeout=10)

@@ -126,6 +126,8 @@ class Point(Mapping[str, int]):
         return f"Point(rank={self.rank}, {inner})"
 
     def label(self) -> str:
-        """The point as Monarch's errors print it: ``{'hosts': 0/1, 'gpus': 1/2}``."""
+        """The point as Monarch prints it (``str(point)``): ``{'hosts': 0/1, 'gpus': 1/2}``."""
         inner = ", ".join(f"{k!r}: {v}/{self.dims[k]}" for k, v in self.coords.items())
         return "{" + inner + "}"
+
+    __str__ = label
