@@ -363,3 +363,20 @@ def test_an_accumulator_on_a_mesh_still_spawning_reads_its_actors_when_up() -> N
     acc = zmesh.Accumulator(tally.value, 0, lambda a, b: a + b)
     assert acc.accumulate().get(timeout=60) == 4  # it returned its identity, 0
     procs.stop().get(timeout=10)
+
+
+class BrokenOnArrival:
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("__setstate__ error: cannot be rebuilt")
+
+
+def test_arguments_that_fail_to_unpickle_in_the_actor_are_an_actor_error() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    store = procs.spawn("store", Store)
+    with pytest.raises(zmesh.ActorError, match="__setstate__ error") as info:
+        store.get.call_one(BrokenOnArrival()).get(timeout=60)  # type: ignore[arg-type]
+    assert info.value.remote_type == "RuntimeError"
+    procs.stop().get(timeout=10)

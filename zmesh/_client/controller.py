@@ -97,9 +97,7 @@ class SupervisionEvent:
     def error(self) -> ZmeshError:
         """The exception calls to this rank fail with."""
         if self.status in (Status.STOPPED, Status.STOPPING):
-            return ActorStoppedError(
-                STOPPED, mesh=self.mesh, rank=self.rank, host=self.host
-            )
+            return ActorStoppedError(STOPPED, mesh=self.mesh, rank=self.rank, host=self.host)
         return SupervisionError(
             f"rank is {self.status.value}: {self.reason}",
             reason=self.reason, mesh=self.mesh, rank=self.rank,

@@ -299,7 +299,8 @@ class ProcMesh(_MeshBase):
         stopped")."""
         from zmesh._client import spawning
 
-        self._stopped = True
+        if all(r.agent for r in self._refs):  # (a client's this_proc() is never stopped)
+            self._stopped = True
         return submit(lambda rt: spawning.stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:

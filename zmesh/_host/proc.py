@@ -308,7 +308,9 @@ class ProcServer:
             args, kwargs = self.codec.unpack(call.payload, frames)
         except Exception as exc:
             counters.end(counters.begin(), 1)
-            self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
+            # The receiving side's code raised (a __setstate__, an import): the
+            # caller's ActorError, with its traceback, as in Monarch.
+            self._send_failure(ident, call.id, "actor", exc, call.method)
             return
         fn = ep.fn
         set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
