@@ -48,7 +48,6 @@ FACE = {
 MAX_INNER_IMPORTS = 14
 
 
-
 def _part(module: str) -> str:
     parts = module.split(".")
     head = parts[1] if len(parts) > 1 else "__init__"

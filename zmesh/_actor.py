@@ -14,7 +14,17 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    TypeVar,
+    overload,
+)
 
 from zmesh._shared.points import Point
 
@@ -359,10 +369,10 @@ _HANDLE_ATTRS = {
     "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
     "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
     "statistics", "stop", "supervision_events",
-    # Not an attribute but the handle's own: ``as_actor().get(timeout)`` waits
-    # for the mesh, and typed code (zmesh._typing) sees ``.get`` as that.
-    "get",
 }  # fmt: skip
+# ``get`` is not refused, as Monarch does not refuse it: an endpoint named
+# ``get`` wins over the handle's ``as_actor().get(timeout)`` (which waits for
+# the mesh; ``mesh.initialized.get(timeout)`` still does).
 
 
 def reserved_names() -> set[str]:
@@ -412,7 +422,13 @@ class ActorBase(_Handle):
     Users subclass ``zmesh.Actor`` (``zmesh._options``), which adds
     ``options()``; zmesh's own code refers to this base, below the spawning
     machinery that ``options()`` reaches.
+
+    Attributes:
+        survive_errors: whether the actor outlives an error with no caller
+            to go to (see ``zmesh.Actor``).
     """
+
+    survive_errors: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

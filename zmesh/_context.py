@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from zmesh._actor import _ACTOR_NAME, _CURRENT, current_rank, own_proc
 from zmesh._shared.points import Point
@@ -39,6 +39,20 @@ class Instance:
     def proc(self) -> ProcMesh:
         """The proc this actor runs in, as a one-proc ``ProcMesh`` (``this_proc()``)."""
         return this_proc()
+
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this actor now, as Monarch's ``Instance.abort``: it dies (its
+        proc goes on), its calls raise ``SupervisionError`` and its spawner is
+        told, with ``reason`` ("no reason provided" without one).
+
+        It raises a ``BaseException`` (``ActorAborted``) out of the endpoint, so
+        code between here and the endpoint's return must let it through.
+        """
+        raise ActorAborted(reason or "no reason provided")
+
+
+class ActorAborted(BaseException):
+    """``Instance.abort()`` was called: the actor dies of it (zmesh._host.actordeath)."""
 
 
 @dataclass(frozen=True)

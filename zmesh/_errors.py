@@ -9,10 +9,10 @@ Hierarchy::
     ├── ActorError            an endpoint raised; the actor is still alive
     ├── SpawnError            a proc or an actor could not be started
     │   └── DetachError           detached=True where nothing can outlive the script
-    ├── SupervisionError      the rank broke: crash, kill, hang, agent lost
+    ├── SupervisionError      the rank broke: crash, kill, hang, agent lost; the actor died
     │   ├── ConnectionLostError   the connection to the proc dropped with the call on it
-    │   └── StreamInterruptedError  a service's stream broke after its first item
-    ├── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
+    │   ├── StreamInterruptedError  a service's stream broke after its first item
+    │   └── ActorStoppedError     the rank was stopped on purpose (mesh.stop())
     ├── CallTimeoutError      the caller's deadline passed (also a TimeoutError)
     ├── EndpointError         unknown endpoint or arguments that do not fit it
     │   └── ResponsePortError     an explicit response port misused (also a ValueError)
@@ -28,9 +28,9 @@ Hierarchy::
         ├── ServiceOverloadedError   every replica's queue is full (an OverloadedError too)
         └── SessionLostError         a strict session's replica (and its state) is gone
 
-``SupervisionError`` ("it broke") and ``ActorStoppedError`` ("you stopped it")
-are deliberately distinct, as trio tells ``BrokenResourceError`` from
-``ClosedResourceError``.
+``ActorStoppedError`` ("you stopped it") is a ``SupervisionError`` ("it
+broke"), as in Monarch, and still its own class, as trio tells
+``ClosedResourceError`` from ``BrokenResourceError``: catch it first.
 """
 
 from __future__ import annotations
@@ -169,8 +169,11 @@ class DetachError(SpawnError):
     """
 
 
-class SupervisionError(ZmeshError):
-    """The rank a call went to broke: it crashed, was killed, hung, or its host was lost.
+class SupervisionError(ZmeshError, RuntimeError):
+    """The rank a call went to broke: it crashed, was killed, hung, or its host was lost;
+    or the actor died (an exception with no caller to go to, as in Monarch).
+
+    A ``RuntimeError`` too, as Monarch's is.
 
     Attributes:
         reason: the supervision reason, e.g. ``"killed by SIGKILL"``.
@@ -217,8 +220,13 @@ class StreamInterruptedError(SupervisionError):
         self.items = items
 
 
-class ActorStoppedError(ZmeshError):
-    """The rank was stopped on purpose (``mesh.stop()`` or shutdown)."""
+class ActorStoppedError(SupervisionError):
+    """The rank was stopped on purpose (``mesh.stop()`` or shutdown).
+
+    A ``SupervisionError`` too, as Monarch's is: ``except SupervisionError``
+    catches every call that cannot be answered; catch this one first to tell
+    "you stopped it" from "it broke".
+    """
 
 
 class CallTimeoutError(ZmeshError, TimeoutError):

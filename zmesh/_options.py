@@ -221,6 +221,14 @@ class Actor(ActorBase):
     Optional hooks: ``__supervise__(self, failure)`` (sync or async) gets each
     failure of a mesh this actor spawned (a truthy return handles it), and
     ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops.
+
+    Attributes:
+        survive_errors: ``False`` (the default), as in Monarch: an exception
+            with no caller to go to (a ``broadcast``, an explicit response
+            port's endpoint) or any ``BaseException`` kills the actor alone;
+            its calls then raise ``SupervisionError`` and its spawner is told.
+            ``True``: zmesh's older rule, the actor never dies of an error (a
+            broadcast's is logged, a ``BaseException`` fails its call alone).
     """
 
     @classmethod

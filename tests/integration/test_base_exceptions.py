@@ -1,4 +1,6 @@
-"""Endpoints that raise a ``BaseException`` that is not an ``Exception``.
+"""Endpoints that raise a ``BaseException`` that is not an ``Exception``, in an
+actor that keeps zmesh's older rule (``survive_errors = True``; by default,
+as in Monarch, such an exception kills the actor: tests/integration/test_actor_death.py).
 
 ``KeyboardInterrupt``, ``GeneratorExit``, a user's own ``BaseException``
 subclass, a ``CancelledError`` that is no cancellation of the actor: each
@@ -34,6 +36,8 @@ RAISED: dict[str, BaseException] = {
 
 
 class Raiser(zmesh.Actor):
+    survive_errors = True
+
     def __init__(self) -> None:
         self.calls = 0
 

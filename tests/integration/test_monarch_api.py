@@ -288,3 +288,95 @@ def test_cleanup_runs_when_the_owner_exits(tmp_path: Path, marks: Path) -> None:
     assert res.returncode == 0, res.stderr
     wait_for(lambda: marks.read_text().count("owner gone") == 2, 10, "cleanups after owner exit")
     wait_for(lambda: session_pids() <= before, 10, "the owner's agent and procs to go")
+
+
+class Store(zmesh.Actor):
+    @zmesh.endpoint  # Monarch allows the name; to a checker it overrides the handle's .get
+    def get(self, key: str) -> str:  # type: ignore[override]
+        return key.upper()
+
+
+def test_an_endpoint_named_get_is_called_as_in_monarch() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    store = procs.spawn("store", Store)
+    store.initialized.get(timeout=60)
+    assert store.get.call_one("k").get(timeout=30) == "K"
+    procs.stop().get(timeout=10)
+
+
+def test_a_spawn_on_a_stopped_proc_mesh_says_so_as_monarch_does() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    procs.spawn("store", Store).initialized.get(timeout=60)
+    procs.stop().get(timeout=10)
+    late = procs.spawn("late", Store)
+    with pytest.raises(zmesh.ActorStoppedError, match="`ProcMesh` has already been stopped"):
+        late.initialized.get(timeout=30)
+    assert issubclass(zmesh.ActorStoppedError, zmesh.SupervisionError)
+    assert issubclass(zmesh.SupervisionError, RuntimeError)  # Monarch's callers catch these
+
+
+class Maker(zmesh.Actor):
+    @zmesh.endpoint
+    def make(self) -> Any:
+        # Returned while it still spawns: the reply waits for it, as in Monarch.
+        return zmesh.this_host().spawn_procs(per_host={"gpus": 1}).spawn("made", Store)
+
+
+def test_an_endpoint_returns_a_mesh_that_is_still_spawning() -> None:
+    maker = Maker.options().as_actor()
+    made = maker.make.call_one().get(timeout=60)
+    assert made.get.call_one("x").get(timeout=30) == "X"
+    maker.stop().get(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_stream_in_a_loop_is_monarchs_iterator_of_awaitables() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    store = procs.spawn("store", Store)  # still spawning: the stream waits in its gate
+    # (typed as values: a checker cannot tell a loop from plain code)
+    early: Any = store.get.stream("a")
+    assert sorted([await x for x in early]) == ["A", "A"]
+    await store.initialized
+    later: Any = store.get.stream("b")
+    assert sorted([await x for x in later]) == ["B", "B"]
+    assert sorted([v async for v in store.get.stream("c")]) == ["C", "C"]  # zmesh's form too
+    await procs.stop()
+
+
+class Tally(zmesh.Actor):
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    @zmesh.endpoint
+    def incr(self) -> None:
+        self.n += 1
+
+    @zmesh.endpoint
+    def value(self) -> int:
+        return self.n
+
+
+def test_an_accumulator_on_a_mesh_still_spawning_reads_its_actors_when_up() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    tally = procs.spawn("tally", Tally, 1)
+    tally.incr.broadcast()
+    acc = zmesh.Accumulator(tally.value, 0, lambda a, b: a + b)
+    assert acc.accumulate().get(timeout=60) == 4  # it returned its identity, 0
+    procs.stop().get(timeout=10)
+
+
+class BrokenOnArrival:
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("__setstate__ error: cannot be rebuilt")
+
+
+def test_arguments_that_fail_to_unpickle_in_the_actor_are_an_actor_error() -> None:
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    store = procs.spawn("store", Store)
+    with pytest.raises(zmesh.ActorError, match="__setstate__ error") as info:
+        store.get.call_one(BrokenOnArrival()).get(timeout=60)  # type: ignore[arg-type]
+    assert info.value.remote_type == "RuntimeError"
+    procs.stop().get(timeout=10)

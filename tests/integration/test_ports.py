@@ -128,8 +128,12 @@ async def test_open_ranked_gives_the_senders_rank(relays: Any) -> None:
 async def test_explicit_response_port_endpoints_answer_through_their_port(relays: Any) -> None:
     assert await relays.slice(procs=2).later.call_one(5) == 7
     assert (await relays.later.call(5)).values() == [5, 6, 7]
-    with pytest.raises(zmesh.ActorError, match="no answer"):
+    # Raising, it has no port left to answer with: the actor dies, as in Monarch.
+    with pytest.raises(zmesh.SupervisionError, match="RuntimeError: no answer"):
         await relays.slice(procs=0).refuse.call_one()
+    with pytest.raises(zmesh.SupervisionError, match=r"Endpoint call relay\.double\(\) failed"):
+        await relays.slice(procs=0).double.call_one(1)
+    assert await relays.slice(procs=1).double.call_one(1) == 2
 
 
 def test_a_receiver_in_sync_code() -> None:

@@ -12,7 +12,7 @@ from zmesh._client.future import Future
 from zmesh._wire import excpickle
 
 
-@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints", "get"])
+@pytest.mark.parametrize("name", ["state", "stop", "slice", "sizes", "endpoints"])
 def test_an_endpoint_named_like_a_handle_attribute_is_refused_at_class_definition(
     name: str,
 ) -> None:
@@ -27,6 +27,15 @@ def test_other_endpoint_names_are_fine() -> None:
             return 1
 
     assert Fine.options().name == "fine"
+
+
+def test_an_endpoint_may_be_named_get_as_in_monarch() -> None:
+    class Store(zmesh.Actor):
+        @zmesh.endpoint  # (to a checker it overrides the handle's .get: docs/monarch.md)
+        def get(self, key: str) -> str:  # type: ignore[override]
+            return key
+
+    assert isinstance(vars(Store)["get"], zmesh.Endpoint)  # defined, not refused
 
 
 def test_options_say_what_is_wrong_in_their_own_terms() -> None:

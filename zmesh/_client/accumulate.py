@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from zmesh._client import pending as _pending
 from zmesh._client import tree as _tree
 from zmesh._client.adverbs import EndpointRef
 from zmesh._client.future import Future
@@ -73,6 +74,11 @@ class Accumulator(Generic[P, R, A]):
     def accumulate(self, *args: P.args, **kwargs: P.kwargs) -> Future[A]:
         """Call every actor with these arguments; a future of the folded value."""
         ep = self._endpoint
+        if ep._mesh._gate is not None and not _pending.draining():
+            # Still spawning: its actors are not known yet. The call waits in the
+            # mesh's gate, as a call_one would, and then reads them.
+            redo = lambda: self.accumulate(*args, **kwargs)  # noqa: E731
+            return _pending.defer(ep._mesh, redo, "future", (ep._mesh.proc_mesh, ep._name))
         refs = ep._mesh._refs
         payload, buffers = ep._pack(args, kwargs)
         msg = ep._call_msg(payload)

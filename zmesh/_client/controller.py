@@ -60,6 +60,9 @@ TOMBSTONES = 1024
 # no listener or ``__supervise__`` handled fails the proc, so its owner sees it.
 ESCALATE_UNHANDLED = False
 
+# What a call to a stopped proc says (Monarch's words after zmesh's).
+STOPPED = "rank was stopped: actor mesh is stopped due to proc mesh shutdown"
+
 
 @dataclass(frozen=True)
 class SupervisionEvent:
@@ -94,9 +97,7 @@ class SupervisionEvent:
     def error(self) -> ZmeshError:
         """The exception calls to this rank fail with."""
         if self.status in (Status.STOPPED, Status.STOPPING):
-            return ActorStoppedError(
-                "rank was stopped", mesh=self.mesh, rank=self.rank, host=self.host
-            )
+            return ActorStoppedError(STOPPED, mesh=self.mesh, rank=self.rank, host=self.host)
         return SupervisionError(
             f"rank is {self.status.value}: {self.reason}",
             reason=self.reason, mesh=self.mesh, rank=self.rank,
@@ -408,7 +409,7 @@ class Controller:
             return SupervisionError(
                 f"rank is {st.status.value}: {st.reason}", reason=st.reason, **ctx
             )
-        return ActorStoppedError("rank was stopped", **ctx)
+        return ActorStoppedError(STOPPED, **ctx)
 
     def live_at(self, ref: ProcRef) -> bool:
         """Whether this runtime knows ``ref``'s rank as healthy at ``ref.addr``."""

@@ -45,12 +45,29 @@ class MeshFailure(SupervisionEvent):
 
     @property
     def mesh_name(self) -> str:
-        """The name of the proc mesh that failed."""
+        """The name of the mesh that failed: the actor mesh when an actor died,
+        the proc mesh when a proc did."""
         return self.mesh
+
+    @property
+    def crashed_ranks(self) -> list[int]:
+        """The ranks that failed, as Monarch lists them (one per ``MeshFailure`` here)."""
+        return [self.rank]
+
+    @property
+    def event(self) -> str:
+        """What happened, with zmesh's context (host, status, log path)."""
+        return SupervisionEvent.__str__(self)
 
     def report(self) -> str:
         """A one-line account of the failure."""
         return str(self)
+
+    def __str__(self) -> str:
+        return (
+            f"MeshFailure(mesh_name={self.mesh}, crashed_ranks={self.crashed_ranks}, "
+            f"event={self.event})"
+        )
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
@@ -102,6 +119,37 @@ def client_handler(ctl: Any) -> Callable[[SupervisionEvent], bool]:
 
 _tasks: set[asyncio.Task[Any]] = set()  # async __supervise__ calls under way
 
+# Set in a proc (zmesh._host.proc): kill its actor that is ``owner``, failed
+# with ``why``; whether there was one. A failure its owner did not handle
+# then fails that actor alone, not its proc, as in Monarch.
+kill_owner: Callable[[Any, str], bool] | None = None
+
+
+def owner_handles(owner: Any, event: SupervisionEvent) -> bool:
+    """Give ``event`` to ``owner.__supervise__``; unhandled (a falsy return, an
+    exception), ``owner`` fails too. Always handled here, in one way or the other."""
+    try:
+        handled = supervise(owner, event)
+    except Exception as exc:
+        log.error("__supervise__ raised for %s", event, exc_info=exc)
+        handled = False
+    if not handled:
+        escalate(owner, event)
+    return True
+
+
+def escalate(owner: Any, event: SupervisionEvent) -> None:
+    """``owner`` did not handle ``event``: it fails too, and its own owner is told."""
+    why = event.reason
+    if not why.startswith("The actor "):  # a proc's failure, not an actor's
+        why = f"the process of mesh {event.mesh} rank {event.rank} failed: {why}"
+    if kill_owner is not None and kill_owner(owner, why):
+        return
+    if _controller.ESCALATE_UNHANDLED:
+        log.error("unhandled supervision event: %s; failing this proc so its owner is told", event)
+        os._exit(1)
+    _run_hook(event)
+
 
 def supervise(actor: Any, event: SupervisionEvent) -> bool:
     """Give ``event`` to ``actor.__supervise__``; whether it was handled.
@@ -123,16 +171,13 @@ def supervise(actor: Any, event: SupervisionEvent) -> bool:
         _tasks.discard(t)
         ok = not t.cancelled() and t.exception() is None and bool(t.result())
         if not ok:
-            _unhandled_later(event, t)
+            _unhandled_later(actor, event, t)
 
     task.add_done_callback(done)
     return True
 
 
-def _unhandled_later(event: SupervisionEvent, task: asyncio.Task[Any]) -> None:
+def _unhandled_later(actor: Any, event: SupervisionEvent, task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("__supervise__ raised for %s", event, exc_info=task.exception())
-    if _controller.ESCALATE_UNHANDLED:
-        log.error("unhandled supervision event: %s; failing this proc so its owner is told", event)
-        os._exit(1)
-    _run_hook(event)
+    escalate(actor, event)

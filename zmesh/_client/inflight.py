@@ -26,6 +26,7 @@ from zmesh._errors import (
     ResponsePortError,
     SecurityError,
     SpawnError,
+    SupervisionError,
     ZmeshError,
 )
 from zmesh._wire import messages as w
@@ -162,6 +163,8 @@ def failure_error(msg: w.Failure, ref: ProcRef) -> ZmeshError:
         return CallTimeoutError(f"{msg.endpoint!r}: {msg.message}", **ctx)
     if msg.kind == "denied":  # a spawn or stop in a proc of a mesh we do not own
         return SecurityError(msg.message, **ctx)
+    if msg.kind == "failed":  # the actor died (zmesh._host.actordeath)
+        return SupervisionError(msg.message, reason=msg.type, **ctx)
     return ActorStoppedError(msg.message, **ctx)
 
 

@@ -63,6 +63,7 @@ class _MeshBase:
     _ready_loop: asyncio.AbstractEventLoop | None = None  # the loop the spawn runs on
     _spawning: Future[None] | None = None  # the spawn's work, while it runs
     _given_up = False  # stop() gave the spawn up
+    _stopped = False  # stop() was called on this handle (a ProcMesh's)
 
     def stop(self) -> Future[None]:
         """Stop this mesh (see ``ProcMesh.stop``, ``ActorMesh.stop``)."""
@@ -258,7 +259,11 @@ class ProcMesh(_MeshBase):
         return self._wait_ready(timeout)
 
     def stop(self) -> Future[None]:
-        """Stop every proc; later calls to their actors raise ``ActorStoppedError``."""
+        """Stop every proc; later calls to their actors raise ``ActorStoppedError``,
+        and so does a spawn on this handle (Monarch's "`ProcMesh` has already been
+        stopped")."""
+        if all(r.agent for r in self._refs):  # (a client's this_proc() is never stopped)
+            self._stopped = True
         return submit(lambda rt: stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:
@@ -313,7 +318,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             raise AttributeError(name)
         if name == "get" and name not in self.endpoints:
             # ``Cls.options().as_actor().get(timeout)``: wait, then the mesh
-            # (an endpoint may not be named ``get``: zmesh._actor refuses it).
+            # (unless an endpoint is named ``get``, as Monarch allows: it wins).
             return self._wait_ready
         if name not in self.endpoints:
             known = ", ".join(sorted(self.endpoints)) or "none"

@@ -248,7 +248,7 @@ def defer(mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None
     if kind == "broadcast":
         return None
     if kind == "stream":
-        return LateStream(sink)
+        return LateStream(sink, len(mesh))
     if home:
         return Future(afut=sink, about=about)
     return Future(cfut=sink, about=about)
@@ -257,8 +257,9 @@ def defer(mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None
 class LateStream:
     """A stream whose request waits in a gate: iterating it waits for the real one."""
 
-    def __init__(self, sink: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+    def __init__(self, sink: asyncio.Future[Any] | concurrent.futures.Future[Any], n: int) -> None:
         self._sink = sink
+        self._n = n  # how many replies come
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         sink = self._sink
@@ -268,6 +269,11 @@ class LateStream:
 
     def __iter__(self) -> Iterator[Any]:
         sink = self._sink
-        if isinstance(sink, asyncio.Future):
-            raise RuntimeError("a stream made inside an event loop is iterated with 'async for'")
-        yield from sink.result()
+        if isinstance(sink, asyncio.Future):  # in a loop: awaitables, as Stream's (replies.py)
+            return (self._nth(i) for i in range(self._n))
+        return iter(sink.result())
+
+    async def _nth(self, i: int) -> Any:
+        sink = self._sink
+        inner = await (sink if isinstance(sink, asyncio.Future) else asyncio.wrap_future(sink))
+        return await inner._nth(i)

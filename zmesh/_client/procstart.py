@@ -70,7 +70,8 @@ async def _start_procs(
     ctl = rt.controller
     owner_actor = _owner_actor()
     if owner_actor is not None:
-        ctl.handlers[name] = lambda ev: _faults.supervise(owner_actor, ev)
+        # Unhandled, the owner actor fails (not its whole proc), as in Monarch.
+        ctl.handlers[name] = functools.partial(_faults.owner_handles, owner_actor)
     elif not _controller.ESCALATE_UNHANDLED:  # the client owns it: zmesh.unhandled_fault_hook
         ctl.handlers[name] = _faults.client_handler(ctl)
     conns = []

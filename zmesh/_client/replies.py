@@ -77,7 +77,25 @@ class Stream(Generic[R]):
 
     def __iter__(self) -> Iterator[R]:
         if self._sq is None:
-            raise RuntimeError("a stream made inside an event loop is iterated with 'async for'")
+            # Made inside an event loop, iterated with a plain ``for``: as in Monarch,
+            # each item is something to await for the next reply, in arrival order.
+            if asyncio.get_running_loop() is not self._loop:  # (raises outside a loop)
+                raise RuntimeError("iterate a stream in the event loop that made it")
+            return (self._nth(i) for i in range(self._n))  # type: ignore[misc]
+        return self._values()
+
+    async def _nth(self, i: int) -> R:
+        """Reply ``i`` of a stream made in a loop, in arrival order."""
+        assert self._aq is not None
+        while i >= len(self._seen):
+            _, ok, value = await self._aq.get()
+            self._seen.append((ok, value))
+        ok, value = self._seen[i]
+        if not ok:
+            raise value
+        return value
+
+    def _values(self) -> Iterator[R]:
         i = 0
         while i < self._n:
             ok, value = self._pull(i)

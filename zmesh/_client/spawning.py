@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zmesh._actor import ActorBase, EndpointInfo, endpoints_of
+from zmesh._client import actorwatch as _actorwatch
 from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import lookup as _lookup
@@ -96,13 +97,20 @@ def start_actors(
     per_proc = check_per_proc(per_proc)
     shape = _grouping.actors_shape(procs._shape, per_proc)
     mesh = _pending_actor_mesh(procs.proc_mesh, shape, name, cls)
+    on_death = _actorwatch.handler()  # (the spawning actor is known here, not in work)
 
     async def work(rt: Runtime) -> None:
+        if procs._stopped:
+            raise ActorStoppedError("`ProcMesh` has already been stopped", mesh=procs.proc_mesh)
         await _until_ready(procs)
         args_now = await _ready_arguments(args, kwargs)
-        up = await _spawn_actors(rt, procs, name, cls, *args_now, per_proc=per_proc)
+        up = await _spawn_actors(
+            rt, procs, name, cls, *args_now, per_proc=per_proc,
+            failed=lambda errors: _actorwatch.init_failed(name, cls, errors, on_death),
+        )  # fmt: skip
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
+        _actorwatch.watch(rt, up, on_death)
 
     _launch(mesh, work)
     return mesh
@@ -119,6 +127,7 @@ def spawn_actor_mesh(
     shape = Shape({"hosts": opts.hosts, "procs": opts.procs}, list(range(opts.hosts * opts.procs)))
     mesh = _pending_actor_mesh(name, _grouping.actors_shape(shape, per_proc), base, opts.cls)
     mesh._owns_procs = True
+    on_death = _actorwatch.handler()
     if opts.detached:  # DetachError now if no agent can outlive this script
         _lookup.external_agents(f"mesh {base!r}")
 
@@ -133,6 +142,7 @@ def spawn_actor_mesh(
             mesh._detached = base  # its stop() and a copy's, in an actor: by name
         assert mesh._gate is not None
         mesh._gate.fill(up._refs)
+        _actorwatch.watch(rt, up, on_death)
 
     _launch(mesh, work)
     return mesh
@@ -264,6 +274,7 @@ async def _spawn_actors(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     per_proc: int = 1,
+    failed: Callable[[list[BaseException]], None] | None = None,
 ) -> ActorMesh[A]:
     if not (isinstance(cls, type) and issubclass(cls, ActorBase)):
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
@@ -308,6 +319,8 @@ async def _spawn_actors(
             INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
         )
     await fut
+    if errors and failed is not None:
+        failed(errors)  # (their owner hears of each, as Monarch's does)
     if errors:
         err = min(errors, key=lambda e: getattr(e, "rank", None) or 0)  # the first rank's
         if isinstance(err, SecurityError):  # not our procs: refused, nothing started

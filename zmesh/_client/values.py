@@ -83,6 +83,32 @@ class ValueMesh(Generic[T]):
         """The same values on one dim ``name``."""
         return ValueMesh({name: len(self._values)}, self._points, self._values)
 
+    def slice(self, **sel: int | slice) -> ValueMesh[T]:
+        """Some of the values, as ``mesh.slice`` picks actors: an int drops its
+        dim, a ``slice`` keeps it (``vm.slice(gpus=0).item()``, as in Monarch).
+
+        Raises:
+            KeyError: an unknown dim.
+            IndexError: an index out of range.
+        """
+        unknown = set(sel) - set(self.dims)
+        if unknown:
+            raise KeyError(f"slice(): unknown dims {sorted(unknown)}; dims are {list(self.dims)}")
+        picks: dict[str, list[int]] = {}
+        for name, size in self.dims.items():
+            want = sel.get(name, slice(None))
+            if isinstance(want, slice):
+                picks[name] = list(range(size))[want]
+            elif -size <= want < size:
+                picks[name] = [want % size]
+            else:
+                raise IndexError(f"{name}={want} is out of range for size {size}")
+        dims = {n: len(picks[n]) for n in self.dims if not isinstance(sel.get(n), int)}
+        ranks = [0]
+        for name, size in self.dims.items():
+            ranks = [r * size + c for r in ranks for c in picks[name]]
+        return ValueMesh(dims, [self._points[r] for r in ranks], [self._values[r] for r in ranks])
+
     def points(self) -> list[Point]:
         """Each value's point in the full mesh that was spawned, in rank order."""
         return list(self._points)

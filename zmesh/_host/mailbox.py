@@ -18,6 +18,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import Endpoint, Point, set_actor_name, set_current
+from zmesh._host import actordeath as _actordeath
 from zmesh._host import bounds as _bounds
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host.actorthread import ActorThread
@@ -95,6 +96,10 @@ class Mailbox:
         # unless close() answered it already (``told``: (ident, request id)).
         self.stopped = False
         self.told: set[tuple[bytes, int]] = set()
+        # Set when the actor died (zmesh._host.actordeath): the failure every
+        # call of it gets from then on; and who asked to hear of that death.
+        self.dead = ""
+        self.watchers: list[tuple[bytes, int]] = []
         # The ``__health__`` check running now, and the one waiting for it (at
         # most one of each: see ``_check``).
         self.checking: asyncio.Task[None] | None = None
@@ -106,6 +111,9 @@ class Mailbox:
         self.driving: Any = None
 
     def put(self, ident: bytes, call: w.Call, frames: list[Any]) -> None:
+        if self.dead:
+            _actordeath.dead_reply(self.server, ident, call, self)
+            return
         if self.batchers and call.method in self.batchers:
             self.batchers[call.method].add(ident, call, frames)
             return
@@ -313,6 +321,9 @@ class Mailbox:
                 finally:
                     self.waiter = None
                 continue
+            if self.dead:  # (kill() failed what was queued; nothing more runs)
+                self.queue.clear()
+                continue
             ident, call, frames = self.queue.popleft()
             self.server.started(self.sizes.popleft())
             ep = self.endpoints.get(call.method)
@@ -358,6 +369,7 @@ class Mailbox:
             # message, to throw its cancellation in (which answers "stopped").
             self.handoff, self.driving, self.thread.done = (self.driving[0], None, None), None, None
         self.thread.close()
+        _actordeath.stopped(self.server, self)
         self.task.cancel()
         if self.part is not None:  # its thread runs on; its answer comes too late to count
             gather, index, method = self.part

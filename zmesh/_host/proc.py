@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import threading
@@ -28,8 +29,11 @@ from typing import Any
 import zmq
 
 from zmesh._actor import set_call, set_current, set_own_proc
+from zmesh._client import faults as _faults
 from zmesh._client import local as _local
 from zmesh._client import runtime as _runtime
+from zmesh._client.pending import NotReady
+from zmesh._host import actordeath as _actordeath
 from zmesh._host import actors as _actors
 from zmesh._host import bounds as _bounds
 from zmesh._host import cancelling as _cancelling
@@ -117,6 +121,8 @@ class ProcServer:
         loop = asyncio.get_running_loop()
         # Handles passed to our actors call out through this loop.
         _runtime.set_home_loop(loop)
+        # A failure an actor of ours does not handle kills that actor alone.
+        _faults.kill_owner = functools.partial(_actordeath.kill_owner, self)
         _loopwatch.start(loop)  # warns when an async endpoint blocks the loop
         ctx: zmq.Context[Any] = zmq.Context.instance()
         # Where our agent tells us: an ipc:// path in its private directory,
@@ -230,7 +236,9 @@ class ProcServer:
             elif msg.sent:
                 _deadlines.transit(msg.clock, msg.sent)  # (it keeps the sender's clock offset)
             box = self.actors.get(msg.actor)
-            if box is None:
+            if msg.method == _actordeath.WATCH:  # its spawner asks to hear of its death
+                _actordeath.watch(self, ident, msg, box)
+            elif box is None:
                 self.fail(ident, msg, "stopped", "ActorStopped", f"no actor {msg.actor!r} here")
             else:
                 box.put(ident, msg, frames)
@@ -315,7 +323,9 @@ class ProcServer:
             args, kwargs = self.codec.unpack(call.payload, frames)
         except Exception as exc:
             counters.end(counters.begin(), 1)
-            self.fail(ident, call, "endpoint", type(exc).__name__, f"undecodable arguments: {exc}")
+            # The receiving side's code raised (a __setstate__, an import): the
+            # caller's ActorError, with its traceback, as in Monarch.
+            self._send_failure(ident, call.id, "actor", exc, call.method)
             return
         fn = ep.fn
         set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
@@ -373,15 +383,21 @@ class ProcServer:
                 raise
             if guard is not None:
                 guard.disarm(exc)  # the error answers the call
-            # Whatever the endpoint raised, an Exception or not (KeyboardInterrupt,
-            # GeneratorExit, a user's BaseException), fails this call alone.
             counters.end(t0, 1)
-            if not call.oneway:
-                self._send_failure(ident, call.id, "actor", exc, call.method)
-            else:
-                log.error("oneway call %s raised", call.method, exc_info=exc)
             if isinstance(exc, SystemExit):
+                if not call.oneway:
+                    self._send_failure(ident, call.id, "actor", exc, call.method)
                 self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
+            elif _actordeath.kills(box, exc, call, ep.info.port):
+                # Nowhere for it to go (a broadcast, an explicit port), or not an
+                # Exception: the actor dies, as in Monarch (zmesh._host.actordeath).
+                log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
+                _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
+                _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
+            elif not call.oneway:  # an Exception with a caller: its ActorError
+                self._send_failure(ident, call.id, "actor", exc, call.method)
+            else:  # (survive_errors)
+                log.error("oneway call %s raised", call.method, exc_info=exc)
             return
         box.active.pop(key, None)
         counters.end(t0, 0)
@@ -398,7 +414,10 @@ class ProcServer:
                 self.fail(ident, call, "port", *wrong)
                 return
         try:
-            payload, buffers = Codec.pack_value(result)
+            try:
+                payload, buffers = Codec.pack_value(result)
+            except NotReady as wait:  # it returns a mesh still spawning: it goes once up
+                payload, buffers = await _once_spawned(result, wait)
             frames_out = self.codec.encode(w.Reply(call.id, payload), buffers)
         except Exception as exc:
             counters.errors += 1
@@ -467,6 +486,17 @@ class ProcServer:
         mod = type(exc).__module__
         name = qual if mod == "builtins" else f"{mod}.{qual}"
         return w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
+
+
+async def _once_spawned(result: Any, wait: NotReady) -> tuple[w.Payload, list[Any]]:
+    """Pack ``result`` once every mesh in it is up (Monarch returns such meshes);
+    a spawn that failed makes the pack raise its error."""
+    while True:
+        await asyncio.wait([asyncio.wrap_future(wait.ready)])
+        try:
+            return Codec.pack_value(result)
+        except NotReady as again:
+            wait = again
 
 
 def main() -> None:

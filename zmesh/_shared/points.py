@@ -126,6 +126,13 @@ class Point(Mapping[str, int]):
         inner = ", ".join(f"{k}={v}" for k, v in self.coords.items())
         return f"Point(rank={self.rank}, {inner})"
 
+    def label(self) -> str:
+        """The point as Monarch prints it (``str(point)``): ``{'hosts': 0/1, 'gpus': 1/2}``."""
+        inner = ", ".join(f"{k!r}: {v}/{self.dims[k]}" for k, v in self.coords.items())
+        return "{" + inner + "}"
+
+    __str__ = label
+
 
 def check_per_proc(per_proc: Any) -> int:
     """``actors_per_proc``, checked.
