@@ -4,21 +4,31 @@ Every process a test starts carries ``ZMESH_TEST_SESSION`` in its
 environment (agents pass it on to procs), so at the end of the session we
 can find, by pid, any zmesh process that outlived its test, end it, and fail
 the run.
+
+Under pytest-xdist (``-n``, on by default in the pytest config) each worker
+is a session of its own: its own tag, its own runtime and log directories
+(so one worker's ``zmesh ps`` or log reader never sees another's agents),
+and its own end-of-session check, whose findings the controller prints and
+turns into a failed run.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 import zmesh
+from zmesh._shared import paths
 from zmesh.testing import AgentProcess, local_cluster
 
 from _helpers import live_processes
@@ -26,10 +36,75 @@ from _helpers import live_processes
 SESSION_TAG = uuid.uuid4().hex
 os.environ["ZMESH_TEST_SESSION"] = SESSION_TAG
 
+# An xdist worker ("gw0", "gw1", ...) runs its tests beside the others: the
+# registry of local agents (the runtime directory) and the log root are
+# per-user, so each worker gets directories of its own, next to the ones it
+# would have used.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER:
+    os.environ["ZMESH_RUNTIME_DIR"] = f"{paths.runtime_dir()}-{WORKER}"
+    os.environ["ZMESH_LOG_DIR"] = f"{paths.log_root()}-{WORKER}"
+
 
 def tagged_pids() -> list[int]:
     """Live processes (other than us) started by this test session."""
     return [p.pid for p in live_processes(f"ZMESH_TEST_SESSION={SESSION_TAG}")]
+
+
+class _Scheduling(LoadScopeScheduling):
+    """xdist's load scheduling, with the tests that must share a worker kept together.
+
+    Its groups ("scopes"), each run by one worker:
+
+    * the netns tests (tests/multihost): they make links and routes in the
+      root namespace (two subnets could meet), and three agents each are
+      load enough for the machine;
+    * a module with a shared (module- or class-scoped) fixture, such as one
+      mesh of 16 agents: made once, not once on every worker, and its tests
+      do not compete with each other for the cores. (tests/test_docs.py and
+      tests/test_examples.py share only two agents, and run long: spread.)
+    * every other test alone.
+
+    (``xdist_group`` marks cannot say this: xdist 3.8 writes the group into
+    a node id that pytest 9.2 no longer reads back.)
+    """
+
+    SPREAD = frozenset({"tests/test_docs.py", "tests/test_examples.py"})
+    SHARED_FIXTURE = re.compile(r"""scope=["'](module|class)["']|\bmodule_mesh\(""")
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.root = config.rootpath
+        self.shares: dict[str, bool] = {}
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::")[0]
+        if path.startswith("tests/multihost/"):
+            return "netns"
+        if path not in self.shares:
+            try:
+                text = (self.root / path).read_text()
+            except OSError:
+                text = ""
+            self.shares[path] = path not in self.SPREAD and bool(self.SHARED_FIXTURE.search(text))
+        return path if self.shares[path] else nodeid
+
+
+class _XdistController:
+    """Plugged into xdist's controller: the scheduling above, and the
+    end-of-session findings of each worker."""
+
+    def __init__(self) -> None:
+        self.leftovers: list[str] = []
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        return _Scheduling(config, log) if config.getvalue("dist") == "load" else None
+
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        self.leftovers.extend(getattr(node, "workeroutput", {}).get("zmesh_leftovers", []))
+
+
+_XDIST = _XdistController()
 
 
 @pytest.fixture
@@ -63,6 +138,8 @@ _stderr_fd: list[int] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     _stderr_fd.append(os.dup(sys.stderr.fileno()))  # as pytest's faulthandler plugin does
+    if hasattr(config.hook, "pytest_testnodedown"):  # xdist is loaded
+        config.pluginmanager.register(_XDIST, "zmesh-xdist")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -74,21 +151,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         faulthandler.cancel_dump_traceback_later()
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _kill_leftovers() -> list[str]:
+    """Kill this session's live processes; one line per process killed."""
     zmesh.shutdown()
     deadline = time.monotonic() + 5.0  # processes being stopped get a moment to exit
     while (leftovers := tagged_pids()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if not leftovers:
-        return
     lines = []
     for pid in leftovers:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            lines.append(f"  {pid}: {cmd}")
+            lines.append(f"  {WORKER or 'pid'} {pid}: {cmd}")
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    return lines
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports and fails the run
+        workeroutput["zmesh_leftovers"] = _kill_leftovers()
+        return
+    # The controller of an xdist run starts no zmesh process, and its workers
+    # carry its tag in their environment (so it must not kill by tag): it
+    # reports what they found. A plain run checks its own.
+    controller = session.config.pluginmanager.has_plugin("dsession")
+    lines = _XDIST.leftovers if controller else _kill_leftovers()
+    if not lines:
+        return
     print("\nzmesh processes outlived their tests (killed now):\n" + "\n".join(lines))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
