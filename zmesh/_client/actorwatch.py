@@ -20,6 +20,7 @@ from typing import Any
 from zmesh._actor import owner_actor
 from zmesh._client import controller as _controller
 from zmesh._client import faults as _faults
+from zmesh._client import tree as _tree
 from zmesh._client.controller import SupervisionEvent
 from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import Runtime
@@ -49,6 +50,11 @@ def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEven
     refs = mesh._refs
     if not refs or refs[0].index >= 0:  # several actors per proc: not watched (yet)
         return
+    if _tree.wide(mesh):
+        # A mesh wide enough for the relay tree is not watched actor by actor
+        # (one open call per actor, sent flat, would undo what the tree saves):
+        # its procs' deaths still reach the owner through their agents.
+        return
     payload, buffers = Codec.pack((), {})
 
     def deliver(i: int, ok: bool, value: Any) -> None:
@@ -69,7 +75,11 @@ def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEven
             log.error("handling the death of %s failed", event, exc_info=exc)
 
     msg = functools.partial(w.Call, actor=mesh.actor, method=WATCH, payload=payload)
-    rt.send(list(refs), msg, buffers, deliver)
+    req_id = rt.send(list(refs), msg, buffers, deliver)
+    for ref in refs:  # answered only at a death: not a call anything waits behind
+        sent = rt.conn(ref).pending.get(req_id)
+        if sent is not None:
+            sent.standing = True  # type: ignore[union-attr]
 
 
 def init_failed(

@@ -69,7 +69,7 @@ class Request:
     value, or not ok with the exception.
     """
 
-    __slots__ = ("conns", "deliver", "id", "open", "queued", "size", "timer")
+    __slots__ = ("conns", "deliver", "id", "open", "queued", "size", "standing", "timer")
 
     def __init__(
         self, req_id: int, conns: list[ProcConn], deliver: Callable[[int, bool, Any], None]
@@ -82,6 +82,9 @@ class Request:
         # Indexes of the conns where it waits to be sent (None: nowhere yet).
         self.queued: set[int] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # Answered only when its actor dies (zmesh._client.actorwatch): no
+        # call waits behind it, so a timeout's hint does not count it.
+        self.standing = False
 
 
 def resolve(fut: Sink, ok: bool, value: Any) -> None:
@@ -204,10 +207,11 @@ def hint(abandoned: dict[int, tuple[str, float]], ahead: int) -> str:
 
 
 def ahead_of(pending: dict[int, Any], req: int) -> int:
-    """How many calls in ``pending`` (in send order) were sent before ``req``, up to 1,000."""
+    """How many calls in ``pending`` (in send order) were sent before ``req``, up to 1,000
+    (a standing watch of its actor's death aside)."""
     n = 0
-    for i in pending:
+    for i, sent in pending.items():
         if i >= req or n >= 1000:
             break
-        n += 1
+        n += not getattr(sent, "standing", False)
     return n

@@ -106,6 +106,10 @@ class ActorThread:
                 call_soon(self._settle, fut, result, error)
             except RuntimeError:  # the loop is closed: the proc is ending
                 return
+            # Hold nothing of the call while waiting for the next one: an
+            # argument kept alive here (a response port the endpoint dropped)
+            # would not be seen as dropped until the actor's next sync call.
+            del item, fut, fn, args, result, error
 
     def _settle(self, fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
         self.busy = False
