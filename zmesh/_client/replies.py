@@ -65,13 +65,10 @@ class Stream(Generic[R]):
         while i < self._n:
             if self._aq is None:  # made in plain code, iterated in a loop
                 ok, value = await loop.run_in_executor(None, self._pull, i)
+                if not ok:
+                    raise value
             else:
-                while i >= len(self._seen):
-                    _, ok, value = await self._aq.get()
-                    self._seen.append((ok, value))
-                ok, value = self._seen[i]
-            if not ok:
-                raise value
+                value = await self._nth(i)
             i += 1
             yield value
 
