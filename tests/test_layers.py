@@ -21,6 +21,7 @@ From the bottom up (docs/architecture.md says what each part is):
 - ``top``, then ``cli``.
 
 Imports inside functions are also few, and each one says why it is late.
+And the rooms stay small: no module over 500 lines, no class over 300.
 """
 
 from __future__ import annotations
@@ -121,3 +122,58 @@ def test_imports_inside_functions_do_not_grow() -> None:
         f"{len(inner)} imports of zmesh code inside functions (at most {MAX_INNER_IMPORTS}): "
         "import at the top of the module, or move the code to the layer it belongs to"
     )
+
+
+# Modules you can hold in your head: no module over 500 lines, no class
+# over 300. Over the limit only what is being split now, by name, with its
+# size then, so the list can only shrink.
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
+OVER_THE_LIMIT = {
+    "zmesh/_host/relay.py": 532,
+    "zmesh/_host/relay.py:RelayServer": 378,
+    "zmesh/_client/lanes.py": 529,
+    "zmesh/_client/controller.py:Controller": 334,
+    "zmesh/_host/agent.py:HostAgent": 303,
+    "zmesh/_host/mailbox.py:Mailbox": 361,
+    "zmesh/_host/proc.py": 514,
+    "zmesh/_host/proc.py:ProcServer": 416,
+    "zmesh/_host/procs.py:ProcTable": 325,
+    "zmesh/_service/dispatch.py:Dispatcher": 369,
+    "zmesh/_service/supervisor.py:Supervisor": 318,
+}
+
+
+def _sizes() -> dict[str, int]:
+    """Lines of every module, and of every class (``path:Class``), in the package."""
+    sizes: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        source = path.read_text(encoding="utf-8")
+        sizes[name] = len(source.splitlines())
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                sizes[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return sizes
+
+
+def test_modules_and_classes_keep_to_their_size() -> None:
+    sizes = _sizes()
+    over = [
+        f"{name}: {lines} lines (at most {limit})"
+        for name, lines in sizes.items()
+        for limit in [MAX_CLASS_LINES if ":" in name else MAX_MODULE_LINES]
+        if lines > max(limit, OVER_THE_LIMIT.get(name, 0))
+    ]
+    assert not over, "split by job into small modules with one job each:\n" + "\n".join(over)
+
+
+def test_the_size_allow_list_only_shrinks() -> None:
+    sizes = _sizes()
+    stale = [
+        f"{name}: {sizes.get(name, 0)} lines now, allowed {allowed}"
+        for name, allowed in OVER_THE_LIMIT.items()
+        for limit in [MAX_CLASS_LINES if ":" in name else MAX_MODULE_LINES]
+        if sizes.get(name, 0) <= limit
+    ]
+    assert not stale, "back within the limit: take it off OVER_THE_LIMIT:\n" + "\n".join(stale)
