@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client.lanes import SyncCall
+from zmesh._client.synccall import SyncCall
 
 from _helpers import wait_for
 

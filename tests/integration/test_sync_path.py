@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client.lanes import SyncCall
+from zmesh._client.synccall import SyncCall
 
 from _actors import Journal, Pid
 from _helpers import (

@@ -41,8 +41,9 @@ from zmesh._wire.zsock import AsyncSocket, configure
 
 if TYPE_CHECKING:
     from zmesh._client.controller import Controller
-    from zmesh._client.lanes import Lane, SyncCall
+    from zmesh._client.lanes import Lane
     from zmesh._client.runtime import ProcRef
+    from zmesh._client.synccall import SyncCall
     from zmesh._client.tree import Tree
 
 

@@ -23,7 +23,7 @@ class Future(Generic[T]):
     synchronous code. The operation is already under way when you hold it.
 
     A call from a thread with no loop on the thread's own lane is a
-    subclass, ``zmesh._client.lanes.SyncCall``, whose ``.get()`` drives the
+    subclass, ``zmesh._client.synccall.SyncCall``, whose ``.get()`` drives the
     lane's socket itself, with no thread in between.
     """
 
