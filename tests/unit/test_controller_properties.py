@@ -257,7 +257,7 @@ OPS = st.one_of(
 @settings(max_examples=200 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, max_size=60), final_order=st.randoms(use_true_random=False))
 def test_controller_view_under_any_interleaving(ops: list[tuple], final_order: Any) -> None:
-    """``Controller.apply``/``judge``/``forget_missing`` with events in any
+    """``Controller.apply``/``judge`` and ``AgentFates.forget_missing`` with events in any
     order (within one agent incarnation), repeated, and snapshots between."""
     loop = asyncio.new_event_loop()
     rt = Runtime(loop)
@@ -285,7 +285,7 @@ def _interleave(ctl: Controller, ops: list[tuple], final_order: Any) -> None:
         for m in reply.meshes:
             for r in m.ranks:
                 ctl.apply(host, m.name, r)
-        ctl.forget_missing(host, known, asked)
+        ctl.fates.forget_missing(host, known, asked)
 
     for op in ops:
         kind = op[0]
@@ -303,7 +303,7 @@ def _interleave(ctl: Controller, ops: list[tuple], final_order: Any) -> None:
             ctl.apply(host, ev.mesh, ev.state)
         elif kind == "snapshot":
             snapshot()
-        elif kind == "lost":  # as Controller._agent_lost judges it
+        elif kind == "lost":  # as AgentFates.agent_lost judges it
             for mesh, rank in list(ctl.hosts):
                 ctl.judge(host, mesh, rank, Status.UNKNOWN, "agent unreachable")
         elif kind == "stop" and op[1] in created:  # as zmesh._client.stopping.stop_procs does
@@ -634,11 +634,11 @@ def test_a_snapshot_from_before_our_create_fails_no_rank_that_another_host_start
         ctl.track("m", host1, [1])
         running = Rank(Status.RUNNING, 1, "", 100, "ipc://x", "", None)
         ctl.apply(host0, "m", rank_state(0, running))
-        ctl.forget_missing(host1, known=set(), asked=set())  # the early snapshot of host1
+        ctl.fates.forget_missing(host1, known=set(), asked=set())  # the early snapshot of host1
         assert ctl.views["m"].ranks[1].status is Status.NOT_EXIST
         # What host1 did know of the mesh and no longer does is still a failure.
         ctl.apply(host1, "m", rank_state(1, replace(running, pid=101)))
-        ctl.forget_missing(host1, known=set(), asked=set())
+        ctl.fates.forget_missing(host1, known=set(), asked=set())
         assert ctl.views["m"].ranks[1].status is Status.FAILED
         assert ctl.views["m"].ranks[0].status is Status.RUNNING
     finally:

@@ -114,7 +114,7 @@ class AgentConn:
             except AgentError:
                 # Gone on its control socket too: the ranks being created there
                 # will not be (a spawn waiting for them fails now).
-                self.ctl.agent_lost(self, new_too=True)
+                self.ctl.fates.agent_lost(self, new_too=True)
                 continue
             if not self.lost:
                 return  # heard again meanwhile
@@ -126,7 +126,7 @@ class AgentConn:
                 return
             # The same agent answers, but its stream is silent: we cannot see
             # its events, so its ranks are Unknown until we can again.
-            self.ctl.agent_lost(self, new_too=True)
+            self.ctl.fates.agent_lost(self, new_too=True)
             await asyncio.sleep(REJOIN_INTERVAL)
 
     @property
@@ -214,7 +214,7 @@ class AgentConn:
         finally:
             self._resyncing = False
         if self.epoch and reply.epoch != self.epoch:
-            self.ctl.agent_restarted(self, reply.epoch)
+            self.ctl.fates.agent_restarted(self, reply.epoch)
         self.epoch = reply.epoch
         self.seq = reply.seq
         known = {m.name for m in reply.meshes}
@@ -222,7 +222,7 @@ class AgentConn:
         for mesh in reply.meshes:
             for r in mesh.ranks:
                 self.ctl.apply(self, mesh.name, r)
-        self.ctl.forget_missing(self, known, asked)
+        self.ctl.fates.forget_missing(self, known, asked)
         events, self.buffered = self.buffered, []
         self.syncing = False
         for i, ev in enumerate(events):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from zmesh._client.agentconn import AgentConn, cancel_task
+from zmesh._client.agentfates import AgentFates
 from zmesh._errors import ActorStoppedError, SupervisionError, ZmeshError
 from zmesh._shared.state import FailureDedup, MeshView, Rank, Status
 from zmesh._wire import messages as w
@@ -142,6 +143,8 @@ class Controller:
         self.tombstones: OrderedDict[str, MeshView] = OrderedDict()
         self.closed = False
         self._watchdog: asyncio.Task[None] | None = None
+        # What a silent, restarted or forgetful agent means for its ranks.
+        self.fates = AgentFates(self)
 
     def agent(self, addr: str) -> AgentConn:
         """The connection to the agent at ``addr``, made on first use."""
@@ -220,57 +223,6 @@ class Controller:
                 log.error("failing this proc so that its owner is told")
                 os._exit(1)
 
-    def forget_missing(self, agent: AgentConn, known: set[str], asked: set[str]) -> None:
-        """Ranks the agent does not know of (it restarted, or our request was lost)
-        are gone; ``asked`` are the meshes whose creation it was asked for first."""
-        for (mesh, rank), a in list(self.hosts.items()):
-            if a is not agent or mesh in known:
-                continue
-            view = self.views.get(mesh)
-            if view is None:
-                continue  # released by an earlier rank of this loop
-            cur = view.ranks.get(rank)
-            if cur is None:
-                continue
-            if cur.generation > 0 or self._begun(mesh, agent):
-                # The agent told us of it (or of another rank of its mesh on
-                # it: it had the mesh) once, and no longer knows it.
-                self.judge(agent, mesh, rank, Status.FAILED, "agent no longer knows it")
-            elif mesh in asked:
-                # (Others not heard of are being created: the request may not be sent yet.)
-                self.judge(agent, mesh, rank, Status.FAILED, "agent lost the request to create it")
-
-    def _begun(self, mesh: str, agent: AgentConn) -> bool:
-        """Whether ``agent`` reported any rank of ``mesh`` (so it had the mesh).
-
-        Only its own ranks count: other agents of a multi-host mesh may have
-        started theirs while this one's snapshot was taken before our
-        request to create its part reached it.
-        """
-        view = self.views.get(mesh)
-        return view is not None and any(
-            r.generation > 0 and self.hosts.get((mesh, rank)) is agent
-            for rank, r in view.ranks.items()
-        )
-
-    def agent_restarted(self, agent: AgentConn, epoch: str) -> None:
-        """``agent`` is a new incarnation: what we knew of the old one is gone.
-
-        Its procs died with it (they exit when their agent does), so every
-        rank we heard of from the old one is Failed, before the new one's
-        state is applied. (Ranks never heard of, generation 0, are left to
-        the snapshot: we may have asked the new incarnation to create them.)
-        """
-        reason = (
-            f"agent restarted: {agent.label} is a new incarnation "
-            f"(epoch {agent.epoch} -> {epoch}); the old one's procs died with it"
-        )
-        log.warning("%s", reason)
-        for (mesh, rank), a in list(self.hosts.items()):
-            cur = self.views[mesh].ranks.get(rank) if mesh in self.views else None
-            if a is agent and cur is not None and cur.generation > 0:
-                self.judge(agent, mesh, rank, Status.FAILED, reason)
-
     async def _watch_agents(self) -> None:
         while not self.closed:
             await asyncio.sleep(WATCH_INTERVAL)
@@ -282,7 +234,7 @@ class Controller:
                     # once, a later handle's too). Its first message, if it ever
                     # answers, makes it reachable again.
                     a.lost = True
-                    self.agent_lost(a)
+                    self.fates.agent_lost(a)
                     continue
                 if not a.lost and a.sub is not None and now - a.last_heard > AGENT_TIMEOUT:
                     # Our own loop may have been the slow one: read what the
@@ -297,36 +249,8 @@ class Controller:
                         # quiet (a dying agent cannot give one): most likely it
                         # restarted, which Describe tells before anything is judged.
                         if a.last_reply < a.last_heard + ANSWERED_SINCE:
-                            self.agent_lost(a)
+                            self.fates.agent_lost(a)
                         a.rejoin()
-
-    def agent_lost(self, agent: AgentConn, *, new_too: bool = False) -> None:
-        """Make ``agent``'s ranks Unknown (once per loss): we cannot hear it.
-
-        Ranks it never told us of (generation 0: being created) only with
-        ``new_too``: a restarted agent may be creating them right now, and
-        ``Describe`` says so before they are given up.
-        """
-        todo = [
-            (mesh, rank)
-            for (mesh, rank), a in self.hosts.items()
-            if a is agent
-            and (mesh, rank) not in agent.judged
-            and (new_too or self._generation(mesh, rank) > 0)
-        ]
-        if not todo:
-            return
-        silent = time.monotonic() - agent.last_heard
-        reason = f"agent {agent.label} unreachable (no heartbeat for {silent:.1f}s)"
-        log.warning("%s", reason)
-        for mesh, rank in todo:
-            agent.judged.add((mesh, rank))
-            self.judge(agent, mesh, rank, Status.UNKNOWN, reason)
-
-    def _generation(self, mesh: str, rank: int) -> int:
-        view = self.views.get(mesh)
-        cur = view.ranks.get(rank) if view is not None else None
-        return cur.generation if cur is not None else 0
 
     def judge(self, agent: AgentConn, mesh: str, rank: int, status: Status, reason: str) -> None:
         """Set a rank's status from what this client knows (a stop it asked
