@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from zmesh._host import meshorders
 from zmesh._host.agent import HostAgent
 from zmesh._host.proc import ProcServer
 from zmesh._wire import messages as w
@@ -35,10 +36,10 @@ def test_an_agent_handler_that_raises_is_answered(
     agent._ctrl = out  # type: ignore[assignment]
     agent._codec = codec = Codec(w.AGENT_INBOX)
 
-    def boom(msg: Any) -> Any:
+    def boom(*args: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(agent, "_create", boom)
+    monkeypatch.setattr(meshorders, "create_or_update", boom)
     spec = w.ProcSpec(owner="o", ranks=[0], dims={"procs": 1})
     agent._on_control([b"peer", *codec.encode(w.CreateOrUpdate(1, "m", spec))])
     replies = Codec(w.AGENT_REPLIES)

@@ -29,7 +29,8 @@ epoch.
 This module is the protocol shell: sockets, requests and replies, events,
 stats. The proc table (spawn, reap, hung, stop) is ``procs.py``; the owners
 and their liveness are ``owners.py``; the read-only requests (state, stacks,
-logs, stats, health) are answered by ``agentops.py``.
+logs, stats, health) are answered by ``agentops.py``, the ones that change
+meshes (create or update, stop) by ``meshorders.py``.
 """
 
 from __future__ import annotations
@@ -53,14 +54,12 @@ from zmesh._host import detached as _detached
 from zmesh._host import forkserver as _forkserver
 from zmesh._host import janitor as _janitor
 from zmesh._host import logtail as _logtail
+from zmesh._host import meshorders as _orders
 from zmesh._host import ptree as _ptree
-from zmesh._host import updates as _updates
-from zmesh._host.owners import Owners, not_owner, not_proven
-from zmesh._host.procs import Mesh, ProcTable, spec_error
+from zmesh._host.owners import Owners, not_owner
+from zmesh._host.procs import Mesh, ProcTable
 from zmesh._host.statsbook import StatsBook
-from zmesh._shared import ownership as _ownership
 from zmesh._shared import paths as _paths
-from zmesh._shared.ownership import same_secret as _same_secret
 from zmesh._shared.state import OWNER_GONE, Rank
 from zmesh._wire import messages as w
 from zmesh._wire.boundary import AgentReady
@@ -246,9 +245,10 @@ class HostAgent:
         elif isinstance(msg, w.ProcHello):
             self.procs.hello(msg)
         elif isinstance(msg, w.CreateOrUpdate):
-            self.reply(ident, self._create(msg))
+            self.reply(ident, _orders.create_or_update(self.procs, self.owners, self.label, msg))
         elif isinstance(msg, w.Stop):
-            self.reply(ident, self._stop_mesh(msg.id, msg.name, msg.secret))
+            operator = getattr(self, "operator_secret", "")  # `zmesh stop`, as this agent's user
+            self.reply(ident, _orders.stop(self.procs, self.owners, self.label, operator, msg))
         elif isinstance(msg, w.OwnerGone):
             if self.owners.is_owner(msg.owner, msg.secret):
                 self._stop_owner(msg.owner, "owner exited")
@@ -290,31 +290,6 @@ class HostAgent:
         """Answer the client (or proc) ``ident`` on the control socket."""
         self._ctrl.send([ident, *self._codec.encode(msg)])
 
-    def _create(self, msg: w.CreateOrUpdate) -> w.Ack:
-        # The owner id is made from the secret: a claimed id without it gives nothing.
-        if not msg.secret:
-            return w.Ack(msg.id, ok=False, denied=True, error="CreateOrUpdate needs a secret")
-        if not self.owners.is_owner(msg.spec.owner, msg.secret):
-            return w.Ack(msg.id, ok=False, denied=True, error=not_proven(msg.spec.owner))
-        existing = self.procs.meshes.get(msg.name)
-        if existing is not None and existing.spec == msg.spec and not existing.stopped:
-            return w.Ack(msg.id)  # idempotent
-        live = existing is not None and not existing.stopped
-        if existing is not None and live and existing.spec.owner != msg.spec.owner:
-            why = not_owner(existing.spec.owner, "update it or spawn under its name")
-            error = f"mesh {msg.name!r} on {self.label}: {why}"
-            return w.Ack(msg.id, ok=False, denied=True, error=error)
-        error = spec_error(msg.spec)
-        if error:
-            return w.Ack(msg.id, ok=False, error=f"bad CreateOrUpdate of {msg.name!r}: {error}")
-        self.owners.track(msg.spec.owner)
-        if existing is not None and live:
-            _updates.update(self.procs, existing, msg.spec)  # grow, shrink or roll, in place
-        else:
-            key = _ownership.mesh_key(msg.secret, msg.name)  # its procs' (ownership.py)
-            _updates.create(self.procs, msg.name, msg.spec, key)
-        return w.Ack(msg.id)
-
     # ------------------------------------------------------- transitions
 
     def _published(self, mesh: Mesh, rank: int, state: Rank) -> None:
@@ -334,19 +309,6 @@ class HostAgent:
             )  # fmt: skip
 
     # ------------------------------------------------------------ stopping
-
-    def _stop_mesh(self, req_id: int, name: str, secret: str = "") -> w.Ack:
-        mesh = self.procs.meshes.get(name)
-        if mesh is None:
-            return w.Ack(req_id, ok=False, error=f"no mesh named {name!r} on {self.label}")
-        operator = getattr(self, "operator_secret", "")  # `zmesh stop`, as this agent's user
-        is_operator = bool(operator) and _same_secret(operator, secret)
-        if not self.owners.is_owner(mesh.spec.owner, secret) and not is_operator:
-            log.warning("refused a Stop of mesh %s from a client that does not own it", name)
-            error = f"mesh {name!r} on {self.label}: {not_owner(mesh.spec.owner)}"
-            return w.Ack(req_id, ok=False, denied=True, error=error)
-        self.procs.stop(mesh)
-        return w.Ack(req_id)
 
     def _stop_owner(self, owner: str, why: str, failure: bool = False) -> None:
         self.owners.forget(owner)
