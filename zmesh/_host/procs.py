@@ -7,8 +7,8 @@ one callback, which the agent publishes as an ``Event``.
 
 * Procs are started by a ``Spawner`` (``spawner.py``) without waiting: a
   rank is Initializing once its process exists, Running at its hello.
-* A proc's death is seen by reaping it: a pidfd on the loop, so at once (or
-  the tick's poll where there is no pidfd). Procs are forked by a warm
+* A proc's death is seen by reaping it (``reaper.py``): a pidfd on the loop,
+  so at once (or the tick's poll where there is no pidfd). Procs are forked by a warm
   forkserver (``forkserver.py``) and adopted by the agent, so it is their
   parent either way.
 * A hung proc is judged on each tick from its missing heartbeats together
@@ -22,7 +22,6 @@ one callback, which the agent publishes as an ``Event``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from zmesh._host import ptree as _ptree
+from zmesh._host.reaper import Reaper
 from zmesh._host.spawner import Launch, Process, Spawner
 from zmesh._host.strays import STOP_GRACE, Strays
 from zmesh._shared import liveness as _liveness
@@ -127,7 +127,7 @@ class ProcTable:
         # Launches not started yet, and the hellos that came before their pid.
         self._starting: dict[tuple[str, int, int], None] = {}
         self._early: dict[tuple[str, int, int], w.ProcHello] = {}
-        self._by_pidfd: dict[int, Proc] = {}
+        self.reaper = Reaper(self._exited)
         self._count = 0  # procs started: a number for each one's ipc socket
         self.strays = Strays(epoch, self._proc_alive)
 
@@ -188,12 +188,7 @@ class ProcTable:
         proc = Proc(mesh.name, spec.rank, spec.generation, popen, spec.log_path, now, now)
         proc.ipc = _paths.ipc_path(spec.bind)
         mesh.procs[spec.rank] = proc
-        try:
-            proc.pidfd = os.pidfd_open(popen.pid)
-            self._by_pidfd[proc.pidfd] = proc
-            asyncio.get_running_loop().add_reader(proc.pidfd, self._on_pidfd, proc.pidfd)
-        except (AttributeError, OSError):
-            proc.pidfd = None  # no pidfd here: the ticker polls instead
+        self.reaper.watch(proc)
         state = Rank(Status.INITIALIZING, spec.generation, pid=popen.pid, log_path=spec.log_path)
         self.transition(mesh, spec.rank, state)
         if mesh.stopped:  # stopped while it was being forked
@@ -264,29 +259,9 @@ class ProcTable:
 
     # ------------------------------------------------------------ reaping
 
-    def _on_pidfd(self, fd: int) -> None:
-        proc = self._by_pidfd.pop(fd, None)
-        asyncio.get_running_loop().remove_reader(fd)
-        os.close(fd)
-        if proc is not None:
-            proc.popen.wait()
-            self._reaped(proc)
-
-    def _reaped(self, proc: Proc) -> None:
-        if proc.reaped:
-            return
-        proc.reaped = True
-        if proc.ipc:  # a proc that was killed leaves its socket file behind
-            with contextlib.suppress(OSError):
-                os.unlink(proc.ipc)
+    def _exited(self, proc: Proc, reason: str) -> None:
+        """``proc`` was reaped (the reaper's ``on_exit``): its rank's new state."""
         code = proc.popen.returncode
-        if code is not None and code < 0:
-            try:
-                reason = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                reason = f"killed by signal {-code}"
-        else:
-            reason = f"exited with code {code}"
         mesh = self.meshes.get(proc.mesh)
         if mesh is None:
             return
@@ -305,13 +280,7 @@ class ProcTable:
                 self.spawn_or_fail(mesh, proc.rank)  # rolled: its next generation
 
     def _poll_children(self) -> None:
-        for mesh in self.meshes.values():
-            for proc in mesh.procs.values():
-                if not proc.reaped and proc.popen.poll() is not None:
-                    if proc.pidfd is not None:
-                        self._on_pidfd(proc.pidfd)
-                    else:
-                        self._reaped(proc)
+        self.reaper.poll(p for m in self.meshes.values() for p in m.procs.values())
 
     # ------------------------------------------------------------ stopping
 
@@ -355,7 +324,7 @@ class ProcTable:
                 if not proc.reaped:
                     _ptree.kill_tree(proc.popen.pid)
                     proc.popen.wait()
-                    self._reaped(proc)
+                    self.reaper.reaped(proc)
         # Whatever is left below us has had its SIGTERM and its grace.
         self.strays.kill_all(self._ours)
 
