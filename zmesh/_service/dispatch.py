@@ -3,7 +3,8 @@
 No sockets, no event loop, no clock of its own: the I/O shell
 (``zmesh._service.client``) feeds it events and carries out what it decides,
 so it can be tested with any order of replies, failures and timeouts
-(tests/unit/test_dispatch_properties.py). Its rules:
+(tests/unit/test_dispatch_properties.py). What a replica's change of state
+does is in ``replicastates.py``, a part of the dispatcher. Its rules:
 
 * a request goes to a replica that is HEALTHY in the generation the
   dispatcher knows, never to one known failed (``sent_after_failure`` counts
@@ -43,13 +44,11 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
+from zmesh._service.replicastates import ReplicaStates
 from zmesh._service.requests import Attempt, Outcome, Request, Slot
 from zmesh._service.routing import (
     HEALTHY,
-    RECOVERING,
     STOPPED,
-    UNHEALTHY,
-    UNREADY,
     LeastLoadedRouter,
     Router,
     ServiceConfig,
@@ -58,7 +57,7 @@ from zmesh._service.routing import (
 __all__ = ["Attempt", "Dispatcher", "Outcome", "Request", "Slot"]
 
 
-class Dispatcher:
+class Dispatcher(ReplicaStates):
     """Routes requests over replicas; told of replies, failures and timeouts.
 
     Args:
@@ -107,100 +106,7 @@ class Dispatcher:
         # service is gone (``owner_gone``): why nothing will replace replicas.
         self.orphaned = ""
 
-    # ------------------------------------------------------------ replicas
-
-    def replica_up(self, index: int, generation: int) -> None:
-        """Replica ``index`` serves in ``generation`` (newer than the one known)."""
-        slot = self.slots[index]
-        if self.stopped or generation <= slot.generation:
-            return
-        if slot.state in (HEALTHY, UNREADY):  # a newer generation replaces one thought alive
-            self.replica_failed(index, slot.generation, "replaced by a newer generation", False)
-        slot.generation = generation
-        slot.state = HEALTHY
-        slot.sent = 0
-        self.orphaned = ""  # someone does replace replicas
-        self._pump(slot)
-        self._pump_waiting()
-        self._tell_watchers()
-
-    def replica_failed(self, index: int, generation: int, reason: str, notify: bool = True) -> bool:
-        """Generation ``generation`` of replica ``index`` failed; True the first time.
-
-        ``on_failure`` is told (unless ``notify`` is false).
-        """
-        slot = self.slots[index]
-        if slot.generation != generation or slot.state not in (HEALTHY, UNREADY) or self.stopped:
-            return False
-        slot.state = RECOVERING
-        slot.last_failure = reason
-        queued = list(slot.queue)
-        slot.queue.clear()
-        for req in queued:  # never sent: always safe to send elsewhere
-            self._dispatch(req)
-        if notify and self.on_failure is not None:
-            self.on_failure(index, generation, reason)
-        return True
-
-    def replica_unready(self, index: int, generation: int, reason: str) -> bool:
-        """Generation ``generation`` of replica ``index`` is alive but should not
-        get work (its health check failed): out of routing, not replaced.
-
-        Its queued requests go elsewhere; those in flight stay (it may still
-        answer them). True if it was HEALTHY.
-        """
-        slot = self.slots[index]
-        if slot.generation != generation or slot.state != HEALTHY or self.stopped:
-            return False
-        slot.state = UNREADY
-        slot.last_failure = reason
-        slot.unready_since = self.clock()
-        queued = list(slot.queue)
-        slot.queue.clear()
-        for req in queued:
-            self._dispatch(req)
-        return True
-
-    def replica_ready(self, index: int, generation: int) -> None:
-        """An ``UNREADY`` replica passes its check again: back in routing."""
-        slot = self.slots[index]
-        if slot.generation != generation or slot.state != UNREADY or self.stopped:
-            return
-        slot.state = HEALTHY
-        self._pump(slot)
-        self._pump_waiting()
-        self._tell_watchers()
-
-    def replica_gone(self, index: int) -> None:
-        """Replica ``index`` stays down for good (restart intensity)."""
-        slot = self.slots[index]
-        if self.stopped:
-            return
-        slot.state = UNHEALTHY
-        for req in list(slot.queue):
-            slot.queue.remove(req)
-            self._dispatch(req)
-        self._pump_waiting()  # if nothing can recover, waiting calls fail now
-        self._tell_watchers()
-
-    def owner_gone(self, index: int, generation: int, reason: str) -> None:
-        """Generation ``generation`` of replica ``index`` was stopped because the
-        process that made the service (its supervisor) is gone: nothing will
-        replace it, so it is down for good, and once no replica serves or may
-        recover, what waits fails now (``why_down``)."""
-        slot = self.slots[index]
-        if self.stopped or slot.generation != generation:
-            return
-        self.orphaned = reason
-        slot.last_failure = reason
-        self.replica_gone(index)
-
-    def why_down(self) -> str:
-        """Why no replica can serve when none is healthy or recovering."""
-        if self.orphaned:
-            gone = "the process that made it is gone, and nothing restarts its replicas"
-            return f"{gone}: {self.orphaned}"
-        return "every replica reached its restart limit"
+    # ------------------------------------------------------------ stopping
 
     def stop(self) -> None:
         """No more work: what waits fails with ``ActorStoppedError``.
@@ -219,19 +125,6 @@ class Dispatcher:
         for req in waiting:
             self._finish(req, None, stopped)
         self._tell_watchers()
-
-    def healthy(self) -> list[Slot]:
-        return [s for s in self.slots if s.state == HEALTHY]
-
-    def recovering(self) -> bool:
-        """Whether a replica that is not healthy now may serve again (being
-        replaced, or UNREADY: it may pass its check, or be replaced)."""
-        return any(s.state in (RECOVERING, UNREADY) for s in self.slots)
-
-    def _tell_watchers(self) -> None:
-        watchers, self.watchers = self.watchers, []
-        for tell in watchers:
-            tell()
 
     # ------------------------------------------------------------ requests
 
