@@ -135,7 +135,6 @@ OVER_THE_LIMIT = {
     "zmesh/_host/mailbox.py:Mailbox": 361,
     "zmesh/_host/proc.py": 514,
     "zmesh/_host/proc.py:ProcServer": 416,
-    "zmesh/_service/supervisor.py:Supervisor": 318,
 }
 
 

@@ -105,7 +105,7 @@ class DetachedSupervisor(Supervisor):
                 self._spawn_task(self._recover(index, None))
 
         await asyncio.gather(*(take(i) for i in range(self.opts.replicas)))
-        self._spawn_task(self._health_loop())
+        self._spawn_task(self.health.run())
         self._spawn_task(self._report_loop())
         self.report()
 

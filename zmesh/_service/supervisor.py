@@ -9,11 +9,12 @@ the supervisor stops what is left of it and respawns it with exponential
 backoff; after more than ``max_restarts`` restarts within ``restart_window``
 seconds the replica stays down (OTP's restart intensity).
 
-On every change of the replica table it pushes the table to the clients
-of the service in this process (one per event loop that calls it); once a
-second, and at once on every change, it reports the table to the agents the
-service uses (``ServiceReport``): ``zmesh top`` shows it, and handles of the
-service in other processes follow it.
+Its replicas' health checks are ``health.py``'s. On every change of the
+replica table it pushes the table to the clients of the service in this
+process (one per event loop that calls it); once a second, and at once on
+every change, it reports the table to the agents the service uses
+(``ServiceReport``): ``zmesh top`` shows it, and handles of the service in
+other processes follow it.
 """
 
 from __future__ import annotations
@@ -31,19 +32,16 @@ from zmesh._client.runtime import Runtime
 from zmesh._client.spawning import spawn_owned_mesh
 from zmesh._client.stopping import stop_procs
 from zmesh._errors import (
-    ActorStoppedError,
-    CallTimeoutError,
     SpawnError,
-    SupervisionError,
     ZmeshError,
 )
 from zmesh._service.client import ServiceClient, encode_table
-from zmesh._service.routing import HEALTHY, UNREADY
+from zmesh._service.health import ReplicaHealth
+from zmesh._service.routing import HEALTHY
 from zmesh._shared.aio import running_loop
 from zmesh._shared.state import service_state
 from zmesh._shared.stats import ServiceSummary
 from zmesh._wire import messages as w
-from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
     from zmesh._options import Options
@@ -82,14 +80,13 @@ class Supervisor:
         self._generations = [0] * n  # the last generation spawned, per replica
         self._restart_times: list[deque[float]] = [deque() for _ in range(n)]
         self._backoff = [0] * n
-        # Per replica: (generation, answers, when they last changed or it was idle).
-        self._progress: dict[int, tuple[int, int, float]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._spawning: set[asyncio.Task[None]] = set()  # respawns in progress
         self._agents: set[str] = set()  # every agent the service used: they get reports
         # Clients of the service on other loops of this process, fed on each change.
         self._attached: weakref.WeakSet[ServiceClient] = weakref.WeakSet()
         self.stopped = False
+        self.health = ReplicaHealth(self)
         client.dispatcher.on_failure = self._failed
 
     # ------------------------------------------------------------ lifecycle
@@ -106,7 +103,7 @@ class Supervisor:
             if isinstance(err, ZmeshError):
                 raise SpawnError(f"service {self.name}: a replica failed to start: {err}") from err
             raise err
-        self._spawn_task(self._health_loop())
+        self._spawn_task(self.health.run())
         self._spawn_task(self._report_loop())
 
     async def stop(self) -> None:
@@ -242,99 +239,6 @@ class Supervisor:
                 continue
             self._backoff[index] = 0 if slot.state == HEALTHY else self._backoff[index] + 1
             return
-
-    # ------------------------------------------------------------ health
-
-    async def _health_loop(self) -> None:
-        """Judge each replica's liveness by its proc and its progress, never by busyness.
-
-        Its proc's death comes from its agent (and a proc that is hung, not
-        busy, is declared ``Timeout`` there). Here: every ``health_interval``
-        the ``__health__`` check (run in the proc beside the mailbox, not
-        behind it); a replica that fails it, or answers nothing at all with
-        work in flight, becomes ``UNREADY`` (out of routing); one that stays
-        so for ``unready_timeout`` is replaced.
-        """
-        checks = "__health__" in self.client.endpoints
-        d, cfg, loop = self.client.dispatcher, self.config, self.rt.loop
-        while not self.stopped:
-            await asyncio.sleep(cfg.health_interval)
-            now = loop.time()
-            for slot in d.slots:
-                mesh = self.client.meshes[slot.index]
-                if mesh is None or slot.state not in (HEALTHY, UNREADY):
-                    continue
-                if slot.state == UNREADY and now - slot.unready_since > cfg.unready_timeout:
-                    why = f"{slot.last_failure}; UNREADY for over {cfg.unready_timeout:g}s"
-                    d.replica_failed(slot.index, slot.generation, why)
-                    continue
-                # Since when it has had work and answered nothing (idle counts as progress).
-                answers, in_flight = self._work(slot.index)
-                key = (slot.generation, answers)
-                since = self._progress.get(slot.index)
-                if since is None or since[:2] != key or not in_flight:
-                    self._progress[slot.index] = (*key, now)
-                elif now - since[2] > cfg.request_timeout:
-                    why = f"no answer for {now - since[2]:.0f}s with {in_flight} in flight"
-                    if d.replica_unready(slot.index, slot.generation, why):
-                        log.warning(
-                            "service %s replica %d is UNREADY: %s", self.name, slot.index, why
-                        )
-                        self.report()
-                    continue
-                if checks:
-                    self._check_health(slot.index, slot.generation, answers, mesh)
-
-    def _work(self, index: int) -> tuple[int, int]:
-        """Replica ``index``'s answers so far and requests in flight, over every
-        client of the service in this process (each event loop routes its own)."""
-        answers = in_flight = 0
-        for client in (self.client, *self._attached):
-            slot = client.dispatcher.slots[index]
-            answers += slot.answers
-            in_flight += slot.in_flight
-        return answers, in_flight
-
-    def _check_health(
-        self, index: int, generation: int, answers: int, mesh: ActorMesh[Any]
-    ) -> None:
-        d = self.client.dispatcher
-        verdicts: list[str | None] = []
-        ranks = len(mesh._refs)
-
-        def deliver(i: int, ok: bool, value: Any) -> None:
-            slot = d.slots[index]
-            if isinstance(value, SupervisionError | ActorStoppedError):
-                return  # its proc died: the agent says so, and that replaces it
-            if ok and value is not False:
-                verdicts.append(None)
-            elif ok:
-                verdicts.append("health check returned False")
-            elif isinstance(value, CallTimeoutError):
-                # Busy is not dead: a replica that answered requests meanwhile is alive.
-                progressed = slot.generation == generation and self._work(index)[0] != answers
-                timeout = self.config.health_timeout
-                verdicts.append(
-                    None if progressed else f"health check: no reply within {timeout:g}s"
-                )
-            else:
-                verdicts.append(f"health check failed: {value}")
-            if len(verdicts) < ranks:
-                return
-            why = next((v for v in verdicts if v is not None), None)
-            if why is None:
-                d.replica_ready(index, generation)
-            elif d.replica_unready(index, generation, why):
-                log.warning("service %s replica %d is UNREADY: %s", self.name, index, why)
-            self.report()
-
-        self.rt.send(
-            mesh._refs,
-            lambda i: w.Call(i, mesh.actor, "__health__", Codec.pack((), {})[0]),
-            [],
-            deliver,
-            self.config.health_timeout,
-        )
 
     # ------------------------------------------------------------ reports
 
