@@ -8,7 +8,9 @@ threads so the loop, and with it every other actor, keeps going.
 
 This module is the entry point (``main()``) and ``ProcServer``, the socket and
 dispatch shell: a call is decoded, put in its actor's mailbox, run by
-``handle`` and answered. Around it: ``procboot.py`` sets the process up before
+``handle`` and answered. Its parts: ``proclink.py`` serves (the sockets,
+the backlog's bound, hello, heartbeats, statistics), ``procreplies.py``
+builds failures and exits on ``SystemExit``. Around it: ``procboot.py`` sets the process up before
 it serves, ``mailbox.py`` runs each actor's queue, ``spawnactor.py`` builds
 actors, ``lifecycle.py`` ends them and the proc, and ``zmesh._shared.invoke``
 calls an endpoint.
@@ -18,59 +20,39 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
-import os
-import threading
 import time
-import traceback
 from typing import Any
 
-import zmq
-
-from zmesh._actor import set_call, set_current, set_own_proc
-from zmesh._client import faults as _faults
+from zmesh._actor import set_call, set_current
 from zmesh._client import local as _local
-from zmesh._client import runtime as _runtime
 from zmesh._client.pending import NotReady
 from zmesh._host import actordeath as _actordeath
 from zmesh._host import actors as _actors
-from zmesh._host import bounds as _bounds
 from zmesh._host import cancelling as _cancelling
 from zmesh._host import lifecycle as _lifecycle
-from zmesh._host import loopwatch as _loopwatch
 from zmesh._host import procboot as _procboot
 from zmesh._host import procsetup as _procsetup
 from zmesh._host import responseport as _responseport
 from zmesh._host import spawnactor as _spawnactor
 from zmesh._host.generators import Producers
 from zmesh._host.mailbox import Mailbox
+from zmesh._host.proclink import ProcLink
+from zmesh._host.procreplies import ProcReplies
 from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._shared.ownership import same_secret
 from zmesh._shared.workers import Workers
 from zmesh._wire import deadlines as _deadlines
-from zmesh._wire import excpickle as _excpickle
 from zmesh._wire import messages as w
-from zmesh._wire import security as _security
 from zmesh._wire.boundary import ProcEnv
 from zmesh._wire.codec import NONE, Codec, explain, request_of
-from zmesh._wire.zsock import AsyncSocket, configure
 
 log = logging.getLogger("zmesh.proc")
 
-PROC_HEARTBEAT_INTERVAL = 0.2
-STATS_EVERY = 5  # heartbeats: statistics go to the agent about once a second
-# Calls received and not started (queued in mailboxes, plus running
-# ``concurrent`` ones), at most: past this the proc stops reading its socket
-# until half have gone, so callers meet TCP backpressure instead of this
-# process's memory growing without bound. Each caller also keeps at most
-# zmesh._client.runtime.MAX_IN_FLIGHT calls in flight to one proc.
-MAX_BACKLOG = _bounds.MAX_BACKLOG  # (and MAX_BACKLOG_BYTES: zmesh._host.bounds)
 
-
-class ProcServer:
+class ProcServer(ProcLink, ProcReplies):
     """Serves the actors of one proc."""
 
     def __init__(self, spec: ProcEnv, key: str = "") -> None:
@@ -92,7 +74,7 @@ class ProcServer:
         self.dropped = 0
         self.late = 0
         self.cancels = 0  # calls their callers cancelled (zmesh._host.cancelling)
-        self.backlog = 0  # see MAX_BACKLOG
+        self.backlog = 0  # see MAX_BACKLOG (proclink.py)
         self.backlog_bytes = 0  # and MAX_BACKLOG_BYTES
         self.spawning: set[asyncio.Task[None]] = set()
         self.initializing = 0  # SpawnActors whose __init__ runs (statistics: Initializing)
@@ -101,100 +83,7 @@ class ProcServer:
         self.producers = Producers(self)  # generator endpoints' streams
         self.relay: RelayServer | None = None  # made on the first tree fan-out message
 
-    def statistics(self) -> _stats.ProcStatistics:
-        """This proc (pid, CPU %, RSS, uptime) and its actors, as a frozen record."""
-        cpu, rss, uptime = self.sampler.sample()
-        return _stats.ProcStatistics(
-            self.mesh, self.rank, self.generation, os.getpid(), time.time(), cpu, rss, uptime,
-            self.dropped, self.late, [box.statistics() for box in list(self.actors.values())],
-            **(self.relay.counts() if self.relay is not None else {}), **_bounds.counts(self),
-            initializing=self.initializing,
-        )  # fmt: skip
-
-    def _report_statistics(self) -> None:
-        try:
-            self.agent.send(self.codec.encode(w.ProcStats(self.statistics(), self.key)))
-        except Exception:  # statistics must never stop the heartbeats
-            log.exception("cannot report statistics")
-
-    async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        # Handles passed to our actors call out through this loop.
-        _runtime.set_home_loop(loop)
-        # A failure an actor of ours does not handle kills that actor alone.
-        _faults.kill_owner = functools.partial(_actordeath.kill_owner, self)
-        _loopwatch.start(loop)  # warns when an async endpoint blocks the loop
-        ctx: zmq.Context[Any] = zmq.Context.instance()
-        # Where our agent tells us: an ipc:// path in its private directory,
-        # or tcp://ADDR:* (CURVE and an allow-list when it has keys).
-        bind = self.spec.bind
-        keys = _security.active()
-        gate = None
-        if keys is not None and bind.startswith("tcp://"):
-            gate = _security.Gate(ctx, keys)
-        router = _security.secure_server(configure(ctx.socket(zmq.ROUTER), data=True), keys, bind)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.bind(bind)
-        if bind.startswith("ipc://"):
-            os.chmod(bind[len("ipc://") :], 0o600)
-        self.addr = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.router = AsyncSocket(router, loop, self._on_message, router=True, batch=True)
-        set_own_proc(
-            _runtime.ProcRef(
-                self.mesh, self.rank, self.generation, self.addr, self.spec.agent, self.host,
-                self.spec.log_path,
-            )
-        )  # fmt: skip
-        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec.agent)
-        agent.connect(self.spec.agent)
-        self.agent = AsyncSocket(agent, loop, None)
-        self.agent.send(
-            self.codec.encode(
-                w.ProcHello(self.mesh, self.rank, self.generation, self.addr, os.getpid(), self.key)
-            )
-        )
-        beat = self.codec.encode(w.ProcHeartbeat(self.mesh, self.rank, self.generation, self.key))
-        agent_pid = self.spec.agent_pid
-        beats = 0
-        while True:
-            await asyncio.sleep(PROC_HEARTBEAT_INTERVAL)
-            beats += 1
-            if beats % STATS_EVERY == 1:
-                self._report_statistics()
-                if gate is not None:
-                    gate.refresh()  # keys added to or removed from authorized/
-            if agent_pid and os.getppid() != agent_pid:
-                log.error("agent %s is gone; exiting", agent_pid)
-                os._exit(70)
-            self.agent.send(beat)
-
     # ------------------------------------------------------------ inbound
-
-    def took(self, nbytes: int = 0) -> None:
-        """A call (of ``nbytes``) joins the backlog; past ``MAX_BACKLOG`` calls
-        or ``MAX_BACKLOG_BYTES`` bytes reading stops (``zmesh._host.bounds``)."""
-        self.backlog += 1
-        self.backlog_bytes += nbytes
-        if (
-            self.backlog >= MAX_BACKLOG or self.backlog_bytes >= _bounds.MAX_BACKLOG_BYTES
-        ) and not self.router.paused:
-            log.log(
-                logging.WARNING if _bounds.first_pause(self) else logging.DEBUG,
-                "%d calls (%d bytes) waiting: reading stops until half have started",
-                self.backlog, self.backlog_bytes,
-            )  # fmt: skip
-            self.router.pause()
-
-    def started(self, nbytes: int = 0) -> None:
-        """A call leaves the backlog; reading resumes at half of both bounds."""
-        self.backlog -= 1
-        self.backlog_bytes -= nbytes
-        if (
-            self.router.paused
-            and self.backlog <= MAX_BACKLOG // 2
-            and self.backlog_bytes <= _bounds.MAX_BACKLOG_BYTES // 2
-        ):
-            self.router.resume()
 
     def _on_message(self, frames: list[Any]) -> int | None:
         if len(frames) < 2:
@@ -433,59 +322,6 @@ class ProcServer:
                 ident, call, "encode", type(exc).__name__,
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
-
-    def _where(self) -> dict[str, Any]:
-        """This proc, as an error's context names it."""
-        return {"mesh": self.mesh, "host": self.host, "log_path": self.spec.log_path or None}
-
-    def _stopped(self, box: Mailbox, ident: bytes, call: w.Call) -> None:
-        """``call`` was running when its actor was stopped: its caller learns so now
-        (``ActorStoppedError``) rather than waiting for an answer that will never come."""
-        if box.stopped and (ident, call.id) not in box.told:
-            self.fail(ident, call, "stopped", "ActorStopped", f"actor {box.name} stopped")
-
-    def fail(self, ident: bytes, call: w.Call, kind: str, type_name: str, message: str) -> None:
-        if call.oneway:
-            return
-        f = w.Failure(call.id, kind, type_name, message, endpoint=call.method)
-        self.router.send([ident, *self.codec.encode(f)])
-
-    def _exit_for(self, exc: SystemExit, where: str) -> None:
-        """``where`` raised ``SystemExit``: the proc exits as ``sys.exit`` asked.
-
-        Its caller has its answer (``ActorError``); the agent then sees the
-        proc exit unasked, so the owner sees the rank fail (``SupervisionError``,
-        "exited with code N"), and every later call to it fails the same way.
-        """
-        code = _lifecycle.exit_code(exc)
-        log.error("%s raised SystemExit(%r): this proc exits with code %d", where, exc.code, code)
-        task = asyncio.ensure_future(_lifecycle.cleanup_all(list(self.actors.values()), exc))
-        task.add_done_callback(lambda _: self._exit_now(code))
-        self.spawning.add(task)
-
-    def _exit_now(self, code: int) -> None:
-        self.router.close()
-        self.agent.close()
-        # The answer is queued in libzmq: term() returns once the lingering
-        # sockets are flushed, or never while sockets of others are open, so
-        # it gets a bounded wait in a thread of its own.
-        term = threading.Thread(target=zmq.Context.instance().term, daemon=True)
-        term.start()
-        term.join(0.5)
-        _lifecycle.exit_process(code)
-
-    def _send_failure(self, ident: bytes, req: int, kind: str, exc: BaseException, ep: str) -> None:
-        self.router.send([ident, *self.codec.encode(self.failure(req, kind, exc, ep))])
-
-    @staticmethod
-    def failure(req: int, kind: str, exc: BaseException, ep: str) -> w.Failure:
-        """The ``Failure`` answering request ``req`` whose endpoint ``ep`` raised ``exc``."""
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        blob = _excpickle.dumps(exc)  # None: it cannot come back, and is sent as text only
-        qual = type(exc).__qualname__
-        mod = type(exc).__module__
-        name = qual if mod == "builtins" else f"{mod}.{qual}"
-        return w.Failure(req, kind, name, str(exc), tb, blob, endpoint=ep)
 
 
 async def _once_spawned(result: Any, wait: NotReady) -> tuple[w.Payload, list[Any]]:
