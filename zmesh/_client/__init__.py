@@ -4,7 +4,8 @@
   ``connections``: its connections to procs, their backpressure and drops;
   ``inflight``: requests in flight and their fates;
 * ``controller``: agents' supervision streams turned into mesh state; ``agentconn``: one
-  agent's control socket and stream;
+  agent's control socket and stream; ``agentfates``: what a silent or restarted agent
+  means for its ranks;
 * ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles; ``spawning``: the work of
   spawning and stopping (``procstart``: procs through their agents); ``pending``: calls
   waiting for a mesh to be ready;

@@ -7,8 +7,9 @@ Runs in the process that owns the service.
 * ``endpoint``: ``svc.endpoint``'s adverbs, from any thread;
 * ``orchestrator``: a detached service's supervisor, in an actor on an agent,
   with ``adoption`` (its replicas outlive it; a restarted one takes them over);
-* ``supervisor``: spawns, replaces and health-checks replicas;
-* ``dispatch`` (with its records in ``requests``): where each request goes;
+* ``supervisor``: spawns and replaces replicas, with ``health`` (their checks);
+* ``dispatch`` (with its records in ``requests``, and ``replicastates``: what
+  a replica's change of state does): where each request goes;
 * ``client``: the dispatcher wired to one runtime, and ``Follower``;
 * ``streaming``: generator endpoints through a service.
 """
