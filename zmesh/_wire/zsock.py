@@ -385,26 +385,24 @@ class AsyncSocket:
         self._reading = True
         try:
             while True:
-                if self._outbox:
-                    self._flush_outbox()
-                if lock is None:
-                    events = _get(sock, _EVENTS)
-                else:
-                    with lock:
-                        events = _get(sock, _EVENTS)
-                if events & _POLLOUT and self._pending:
-                    self._flush()
-                if not events & _POLLIN or self.paused:
-                    if self._outbox:  # made by handlers in this run: send, look again
-                        continue
-                    return
-                if handled >= _BATCH:
-                    self._flush_outbox()
-                    self._schedule()  # let other tasks run, then continue
-                    return
+                # Once shared, the lock is held from here to the message's
+                # last part (one acquire per message), never over a handler.
                 if lock is not None:
                     lock.acquire()
                 try:
+                    if self._outbox:
+                        self._flush_outbox()
+                    events = _get(sock, _EVENTS)
+                    if events & _POLLOUT and self._pending:
+                        self._flush()
+                    if not events & _POLLIN or self.paused:
+                        if self._outbox:  # made by handlers in this run: send, look again
+                            continue
+                        return
+                    if handled >= _BATCH:
+                        self._flush_outbox()
+                        self._schedule()  # let other tasks run, then continue
+                        return
                     # Frame.more is cheaper than a getsockopt(RCVMORE) per part.
                     # Heads (identity, envelope) become bytes; buffers stay
                     # zero-copy Frames.
