@@ -21,8 +21,8 @@ format is the codec's (``zmesh._wire.codec.encode_batch``, ``Codec.decode_frames
 Sharing: a ZeroMQ socket is not thread-safe. After ``share()`` one other
 thread may send on it too (``send_from_thread``: a proc's actor thread
 answering its own call, one loop wake-up fewer per call); every use of the
-socket then holds its lock, and a send from the other thread is followed by
-a ``recheck`` in the loop, since it may have taken the edge of input.
+socket then holds its lock, and a send from the other thread that leaves
+input waiting wakes the loop to read it, since it may have taken the edge.
 """
 
 from __future__ import annotations
@@ -196,8 +196,9 @@ class AsyncSocket:
         Not when anything waits to go out before them (queued at the
         high-water mark, or in a batch), which keeps this peer's order, nor
         when a part is not one block of memory: ``claim`` is then not called,
-        and the caller sends through the loop. The loop must ``recheck``
-        afterwards (the send may have taken the edge of input).
+        and the caller sends through the loop. If input waits afterwards
+        (the send may have taken the edge the loop waits on), the loop is
+        woken to read it.
         """
         lock = self.lock
         assert lock is not None, "share() the socket first"
@@ -219,6 +220,18 @@ class AsyncSocket:
                 if exc.errno == zmq.EHOSTUNREACH:  # ROUTER_MANDATORY: the peer is gone
                     self.unroutable += 1
                 # (else the socket is ending with its proc: nobody is left to answer)
+            # The send may have taken the edge of a message that arrived
+            # meanwhile, which the loop would then not wake for: if one waits,
+            # the loop is told (only then: a wake-up costs the loop a turn).
+            try:
+                waiting = _get(self.sock, _EVENTS) & _POLLIN
+            except zmq.ZMQError:
+                waiting = 0
+        if waiting:
+            try:
+                self.loop.call_soon_threadsafe(self.recheck)
+            except RuntimeError:  # the loop is closed
+                pass
         return True
 
     def watch_disconnects(self, callback: Callable[[], None]) -> None:
