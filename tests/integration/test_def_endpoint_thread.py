@@ -5,7 +5,8 @@ and thread-bound state stays with the actor from call to call. These check
 that, and that it keeps the promises of the pool: a blocked actor holds up
 nobody else, a call beside a busy thread does not wait behind it, a stop
 answers the call running in it, and a ``BaseException`` raised in it comes
-back to its caller typed.
+back to its caller typed. Its answer leaves from the thread itself, so it
+does not wait for the proc's loop.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ class Threaded(zmesh.Actor):
     @zmesh.endpoint
     def exit(self) -> None:
         raise KeyboardInterrupt("from a def endpoint")
+
+
+class LoopHog(zmesh.Actor):
+    @zmesh.endpoint
+    async def hog(self, seconds: float, flag: str) -> float:
+        Path(flag).touch()
+        time.sleep(seconds)  # (holds the proc's loop, on purpose)
+        return seconds
 
 
 def test_each_actors_def_endpoints_run_in_one_thread_of_its_own() -> None:
@@ -114,3 +123,28 @@ def test_a_base_exception_from_the_actor_thread_fails_the_call_typed() -> None:
         assert "KeyboardInterrupt" in str(info.value)
     finally:
         one.stop().get(timeout=20)
+
+
+def test_a_def_endpoints_answer_leaves_from_its_thread_while_the_loop_is_held(
+    tmp_path: Path,
+) -> None:
+    # The answer is sent by the actor's thread, not handed to the loop: a
+    # neighbour holding the loop (an async endpoint that blocks) does not
+    # hold it back. Before, it waited for the loop, here the hog's 4 s.
+    procs = zmesh.this_host().spawn_procs(per_host={"procs": 1}).get(timeout=60)
+    try:
+        a = procs.spawn("a", Threaded).get(timeout=30)
+        h = procs.spawn("h", LoopHog).get(timeout=30)
+        started, hogging = tmp_path / "started", tmp_path / "hogging"
+        answer = a.block.call_one(1.5, str(started))
+        wait_for(started.exists, 10, "the def endpoint to start")
+        hogged = h.hog.call_one(4.0, str(hogging))
+        wait_for(hogging.exists, 10, "the loop to be held")
+        t0 = time.monotonic()
+        assert answer.get(timeout=10) == 1.5
+        assert not hogged.done(), "the answer waited for the loop"
+        assert time.monotonic() - t0 < 3.0
+        assert hogged.get(timeout=10) == 4.0
+        assert a.count.call_one().get(timeout=10) == 1  # and the actor goes on
+    finally:
+        procs.stop().get(timeout=20)

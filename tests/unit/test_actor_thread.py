@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from zmesh._host.actorthread import ActorThread
+from zmesh._host.cancelling import Running
 
 
 def _name() -> str:
@@ -74,3 +75,25 @@ async def test_close_ends_the_thread_after_its_call() -> None:
     assert ActorThread.live == before
     await asyncio.to_thread(thread.join, 10)
     assert not thread.is_alive()
+
+
+def test_a_call_is_claimed_once_whichever_thread_comes_first() -> None:
+    # The actor's thread and the loop each claim a sync call before they
+    # answer it (zmesh._host.actorthread): exactly one wins, even racing.
+    for _ in range(200):
+        run = Running(None, False)
+        wins: list[bool] = []
+        barrier = threading.Barrier(2)
+
+        def claim(
+            run: Running = run, wins: list[bool] = wins, barrier: threading.Barrier = barrier
+        ) -> None:
+            barrier.wait()
+            wins.append(run.claim())
+
+        threads = [threading.Thread(target=claim) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(wins) == [False, True]

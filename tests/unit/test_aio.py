@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 
 import pytest
 
@@ -63,3 +65,27 @@ def test_a_pending_task_of_a_closed_loop_is_forgotten_quietly(
     with caplog.at_level("ERROR", logger="asyncio"):
         gc.collect()
     assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+
+
+def test_a_callback_queued_quietly_from_a_thread_waits_for_the_loops_next_wake() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)  # (where call_soon refuses other threads)
+        start = time.monotonic()
+        ran = loop.create_future()
+
+        def queue() -> None:
+            time.sleep(0.05)  # the loop is asleep in its selector by now
+            aio.call_soon_quietly(loop, lambda: ran.set_result(time.monotonic() - start))
+
+        thread = threading.Thread(target=queue)
+        thread.start()
+        # The only wake-ups: these timers. The callback waits for the first.
+        loop.call_later(0.5, lambda: None)
+        loop.call_later(2.0, lambda: None)
+        try:
+            return await ran
+        finally:
+            thread.join()
+
+    assert asyncio.run(main()) >= 0.45

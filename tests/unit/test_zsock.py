@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -95,3 +97,64 @@ def test_call_sockets_have_no_zmtp_heartbeats_and_control_sockets_do() -> None:
     finally:
         data.close(linger=0)
         control.close(linger=0)
+
+
+async def test_a_shared_socket_sends_from_another_thread_and_reads_on() -> None:
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    loop = asyncio.get_running_loop()
+    got: asyncio.Queue[list[Any]] = asyncio.Queue()
+    router = configure(ctx.socket(zmq.ROUTER))
+    router.bind("tcp://127.0.0.1:*")
+    server = AsyncSocket(router, loop, got.put_nowait, router=True, batch=True)
+    server.share()
+    dealer = configure(ctx.socket(zmq.DEALER))
+    dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        dealer.send(b"one")
+        ident, body = await asyncio.wait_for(got.get(), 5)
+        assert body == b"one"
+        sent = await asyncio.to_thread(server.send_from_thread, [ident, b"back"], lambda: True)
+        refused = await asyncio.to_thread(server.send_from_thread, [ident, b"no"], lambda: False)
+        assert (sent, refused) == (True, False)  # a failed claim sends nothing
+        assert dealer.poll(5000) and dealer.recv() == b"back"
+        assert not dealer.poll(200)
+        server.recheck()  # (as the loop does after a send from the thread)
+        dealer.send(b"two")
+        assert (await asyncio.wait_for(got.get(), 5))[1] == b"two"
+    finally:
+        server.close()
+        dealer.close(linger=0)
+
+
+async def test_a_send_from_another_thread_that_takes_the_edge_wakes_the_loop() -> None:
+    # ZMQ_FD is edge-triggered: the thread's send processes the socket's
+    # pending commands, a message's arrival among them, and the loop's
+    # descriptor goes quiet. Input waiting after the send must wake the loop.
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    loop = asyncio.get_running_loop()
+    got: asyncio.Queue[list[Any]] = asyncio.Queue()
+    router = configure(ctx.socket(zmq.ROUTER))
+    router.bind("tcp://127.0.0.1:*")
+    server = AsyncSocket(router, loop, got.put_nowait, router=True, batch=True)
+    server.share()
+    dealer = configure(ctx.socket(zmq.DEALER))
+    dealer.connect(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        dealer.send(b"one")
+        ident, _ = await asyncio.wait_for(got.get(), 5)
+        sent = threading.Event()
+
+        def answer() -> None:
+            time.sleep(0.3)  # "two" has arrived by now; the loop is held
+            server.send_from_thread([ident, b"back"], lambda: True)
+            sent.set()
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        dealer.send(b"two")
+        sent.wait(10)  # holds the loop's thread, so only the thread touches the socket
+        thread.join()
+        assert (await asyncio.wait_for(got.get(), 3))[1] == b"two"
+    finally:
+        server.close()
+        dealer.close(linger=0)

@@ -40,12 +40,27 @@ CANCELLED = "CallCancelled"
 class Running:
     """One call an actor runs now: the task it runs in, and whether its caller cancelled it."""
 
-    __slots__ = ("cancelled", "is_async", "task")
+    __slots__ = ("_answer", "cancelled", "is_async", "task")
 
     def __init__(self, task: asyncio.Task[Any] | None, is_async: bool) -> None:
         self.task = task
         self.is_async = is_async
         self.cancelled = False
+        self._answer = [True]  # taken by whoever answers a sync call (see ``claim``)
+
+    def claim(self) -> bool:
+        """Take the right to answer this call; whether it was still there.
+
+        A sync call may be answered from its actor's thread
+        (``zmesh._host.actorthread``) while the loop stops the actor: each
+        side claims first, so exactly one answers. ``list.pop`` is one step
+        under the GIL, so the two threads cannot both take it.
+        """
+        try:
+            self._answer.pop()
+        except IndexError:
+            return False
+        return True
 
     def settle(self) -> None:
         """The call has ended after its cancel: take back the task's cancel request,

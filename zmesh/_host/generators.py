@@ -317,8 +317,10 @@ class Producers:
         frames = [p.ident, *self.server.codec.encode(w.StreamAlive(p.id))]
         router = self.server.router
         try:
-            # Straight on the socket, to see ROUTER_MANDATORY's refusal.
-            router.sock.send_multipart(frames, zmq.NOBLOCK)
+            # Straight on the socket, to see ROUTER_MANDATORY's refusal
+            # (under its lock: an actor's thread may send on it too).
+            with router.guard():
+                router.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             pass  # there, and busy
         except zmq.ZMQError as exc:

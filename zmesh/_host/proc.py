@@ -29,6 +29,7 @@ from zmesh._client import local as _local
 from zmesh._client.pending import NotReady
 from zmesh._host import actordeath as _actordeath
 from zmesh._host import actors as _actors
+from zmesh._host import actorthread as _actorthread
 from zmesh._host import cancelling as _cancelling
 from zmesh._host import lifecycle as _lifecycle
 from zmesh._host import procboot as _procboot
@@ -240,8 +241,9 @@ class ProcServer(ProcLink, ProcReplies):
                 ctx.run(set_call, run)  # what zmesh.call_cancelled() reads
                 if box.thread.free():  # the actor's own thread (zmesh._host.actorthread)
                     result = await box.thread.run(
-                        ctx.run, invoke_sync, fn, box.instance, args, kwargs
-                    )
+                        ctx.run, invoke_sync, fn, box.instance, args, kwargs,
+                        answer=_actorthread.answer(self.router, box, ident, call, run, guard),
+                    )  # fmt: skip
                 else:  # never behind it (a concurrent call, a health check), or too many
                     result = await asyncio.get_running_loop().run_in_executor(
                         self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
@@ -258,6 +260,9 @@ class ProcServer(ProcLink, ProcReplies):
             return
         except BaseException as exc:
             box.active.pop(key, None)
+            if not run.claim():  # its actor's thread answered it; then the actor stopped
+                counters.end(t0, 0)
+                raise
             if run.cancelled and not box.stopped:  # its caller cancelled it: not an error
                 if guard is not None:
                     guard.disarm(None)
@@ -289,6 +294,10 @@ class ProcServer(ProcLink, ProcReplies):
                 log.error("oneway call %s raised", call.method, exc_info=exc)
             return
         box.active.pop(key, None)
+        if type(result) is _actorthread.Sent:  # answered from the actor's thread
+            counters.end(t0, 0, result.at)
+            self.router.recheck()  # (its send may have taken the edge of input)
+            return
         counters.end(t0, 0)
         if run.cancelled:  # it ran to its end all the same: the result goes nowhere
             _cancelling.answer(self, ident, call, run)

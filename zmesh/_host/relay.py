@@ -4,8 +4,9 @@ A client's fan-out to a wide mesh sends one ``Relay`` per host to one proc
 of the mesh there (``zmesh._client.tree``). That proc sends the request in
 it, unchanged (its envelope and buffer frames as the direct path would have
 sent them), to each target, and gathers their answers into ``RelayReply``
-messages: every answer that arrived in one turn of the loop goes back as one
-message, so a dead or slow target does not hold the others' answers. The
+messages (``zmesh._host.relayback``): every answer that arrived in one turn
+of the loop goes back as one message, so a dead or slow target does not
+hold the others' answers. The
 answers are not decoded here: each goes back as the bytes its proc sent
 (``msgspec.Raw``), with its buffer frames, for the sender to decode. That
 carries a fan-out to several actors per proc (a ``GroupCall`` in, one
@@ -54,6 +55,7 @@ import zmq
 
 from zmesh._client.agents import AgentClient
 from zmesh._host import relayown as _own
+from zmesh._host.relayback import Answers, Forward
 from zmesh._host.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BATCH_MARK, Codec
@@ -66,13 +68,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("zmesh.relay")
 
-# Answers gathered into one RelayReply, at most (the rest go in the next).
-MAX_ANSWERS = 256
-# A call's answers and acknowledgements wait this long (s) for the rest of
-# its answers: one message back to the sender when its targets answer close
-# together (one wake-up of the sender instead of one per loop turn here),
-# and never more than one per linger. A oneway's acknowledgement goes at once.
-ACK_LINGER = 0.005
 # The probe a new link sends first: a call of an actor no proc has, which
 # every proc answers at once with a Failure, proving the link connected.
 _PROBE_ACTOR = "\x00relay-probe"
@@ -93,35 +88,6 @@ class _Head(msgspec.Struct, array_like=True):
 _HEAD = msgspec.msgpack.Decoder(_Head)
 _RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])  # a batch, split into its envelopes
 _REPLY = msgspec.msgpack.Decoder(w.RelayReply)
-
-
-def _raw(msg: Any) -> msgspec.Raw:
-    """``msg`` encoded, as an answer a ``RelayReply`` carries."""
-    return msgspec.Raw(msgspec.msgpack.encode(msg))
-
-
-class Forward:
-    """One ``Relay`` being served: who asked, and the answers not sent back yet."""
-
-    __slots__ = (
-        "acks", "fold", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out",
-        "unproven",
-    )  # fmt: skip
-
-    def __init__(self, ident: bytes, req_id: int, n: int) -> None:
-        self.ident = ident
-        self.id = req_id
-        self.open = n  # targets not answered yet
-        self.out: list[tuple[int, Any, list[Any]]] = []  # (target index, answer, buffers)
-        self.forwarded = False  # acknowledged to the sender
-        self.unproven = 0  # links it went on that have not proved themselves yet
-        self.hops = 0  # relays below it that have not acknowledged yet
-        self.local = 0  # its own host's targets (the first indexes)
-        self.acks: list[int] = []  # targets acknowledged since the last RelayReply
-        # What is here waits for the rest of the answers (ACK_LINGER): the
-        # timer, cancelled when they are all in (else it would wake the loop).
-        self.lingering: asyncio.TimerHandle | None = None
-        self.fold: Fold | None = None  # a reducing Relay's running value (zmesh._host.relayfold)
 
 
 class Hop:
@@ -164,7 +130,7 @@ class RelayServer:
         self._ids = itertools.count(1)
         self._held: deque[tuple[bytes, w.Relay, list[Any]]] = deque()  # while the agent is asked
         self._asking = False
-        self._flush_due: set[Forward] = set()
+        self.back = Answers(server, self.loop)  # the way back (zmesh._host.relayback)
         self._reply_codec: Codec | None = None  # decodes answers to fold (reducing Relays)
         self.relayed = 0
         self.forwarded = 0
@@ -229,7 +195,7 @@ class RelayServer:
                 if not msg.oneway:
                     why = f"rank {t.rank} (generation {t.generation}) of {msg.mesh} is not a proc "
                     why += f"this relay may reach (it serves {self.server.mesh} on its host)"
-                    self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+                    self.back.answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
                 continue
             if (t.rank, t.generation) == me and _own.dispatch(self, fwd, k, out, msg.oneway):
                 self.forwarded += 1  # this proc's own part, run here (zmesh._host.relayown)
@@ -260,13 +226,9 @@ class RelayServer:
             for k in range(len(msg.targets), total):
                 why = f"this relay serves {self.server.mesh}, not {msg.mesh}"
                 if not msg.oneway:
-                    self._answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
+                    self.back.answer(fwd, k, w.Failure(msg.id, "stopped", "RelayRefused", why), [])
         if not fwd.unproven:
             self._local_acked(fwd)
-
-    def _acknowledge(self, fwd: Forward) -> None:
-        fwd.forwarded = True
-        self._schedule(fwd)
 
     # ------------------------------------------------------------ links
 
@@ -324,7 +286,7 @@ class RelayServer:
                     continue
                 entry = link.pending.pop(head.id, None)
                 if entry is not None:
-                    self._answer(entry[0], entry[1], raw, list(bufs))
+                    self.back.answer(entry[0], entry[1], raw, list(bufs))
             return len(raws)
 
         return on_answer
@@ -353,7 +315,7 @@ class RelayServer:
             self._hop_acked(hop)
         if m.done:
             del link.hops[m.id]
-        self._schedule(fwd)
+        self.back.schedule(fwd)
 
     def _from_hop_folded(self, hop: Hop, reduced: list[int], raw: Any, bufs: list[Any]) -> None:
         fwd = hop.fwd
@@ -378,9 +340,9 @@ class RelayServer:
         """Our own host's part is on proven links: say so now (a hop may take longer)."""
         fwd.acks.extend(range(fwd.local))
         if not fwd.hops:
-            self._acknowledge(fwd)
+            self.back.acknowledge(fwd)
         else:
-            self._schedule(fwd)
+            self.back.schedule(fwd)
 
     def _hop_acked(self, hop: Hop) -> None:
         if not hop.acked:
@@ -389,9 +351,9 @@ class RelayServer:
             fwd.hops -= 1
             fwd.acks.extend(range(hop.offset, hop.offset + hop.n))
             if not fwd.hops and not fwd.unproven and not fwd.forwarded:
-                self._acknowledge(fwd)
+                self.back.acknowledge(fwd)
             else:
-                self._schedule(fwd)
+                self.back.schedule(fwd)
 
     def _proven(self, link: Link) -> None:
         link.proven = True
@@ -407,7 +369,7 @@ class RelayServer:
         for fwd, k in pending.values():
             fwd.open -= 1
             fwd.out.append((k, None, []))
-            self._schedule(fwd)
+            self.back.schedule(fwd)
         hops, link.hops = link.hops, {}
         for hop in hops.values():
             for k in sorted(hop.remaining):
@@ -415,7 +377,7 @@ class RelayServer:
                 hop.fwd.out.append((hop.offset + k, None, []))
             hop.remaining.clear()
             self._hop_acked(hop)
-            self._schedule(hop.fwd)
+            self.back.schedule(hop.fwd)
         # Replaced: a new connection, proved again before anything is acknowledged.
         for key, value in list(self.links.items()):
             if value is link:
@@ -427,97 +389,7 @@ class RelayServer:
 
     def own_answer(self, fwd: Forward, k: int, answer: msgspec.Raw, bufs: list[Any]) -> None:
         """This proc's answer to its own part (``zmesh._host.relayown``)."""
-        self._answer(fwd, k, answer, bufs)
-
-    def _answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
-        """Target ``k``'s answer: as its proc sent it, or a message of ours."""
-        if type(answer) is not msgspec.Raw:
-            answer = _raw(answer)
-        elif fwd.fold is not None and fwd.fold.take(k, answer, bufs):
-            fwd.open -= 1  # folded: it goes back with the others, once all are in
-            if fwd.open <= 0:
-                self._schedule(fwd)
-            return
-        fwd.open -= 1
-        fwd.out.append((k, answer, bufs))
-        self._schedule(fwd)
-
-    def _schedule(self, fwd: Forward) -> None:
-        # Answers that arrive in the same loop turn go back as one message.
-        if not self._flush_due:
-            self.loop.call_soon(self._flush)
-        self._flush_due.add(fwd)
-
-    def _flush(self) -> None:
-        due, self._flush_due = self._flush_due, set()
-        for fwd in due:
-            if fwd.open > 0:  # answers to come: what is here waits a moment for them
-                if fwd.lingering is None:
-                    fwd.lingering = self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
-                continue
-            if fwd.lingering is not None:  # all in: its timer has nothing left to do
-                fwd.lingering.cancel()
-                fwd.lingering = None
-            self._send_all(fwd)
-
-    def _send_all(self, fwd: Forward) -> None:
-        """Send back what ``fwd`` has: its answers, folded value, acknowledgements."""
-        # Each answer's buffer frames are numbered within its own
-        # (envelope, frames), so answers with frames travel together too.
-        gathered, fwd.out = fwd.out, []
-        reduced: list[int] = []
-        fold = fwd.fold
-        if fold is not None and fwd.open <= 0 and fold.covered:  # all in: the folded value
-            raw, bufs = fold.answer(fwd.id)
-            reduced, fold.covered = fold.covered, []
-            gathered.append((-1, raw, bufs))
-        while True:
-            out, gathered = gathered[:MAX_ANSWERS], gathered[MAX_ANSWERS:]
-            last = not gathered
-            self._send_back(fwd, out, done=last and fwd.open <= 0 and fwd.forwarded,
-                            reduced=reduced if last else [])  # fmt: skip
-            if last:
-                break
-
-    def _linger_over(self, fwd: Forward) -> None:
-        fwd.lingering = None
-        if fwd.open > 0 and (fwd.out or fwd.acks):  # the rest is late: send what is here
-            self._send_all(fwd)
-
-    def _send_back(
-        self, fwd: Forward, out: list[tuple[int, Any, list[Any]]], done: bool,
-        reduced: list[int] | None = None,
-    ) -> None:  # fmt: skip
-        index, answers, nbufs, lost, frames = [], [], [], [], []
-        for k, answer, bufs in out:
-            if answer is None:
-                lost.append(k)
-                continue
-            index.append(k)
-            answers.append(answer)
-            nbufs.append(len(bufs))
-            frames.extend(bufs)
-        acks, fwd.acks = fwd.acks, []
-        red = reduced if reduced and -1 in index else []
-        msg = w.RelayReply(fwd.id, index, answers, nbufs, lost, fwd.forwarded, done, acks, red)
-        try:
-            env = self.server.codec.encode(msg, frames)
-        except Exception as exc:  # too big together: each answer alone
-            if len(out) > 1:
-                for one in out:
-                    self._send_back(fwd, [one], done=False, reduced=reduced)
-                if done:
-                    self._send_back(fwd, [], done=True)
-                return
-            log.error("an answer cannot be relayed: %r", exc)
-            k = out[0][0]
-            f = w.Failure(
-                fwd.id, "encode", type(exc).__name__, f"the answer cannot be relayed: {exc}"
-            )
-            env = self.server.codec.encode(
-                w.RelayReply(fwd.id, [k], [_raw(f)], [0], [], fwd.forwarded, done)
-            )
-        self.server.router.send([fwd.ident, *env])
+        self.back.answer(fwd, k, answer, bufs)
 
     def counts(self) -> dict[str, int]:
         """This relay's counters, as ``ProcStatistics`` fields."""

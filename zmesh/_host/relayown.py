@@ -42,7 +42,8 @@ from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
     from zmesh._host.proc import ProcServer
-    from zmesh._host.relay import Forward, RelayServer
+    from zmesh._host.relay import RelayServer
+    from zmesh._host.relayback import Forward
 
 
 class OwnPart:

@@ -27,6 +27,7 @@ BUCKET_UNIT_NS = 1024  # ~1 µs
 BUCKETS = 28  # the last bucket starts at 2**26 µs (~67 s)
 _LAST = BUCKETS - 1
 _now_ns = time.perf_counter_ns
+now_ns = _now_ns  # the clock of ``EndpointCounters`` (a call's end seen in another thread)
 
 
 # ------------------------------------------------------------- records
@@ -166,9 +167,9 @@ class EndpointCounters:
         self.in_flight += 1
         return _now_ns()
 
-    def end(self, t0: int, error: int) -> None:
-        """The call started at ``t0`` ended (``error`` is 0 or 1)."""
-        dt = _now_ns() - t0
+    def end(self, t0: int, error: int, at: int = 0) -> None:
+        """The call started at ``t0`` ended (``error`` is 0 or 1), now or ``at`` (``now_ns``)."""
+        dt = (at or _now_ns()) - t0
         self.in_flight -= 1
         self.calls += 1
         self.errors += error

@@ -17,11 +17,19 @@ send and receive (each send wakes libzmq's I/O thread); a batch pays that once
 for up to ``BATCH_MAX`` messages. The receiver tells a batch by its first byte
 (``BATCH_MARK``, which msgpack never uses) and decodes it in one call; the
 format is the codec's (``zmesh._wire.codec.encode_batch``, ``Codec.decode_frames``).
+
+Sharing: a ZeroMQ socket is not thread-safe. After ``share()`` one other
+thread may send on it too (``send_from_thread``: a proc's actor thread
+answering its own call, one loop wake-up fewer per call); every use of the
+socket then holds its lock, and a send from the other thread that leaves
+input waiting wakes the loop to read it, since it may have taken the edge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -168,6 +176,63 @@ class AsyncSocket:
         self._schedule()
         self.on_disconnect: Callable[[], None] | None = None
         self._monitor: AsyncSocket | None = None
+        # Held around every use of the socket once another thread may send
+        # on it too (``share``); None before, so an unshared socket pays nothing.
+        self.lock: threading.RLock | None = None
+
+    def share(self) -> None:
+        """Let one other thread send on this socket (``send_from_thread``)."""
+        if self.lock is None:
+            self.lock = threading.RLock()
+
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """Hold this while using ``sock`` directly (its lock, once shared)."""
+        return self.lock if self.lock is not None else contextlib.nullcontext()
+
+    def send_from_thread(self, frames: list[Any], claim: Callable[[], bool]) -> bool:
+        """Send ``frames`` from a thread that is not the loop's (``share`` first),
+        if ``claim()``, called under the socket's lock, says so; whether they went.
+
+        Not when anything waits to go out before them (queued at the
+        high-water mark, or in a batch), which keeps this peer's order, nor
+        when a part is not one block of memory: ``claim`` is then not called,
+        and the caller sends through the loop. If input waits afterwards
+        (the send may have taken the edge the loop waits on), the loop is
+        woken to read it.
+        """
+        lock = self.lock
+        assert lock is not None, "share() the socket first"
+        with lock:
+            if self.closed or self._pending or self._outbox:
+                return False
+            try:
+                _check_buffers(frames)
+            except (BufferError, TypeError):
+                return False
+            if not claim():
+                return False
+            try:
+                self._send_parts(frames)
+                self.sent += 1
+            except zmq.Again:  # (only part one can fail): the loop sends it when it can
+                self._pending.append(frames)
+            except zmq.ZMQError as exc:  # claimed, so never raised into the thread:
+                if exc.errno == zmq.EHOSTUNREACH:  # ROUTER_MANDATORY: the peer is gone
+                    self.unroutable += 1
+                # (else the socket is ending with its proc: nobody is left to answer)
+            # The send may have taken the edge of a message that arrived
+            # meanwhile, which the loop would then not wake for: if one waits,
+            # the loop is told (only then: a wake-up costs the loop a turn).
+            try:
+                waiting = _get(self.sock, _EVENTS) & _POLLIN
+            except zmq.ZMQError:
+                waiting = 0
+        if waiting:
+            try:
+                self.loop.call_soon_threadsafe(self.recheck)
+            except RuntimeError:  # the loop is closed
+                pass
+        return True
 
     def watch_disconnects(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the loop) each time a connection of this
@@ -265,6 +330,14 @@ class AsyncSocket:
             raise
 
     def _send_now(self, frames: list[Any]) -> None:
+        lock = self.lock
+        if lock is None:
+            self._send_parts(frames)
+        else:
+            with lock:
+                self._send_parts(frames)
+
+    def _send_parts(self, frames: list[Any]) -> None:
         # A multipart message is atomic in ZeroMQ: once the first part is
         # accepted, the rest are too, so EAGAIN can only come from part one.
         sock = self.sock
@@ -320,24 +393,29 @@ class AsyncSocket:
             return
         sock = self.sock
         heads = self._heads
+        lock = self.lock
         handled = 0
         self._reading = True
         try:
             while True:
-                if self._outbox:
-                    self._flush_outbox()
-                events = _get(sock, _EVENTS)
-                if events & _POLLOUT and self._pending:
-                    self._flush()
-                if not events & _POLLIN or self.paused:
-                    if self._outbox:  # made by handlers in this run: send, look again
-                        continue
-                    return
-                if handled >= _BATCH:
-                    self._flush_outbox()
-                    self._schedule()  # let other tasks run, then continue
-                    return
+                # Once shared, the lock is held from here to the message's
+                # last part (one acquire per message), never over a handler.
+                if lock is not None:
+                    lock.acquire()
                 try:
+                    if self._outbox:
+                        self._flush_outbox()
+                    events = _get(sock, _EVENTS)
+                    if events & _POLLOUT and self._pending:
+                        self._flush()
+                    if not events & _POLLIN or self.paused:
+                        if self._outbox:  # made by handlers in this run: send, look again
+                            continue
+                        return
+                    if handled >= _BATCH:
+                        self._flush_outbox()
+                        self._schedule()  # let other tasks run, then continue
+                        return
                     # Frame.more is cheaper than a getsockopt(RCVMORE) per part.
                     # Heads (identity, envelope) become bytes; buffers stay
                     # zero-copy Frames.
@@ -348,6 +426,9 @@ class AsyncSocket:
                         frames.append(part.bytes if len(frames) < heads else part)
                 except zmq.Again:
                     continue
+                finally:
+                    if lock is not None:
+                        lock.release()
                 self.received += 1
                 if self.on_message is not None:
                     handled += self.on_message(frames) or 1
@@ -393,4 +474,5 @@ class AsyncSocket:
             except zmq.ZMQError:
                 pass
             self._monitor.close(linger=0)
-        self.sock.close(linger=linger)
+        with self.guard():
+            self.sock.close(linger=linger)
