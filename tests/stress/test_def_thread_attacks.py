@@ -29,13 +29,19 @@ import math
 import os
 import random
 import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import zmq
 
 import zmesh
+from zmesh._shared.aio import call_soon_quietly
+from zmesh._wire.zsock import AsyncSocket
 
 pytestmark = pytest.mark.stress
 
@@ -194,6 +200,24 @@ class Caller(zmesh.Actor):
             await asyncio.sleep(rng.random() * 0.003)
         return lat
 
+    @zmesh.endpoint
+    async def lanes(self, targets: list[Any], seconds: float, nap: float) -> list[float]:
+        """One sequential lane of ``def`` calls per target (each naps ``nap``
+        with the GIL released); every call's latency."""
+        lat: list[float] = []
+
+        async def lane(target: Any) -> None:
+            end = time.monotonic() + seconds
+            i = 0
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                assert await target.nap.options(timeout=10).call_one(nap, i) == i
+                lat.append(time.monotonic() - t0)
+                i += 1
+
+        await asyncio.gather(*(lane(t) for t in targets))
+        return lat
+
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
@@ -296,10 +320,10 @@ def test_timeouts_and_cancels_racing_the_threads_send_resolve_each_call_once(
     rng = random.Random(7)
 
     async def main() -> dict[str, int]:
-        futs: list[tuple[int, asyncio.Future[Any]]] = []
+        futs: list[tuple[int, asyncio.Task[Any]]] = []
         for i in range(600):
             t = rng.choice((0.001, 0.002, 0.003, 0.005))
-            f = asyncio.ensure_future(
+            f = asyncio.create_task(
                 _await(one.nap.options(timeout=t * (1 + i % 4)).call_one(0.001, i))
             )
             futs.append((i, f))
@@ -347,7 +371,75 @@ def test_sparse_calls_from_many_callers_never_wait_for_a_timer(targets: Any, cal
     slow = sorted(lat)[-10:]
     stalls = [x for x in lat if x > 0.15]
     print(f"{len(lat)} calls, p50 {sorted(lat)[len(lat) // 2] * 1e3:.2f} ms, slowest {slow}")
-    assert len(stalls) <= 1, f"{len(stalls)} of {len(lat)} calls waited > 150 ms: {stalls}"
+    assert len(stalls) <= max(2, len(lat) // 200), f"{len(stalls)} of {len(lat)} > 150 ms: {stalls}"
+
+
+def test_threads_answering_side_by_side_never_leave_a_call_for_the_timer(
+    targets: Any, callers: Any
+) -> None:
+    """Six actors of one proc answer from their threads side by side (each
+    with one call at a time in flight, so no queued call wakes the loop),
+    while another caller calls an ``async def`` of the same proc one at a
+    time. A thread's send can take the edge of input the loop sleeps on
+    (``ZMQ_FD``): an arriving call must not then wait for the proc's next
+    timer (its 0.2 s heartbeat)."""
+    seconds = 5.0
+    lanes = [
+        callers.slice(procs=k).lanes.call_one(
+            [targets.slice(actors=2 * k), targets.slice(actors=2 * k + 1)], seconds, 0.001
+        )
+        for k in range(3)
+    ]
+    watched = targets.slice(actors=7)
+    mine: list[float] = []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        assert watched.aecho.call_one(i).get(timeout=10) == i
+        mine.append(time.monotonic() - t0)
+        i += 1
+    theirs = [x for f in lanes for x in f.get(timeout=30)]
+    for name, lat in (("async", mine), ("def", theirs)):
+        stalls = [round(x, 3) for x in lat if x > 0.15]
+        print(
+            f"{name}: {len(lat)} calls, p50 {sorted(lat)[len(lat) // 2] * 1e3:.2f} ms, "
+            f"{len(stalls)} > 150 ms: {stalls[:20]}"
+        )
+    # (A loaded machine stalls a caller now and then, both its lanes at once.)
+    stalls = [x for x in mine + theirs if x > 0.15]
+    assert len(stalls) <= max(4, len(mine + theirs) // 200), f"{len(stalls)} calls waited > 150 ms"
+
+
+def test_a_call_arriving_as_a_thread_answers_is_read_at_once(targets: Any) -> None:
+    """A ``def`` call naps a few ms, and a call to another actor of the same
+    proc is sent to arrive just as the first one's thread answers (the
+    moment swept across its answer), then all is quiet until it returns. The
+    thread's send may take the edge of input the loop sleeps on
+    (``ZMQ_FD``); the second call must not then wait for the proc's next
+    timer (its 0.2 s heartbeat)."""
+    sync_one, other = targets.slice(actors=0), targets.slice(actors=1)
+    rng = random.Random(3)
+    lat: list[float] = []
+    end = time.monotonic() + 8.0
+    i = 0
+    while time.monotonic() < end:
+        nap = 0.002
+        first = sync_one.nap.call_one(nap, i)
+        until = time.monotonic() + nap * rng.uniform(0.5, 1.5)
+        while time.monotonic() < until:
+            pass
+        t0 = time.monotonic()
+        assert other.aecho.call_one(i).get(timeout=10) == i
+        lat.append(time.monotonic() - t0)
+        assert first.get(timeout=10) == i
+        i += 1
+    stalls = [round(x, 3) for x in lat if x > 0.15]
+    print(
+        f"{len(lat)} calls, p50 {sorted(lat)[len(lat) // 2] * 1e3:.2f} ms, "
+        f"{len(stalls)} > 150 ms: {stalls[:20]}"
+    )
+    assert len(stalls) <= max(2, len(lat) // 200), f"{len(stalls)} of {len(lat)} > 150 ms: {stalls}"
 
 
 def test_a_def_endpoint_holding_the_gil_leaves_the_proc_serving(targets: Any) -> None:
@@ -454,3 +546,88 @@ def test_stopping_the_target_mesh_mid_burst_resolves_every_call(callers: Any) ->
 
 async def _await(fut: zmesh.Future[Any]) -> Any:
     return await fut
+
+
+# A peer that sends its clock every 0-3 ms for a while, and drains what it gets.
+_SPARSE_PEER = """
+import random, sys, time, zmq
+ctx = zmq.Context()
+d = ctx.socket(zmq.DEALER)
+d.setsockopt(zmq.IDENTITY, b"peer")
+d.connect(sys.argv[1])
+rng = random.Random(1)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    d.send(repr(time.monotonic()).encode())
+    until = time.monotonic() + rng.random() * 0.003
+    while time.monotonic() < until:
+        if d.poll(1):
+            d.recv()
+d.send(b"end")
+d.close(linger=2000)
+ctx.term()
+"""
+
+
+def test_a_send_from_another_thread_never_leaves_input_unread() -> None:
+    """A proc's ROUTER as an actor thread shares it: a thread answers every
+    0.5 ms (``send_from_thread``) and tells the loop quietly, as
+    ``zmesh._host.actorthread`` does, while a peer process sends a message
+    every 0-3 ms. A send can take the edge of ``ZMQ_FD`` the loop sleeps on;
+    the peer's messages must still be read at once, not when something else
+    happens to wake the loop (here nothing does: before the fix most waited
+    0.2-0.9 s)."""
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.ROUTER)
+    raw.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.bind("tcp://127.0.0.1:*")
+    addr = raw.getsockopt_string(zmq.LAST_ENDPOINT)
+    peer = subprocess.Popen([sys.executable, "-c", _SPARSE_PEER, addr, "4"])
+    delays: list[float] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first, ended = asyncio.Event(), asyncio.Event()
+
+        def on_message(frames: list[Any]) -> None:
+            if frames[1] == b"end":
+                ended.set()
+            else:
+                delays.append(time.monotonic() - float(frames[1]))
+                first.set()
+
+        sock = AsyncSocket(raw, loop, on_message, router=True, batch=True)
+        sock.share()
+        stop = threading.Event()
+
+        def answering() -> None:
+            while not stop.is_set():
+                sock.send_from_thread([b"peer", b"answer"], lambda: True)
+                call_soon_quietly(loop, sock.recheck)  # as the actor thread tells its loop
+                time.sleep(0.0005)
+
+        thread = threading.Thread(target=answering, daemon=True)
+        try:
+            await asyncio.wait_for(first.wait(), 20)
+            thread.start()
+            await asyncio.wait_for(ended.wait(), 30)
+        finally:
+            stop.set()
+            if thread.is_alive():
+                thread.join(5)
+            sock.close(linger=0)
+
+    try:
+        asyncio.run(main())
+        assert peer.wait(timeout=10) == 0
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+        ctx.term()
+    late = [round(d, 3) for d in delays if d > 0.1]
+    assert len(delays) > 500
+    assert len(late) <= len(delays) // 100, (
+        f"{len(late)} of {len(delays)} read > 0.1 s late: {late[:10]}"
+    )
