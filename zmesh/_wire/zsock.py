@@ -21,14 +21,14 @@ format is the codec's (``zmesh._wire.codec.encode_batch``, ``Codec.decode_frames
 Sharing: a ZeroMQ socket is not thread-safe. After ``share()`` one other
 thread may send on it too (``send_from_thread``: a proc's actor thread
 answering its own call, one loop wake-up fewer per call); every use of the
-socket then holds its lock, and a send from the other thread that leaves
-input waiting wakes the loop to read it, since it may have taken the edge.
+socket then holds its lock, and a send from the other thread reads
+``EVENTS`` after it and wakes the loop if input waits, since the send may have
+taken the edge of input the loop sleeps on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import deque
@@ -43,6 +43,7 @@ import zmq
 from zmesh._wire.codec import BATCH_MARK as BATCH_MARK
 from zmesh._wire.codec import MAX_MSG_SIZE as MAX_MSG_SIZE
 from zmesh._wire.codec import encode_batch
+from zmesh._wire.zshare import ThreadSend, _check_buffers
 
 # Messages handled per wake-up before yielding to other tasks.
 _BATCH = 256
@@ -112,22 +113,7 @@ def configure(sock: Any, *, data: bool = False) -> Any:
     return sock
 
 
-def _check_buffers(frames: list[Any]) -> None:
-    """Refuse, before any part goes out, a part ZeroMQ could not take.
-
-    A part failing after the first would leave the socket in the middle of
-    a message, and the next message would be glued onto it.
-
-    Raises:
-        BufferError: a part is not one contiguous block of memory.
-    """
-    for f in frames:
-        t = type(f)
-        if t is not bytes and t is not _Frame and not memoryview(f).c_contiguous:
-            raise BufferError("a buffer sent as a frame must be contiguous")
-
-
-class AsyncSocket:
+class AsyncSocket(ThreadSend):
     """A ZeroMQ socket driven by an asyncio loop, delivering to a callback.
 
     The socket belongs to the loop's thread: create, use and close it there.
@@ -179,60 +165,6 @@ class AsyncSocket:
         # Held around every use of the socket once another thread may send
         # on it too (``share``); None before, so an unshared socket pays nothing.
         self.lock: threading.RLock | None = None
-
-    def share(self) -> None:
-        """Let one other thread send on this socket (``send_from_thread``)."""
-        if self.lock is None:
-            self.lock = threading.RLock()
-
-    def guard(self) -> contextlib.AbstractContextManager[Any]:
-        """Hold this while using ``sock`` directly (its lock, once shared)."""
-        return self.lock if self.lock is not None else contextlib.nullcontext()
-
-    def send_from_thread(self, frames: list[Any], claim: Callable[[], bool]) -> bool:
-        """Send ``frames`` from a thread that is not the loop's (``share`` first),
-        if ``claim()``, called under the socket's lock, says so; whether they went.
-
-        Not when anything waits to go out before them (queued at the
-        high-water mark, or in a batch), which keeps this peer's order, nor
-        when a part is not one block of memory: ``claim`` is then not called,
-        and the caller sends through the loop. If input waits afterwards
-        (the send may have taken the edge the loop waits on), the loop is
-        woken to read it.
-        """
-        lock = self.lock
-        assert lock is not None, "share() the socket first"
-        with lock:
-            if self.closed or self._pending or self._outbox:
-                return False
-            try:
-                _check_buffers(frames)
-            except (BufferError, TypeError):
-                return False
-            if not claim():
-                return False
-            try:
-                self._send_parts(frames)
-                self.sent += 1
-            except zmq.Again:  # (only part one can fail): the loop sends it when it can
-                self._pending.append(frames)
-            except zmq.ZMQError as exc:  # claimed, so never raised into the thread:
-                if exc.errno == zmq.EHOSTUNREACH:  # ROUTER_MANDATORY: the peer is gone
-                    self.unroutable += 1
-                # (else the socket is ending with its proc: nobody is left to answer)
-            # The send may have taken the edge of a message that arrived
-            # meanwhile, which the loop would then not wake for: if one waits,
-            # the loop is told (only then: a wake-up costs the loop a turn).
-            try:
-                waiting = _get(self.sock, _EVENTS) & _POLLIN
-            except zmq.ZMQError:
-                waiting = 0
-        if waiting:
-            try:
-                self.loop.call_soon_threadsafe(self.recheck)
-            except RuntimeError:  # the loop is closed
-                pass
-        return True
 
     def watch_disconnects(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the loop) each time a connection of this
