@@ -33,7 +33,7 @@ from zmesh._client.replies import Stream
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.streams import ItemStream, open_stream
 from zmesh._client.values import ValueMesh
-from zmesh._errors import EncodeError
+from zmesh._errors import EncodeError, encode_error
 from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
@@ -139,8 +139,9 @@ class EndpointRef(Generic[R]):
         except NotReady:
             raise
         except Exception as exc:
-            raise EncodeError(
+            raise encode_error(
                 f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
+                exc,
                 mesh=self._mesh.proc_mesh,
             ) from exc
         if buffers or payload.blob is not None:
