@@ -12,7 +12,9 @@ real ``kill -9``.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -241,3 +243,43 @@ def test_abort_kills_the_actor_with_its_reason(
         worker.abort.call_one(reason).get(timeout=60)
     wait_for(lambda: faults, 20, "the hook")
     assert f"ActorAborted: {reason or 'no reason provided'}" in faults[0].report()
+
+
+class Sleeper(zmesh.Actor):
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @zmesh.endpoint
+    async def nap(self) -> None:
+        await asyncio.sleep(60)
+
+
+@pytest.mark.anyio
+async def test_a_dead_procs_calls_fail_in_monarchs_words(faults: list[zmesh.MeshFailure]) -> None:
+    """kill -9 of a proc: the call on it and every later one (await, .get(),
+    call_one, call) say which actor and endpoint, as Monarch does, with
+    zmesh's reason and context after; a stopped mesh's calls too."""
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    victim = procs.spawn("victim", Sleeper)
+    bystander = procs.spawn("bystander", Sleeper)
+    pids = (await victim.pid.call()).values()
+    napping = victim.slice(gpus=1).nap.call_one()
+    os.kill(pids[1], signal.SIGKILL)
+    actor = "The actor test_actor_death.Sleeper victim{'hosts': 0/1, 'gpus': 1/2}"
+    died = "and all its descendants have failed: the process of mesh"
+    with pytest.raises(zmesh.SupervisionError) as info:
+        await napping
+    text = str(info.value)
+    assert text.startswith(f"Endpoint call victim.nap() failed, {actor} {died}"), text
+    assert "killed by SIGKILL" in text and "rank=1" in text and "log=" in text
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(zmesh.SupervisionError, match=r"Endpoint call victim\.pid\(\) failed"):
+        await victim.pid.call()
+    with pytest.raises(zmesh.SupervisionError, match=re.escape(f"{actor} {died}")):
+        await asyncio.to_thread(victim.slice(gpus=1).pid.call_one().get, 30)
+    await bystander.slice(gpus=0).pid.call_one()  # the live proc serves
+    await bystander.stop()
+    with pytest.raises(zmesh.ActorStoppedError, match=r"bystander\.pid\(\) failed, Supervision"):
+        await bystander.slice(gpus=0).pid.call_one()
+    await procs.stop()

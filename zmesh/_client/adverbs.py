@@ -24,6 +24,7 @@ from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
 from zmesh._client import tree as _tree
+from zmesh._client.callfailure import for_call
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink
 from zmesh._client.launch import least_loaded, on_runtime
@@ -130,7 +131,7 @@ class EndpointRef(Generic[R]):
         except NotReady:
             pass
         return _pending.defer(
-            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name)
+            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name), mesh
         )
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
@@ -258,7 +259,8 @@ class EndpointRef(Generic[R]):
                 return
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
-        return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
+        targets = (r.addr for r in refs)
+        return on_runtime(start, (self._mesh.proc_mesh, name), targets, self._mesh)
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
@@ -277,7 +279,7 @@ class EndpointRef(Generic[R]):
                 ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
                 self._block,
             )  # fmt: skip
-            return Future(afut=fut, about=(ref, self._name))
+            return Future(afut=fut, about=(ref, self._name), mesh=self._mesh)
         # From a thread without a loop: on the thread's own lane (no hop), or
         # else one callback on the runtime's loop, scheduled in call order
         # like every other adverb (see on_runtime).
@@ -286,6 +288,7 @@ class EndpointRef(Generic[R]):
         if not buffers and self._block:
             sync = lane.call(ref, actor, self._name, payload, timeout)
             if sync is not None:
+                sync._mesh = self._mesh
                 return sync
         seq = lane.before_io((ref.addr,))
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
@@ -296,7 +299,7 @@ class EndpointRef(Generic[R]):
             timeout, self._block, here=False, targets=(),
         )  # fmt: skip
         withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
-        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw)
+        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw, mesh=self._mesh)
 
     @_deferrable("future")
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
@@ -330,7 +333,7 @@ class EndpointRef(Generic[R]):
                 if fut.done():
                     return
                 if not ok:
-                    fut.set_exception(value)
+                    fut.set_exception(for_call(value, mesh, self._name))
                     return
                 results[i] = value
                 remaining -= 1

@@ -116,6 +116,8 @@ class SyncCall(Future[Any]):
         self.settled = False
         self.ok = False
         self.value: Any = None
+        self._mesh: Any = None  # set for an endpoint call (see Future)
+        self._about = (ref, method)
 
     def settle(self, ok: bool, value: Any) -> None:
         """Give the call its outcome (the first one wins), from any thread."""
@@ -181,7 +183,7 @@ class SyncCall(Future[Any]):
                 )  # fmt: skip
         if self.ok:
             return self.value
-        raise self.value
+        raise self._failure(self.value)
 
     def done(self) -> bool:
         """Whether the result (or error) is ready, reading what has arrived (never blocks)."""
@@ -484,7 +486,10 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
     actor = ep._mesh.actor
     if ref.index >= 0:  # one of several actors of its proc: addressed to it
         actor = f"{actor}{SEP}{ref.index}"
-    return ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+    call = ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+    if call is not None:
+        call._mesh = ep._mesh
+    return call
 
 
 # ---------------------------------------------------------------- per thread

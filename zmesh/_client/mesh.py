@@ -288,6 +288,10 @@ class ActorMesh(_MeshBase, Generic[A]):
         first_two = mesh.slice(procs=slice(0, 2))
     """
 
+    # The actor class's module, for Monarch's "module.Class" in failures
+    # (zmesh._client.callfailure); "" where the mesh was not spawned here.
+    cls_module = ""
+
     def __init__(
         self,
         actor: str,
@@ -343,6 +347,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             modes=self.modes,
         )  # fmt: skip
         part._ready, part._ready_loop = self._ready, self._ready_loop
+        part.cls_module = self.cls_module
         gate = self._gate
         if gate is not None:  # calls through the slice keep their place among the mesh's
             gate.join(part)
@@ -381,7 +386,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
              self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
-             self.modes, self._detached),
+             self.modes, self._detached, self.cls_module),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -399,10 +404,12 @@ def _rebuild_actor_mesh(
     full: dict[str, int],
     modes: dict[str, int] | None = None,
     detached: str = "",
+    cls_module: str = "",
 ) -> ActorMesh[Any]:
     mesh: ActorMesh[Any] = ActorMesh(
         actor, cls_name, frozenset(endpoints), Shape(dims, ranks),
         [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
     mesh._detached = detached
+    mesh.cls_module = cls_module
     return mesh

@@ -157,6 +157,7 @@ def _pending_actor_mesh(proc_mesh: str, shape: Shape, name: str, cls: type[A]) -
         modes=_modes(infos),
     )  # fmt: skip
     mesh.proc_mesh = proc_mesh
+    mesh.cls_module = cls.__module__
     return mesh
 
 
@@ -343,9 +344,11 @@ async def _spawn_actors(
     infos = endpoints_of(cls)
     shape = _grouping.actors_shape(Shape(dims, procs._shape.ranks), per_proc)
     refs = [r for rs in members for r in rs] if members else procs._refs
-    return ActorMesh(
+    mesh: ActorMesh[A] = ActorMesh(
         name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),
     )  # fmt: skip
+    mesh.cls_module = cls.__module__
+    return mesh
 
 
 def _modes(infos: dict[str, EndpointInfo]) -> dict[str, int]:
