@@ -283,3 +283,58 @@ async def test_a_dead_procs_calls_fail_in_monarchs_words(faults: list[zmesh.Mesh
     with pytest.raises(zmesh.ActorStoppedError, match=r"bystander\.pid\(\) failed, Supervision"):
         await bystander.slice(gpus=0).pid.call_one()
     await procs.stop()
+
+
+class Foster(zmesh.Actor):
+    """Spawns its kids on procs its owner handed it, as a Monarch actor does."""
+
+    def __init__(self, procs: zmesh.ProcMesh) -> None:
+        self.procs = procs
+        self.seen: list[str] = []
+        self.kids = procs.spawn("fostered", Worker)
+
+    def __supervise__(self, failure: zmesh.MeshFailure) -> bool:
+        self.seen.append(failure.report())
+        return True
+
+    @zmesh.endpoint
+    def kid_pids(self) -> list[int]:
+        return self.kids.pid.call().get(timeout=30).values()
+
+    @zmesh.endpoint
+    def break_kids(self) -> None:
+        self.kids.boom.broadcast()
+
+    @zmesh.endpoint
+    def seen_failures(self) -> list[str]:
+        return list(self.seen)
+
+    @zmesh.endpoint
+    def spawn_and_stop(self) -> str:
+        more = self.procs.spawn("more", Worker)
+        more.pid.call().get(timeout=30)
+        more.stop().get(timeout=30)
+        try:
+            more.pid.call().get(timeout=30)
+        except zmesh.ActorStoppedError as exc:
+            return type(exc).__name__
+        return "still running"
+
+
+def test_an_actor_spawns_on_procs_its_owner_handed_it(faults: list[zmesh.MeshFailure]) -> None:
+    """The owner hands a ProcMesh to its actor (a spawn argument): the actor
+    spawns there, stops what it spawned, and supervises it; the procs stay the
+    owner's. (A plain pickle of the handle gives nothing: tests/security.)"""
+    home = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    lent = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    foster = home.spawn("foster", Foster, lent)
+    kid_pids = foster.kid_pids.call_one().get(timeout=60)
+    assert len(kid_pids) == 2 and os.getpid() not in kid_pids
+    assert foster.spawn_and_stop.call_one().get(timeout=60) == "ActorStoppedError"
+    foster.break_kids.call_one().get(timeout=30)
+    wait_for(lambda: len(foster.seen_failures.call_one().get(timeout=10)) == 2, 20, "supervise")
+    reports = foster.seen_failures.call_one().get(timeout=10)
+    assert all("The actor test_actor_death.Worker fostered" in r for r in reports), reports
+    assert faults == []  # handled by the actor that spawned them, not the procs' owner
+    again = lent.spawn("again", Worker)  # the owner's procs are still its own
+    assert again.pid.call().get(timeout=30).values() == kid_pids

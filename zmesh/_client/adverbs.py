@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import grants as _grants
 from zmesh._client import grouping as _grouping
 from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
@@ -135,6 +136,7 @@ class EndpointRef(Generic[R]):
         )
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
+        before = _grants.sending_to(self._mesh.proc_mesh)
         try:
             payload, buffers = Codec.pack(args, kwargs)
         except NotReady:
@@ -145,6 +147,8 @@ class EndpointRef(Generic[R]):
                 exc,
                 mesh=self._mesh.proc_mesh,
             ) from exc
+        finally:
+            _grants.sent(before)
         if buffers or payload.blob is not None:
             # Refused here, in the caller's thread, before anything goes out
             # (the runtime checks the encoded message again).

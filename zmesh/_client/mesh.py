@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Generator, Iterable
 from typing import Any, Generic, TypeVar
 
 from zmesh._actor import ActorBase
+from zmesh._client import grants as _grants
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import EndpointRef
 from zmesh._client.controller import SupervisionEvent
@@ -267,13 +268,20 @@ class ProcMesh(_MeshBase):
         return submit(lambda rt: stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:
-        # A handle travels as plain data, once its procs are up (see ActorMesh).
+        # A handle travels as plain data, once its procs are up (see ActorMesh);
+        # to actors of its owner, with the right to spawn there (zmesh._client.grants).
         self._check_up()
-        return (ProcMesh, (self.proc_mesh, self._shape, list(self._refs)))
+        granted = _grants.grant(self.proc_mesh)
+        return (_rebuild_proc_mesh, (self.proc_mesh, self._shape, list(self._refs), granted))
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}: {v}" for k, v in self._shape.dims.items())
         return f"<ProcMesh {self.proc_mesh} {{{dims}}}>"
+
+
+def _rebuild_proc_mesh(name: str, shape: Shape, refs: list[ProcRef], grant: str) -> ProcMesh:
+    _grants.take(name, grant)
+    return ProcMesh(name, shape, refs)
 
 
 class ActorMesh(_MeshBase, Generic[A]):

@@ -48,7 +48,7 @@ from zmesh._host.mailbox import Mailbox
 from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
-from zmesh._shared.ownership import same_secret
+from zmesh._shared.ownership import grant_of, same_secret
 from zmesh._shared.workers import Workers
 from zmesh._wire import deadlines as _deadlines
 from zmesh._wire import excpickle as _excpickle
@@ -78,6 +78,7 @@ class ProcServer:
         # The mesh's key: what a SpawnActor or StopActor must carry (ownership.py).
         # Without one (a proc no agent started), our own derived key: only we have it.
         self.key = key or _local.mesh_proof(spec.mesh)
+        self.grant = grant_of(self.key)  # what an actor its owner handed us to holds
         self.denied = 0  # requests refused for want of the key
         self.mesh = spec.mesh
         self.rank = spec.rank
@@ -281,7 +282,7 @@ class ProcServer:
 
     def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
         """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
-        if same_secret(self.key, msg.proof):
+        if same_secret(self.key, msg.proof) or same_secret(self.grant, msg.proof):
             return True
         self.denied += 1
         if self.denied == 1 or self.denied % 1000 == 0:
