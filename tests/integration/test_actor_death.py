@@ -75,6 +75,12 @@ class Owner(zmesh.Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @zmesh.endpoint
+    async def break_kid_and_wait(self, seconds: float) -> str:
+        self.kids.boom.broadcast()
+        await asyncio.sleep(seconds)  # its kid's failure kills it meanwhile
+        return "survived"
+
 
 @pytest.fixture
 def faults() -> Iterator[list[zmesh.MeshFailure]]:
@@ -206,6 +212,24 @@ def test_an_unhandled_actor_death_chains_through_the_owner(
     assert "The actor test_actor_death.Owner owner" in report
     assert "The actor test_actor_death.Worker kid{'hosts': 0/1, 'gpus': 0/1}" in report
     assert "ValueError: bad input" in report
+    assert sibling.pid.call_one().get(timeout=30) > 0
+
+
+def test_a_call_in_flight_fails_when_its_actor_fails_meanwhile(
+    faults: list[zmesh.MeshFailure],
+) -> None:
+    """The owner's kid dies, the owner does not handle it and fails too, while
+    a call of the owner runs: that call fails with the owner's death, as
+    Monarch's does, not with the value it returns later."""
+    owner, sibling, _ = _owner("raise")
+    with pytest.raises(zmesh.SupervisionError) as info:
+        owner.break_kid_and_wait.call_one(3.0).get(timeout=60)
+    text = str(info.value)
+    assert text.startswith("Endpoint call owner.break_kid_and_wait() failed, The actor"), text
+    # ...with why: what its __supervise__ raised, and the kid's failure it was handling.
+    assert "__supervise__ raised RuntimeError: supervisor gave up, handling: " in text, text
+    assert "ValueError: bad input" in text, text
+    wait_for(lambda: faults, 20, "the client's hook")
     assert sibling.pid.call_one().get(timeout=30) > 0
 
 

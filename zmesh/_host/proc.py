@@ -395,6 +395,8 @@ class ProcServer:
                 log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
                 _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
                 _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
+            elif box.dead and not call.oneway:  # the actor failed meanwhile (as above)
+                _actordeath.dead_reply(self, ident, call, box)
             elif not call.oneway:  # an Exception with a caller: its ActorError
                 self._send_failure(ident, call.id, "actor", exc, call.method)
             else:  # (survive_errors)
@@ -407,6 +409,8 @@ class ProcServer:
             return
         if call.oneway:
             return
+        if box.dead:  # the actor failed while this ran (unsupervised): so does its call
+            return _actordeath.dead_reply(self, ident, call, box)
         if guard is not None:
             args = kwargs = ()  # type: ignore[assignment]  # (the port may be theirs alone)
             wrong = guard.returned(result)
