@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import pickle
@@ -27,7 +28,7 @@ _controllers: dict[str, ActorMesh[Any]] = {}
 # The job's registry of controllers, for the procs this process starts: a
 # pickled handle of the ``_Registry`` on the root client's ``this_proc()``.
 REGISTRY_VAR = "ZMESH_CONTROLLERS"
-_registry: Any = None  # our own handle of it, once made (or found)
+_registry: tuple[int, Any] | None = None  # (our pid, our handle of it), once made or found
 
 
 class _Registry(Actor):
@@ -38,7 +39,9 @@ class _Registry(Actor):
     async def get_or_spawn(
         self, name: str, cls: type[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        mesh = _here(name, cls, args, kwargs)
+        # In a thread of no loop, as the root client's own asks are: the same
+        # runtime sees (and keeps) the same meshes.
+        mesh = await asyncio.to_thread(_here, name, cls, args, kwargs)
         await mesh.initialized  # a handle travels once its actors are up
         return mesh
 
@@ -73,19 +76,25 @@ def get_or_spawn_controller(name: str, cls: type[A], *args: Any, **kwargs: Any) 
 
 def _registry_here() -> Any:
     """The job's registry for a proc of the job (found in its environment);
-    ``None`` in the root client, which makes it first (the procs it starts
-    from then on find it), and in a proc of a job without one."""
+    ``None`` in the root client, which makes its own first (the procs it
+    starts from then on find it; one it inherited from a parent process is
+    not its job's), and in a proc of a job without one."""
     global _registry
     with _lock:
-        found = os.environ.get(REGISTRY_VAR)
+        if _registry is not None and _registry[0] != os.getpid():
+            _registry = None  # a fork's parent's
         if own_proc() is None:
-            if _registry is None and not found:
-                _registry = this_proc().spawn(f"controllers-{secrets.token_hex(4)}", _Registry)
-                os.environ[REGISTRY_VAR] = pickle.dumps(_registry.get(timeout=60)).hex()
+            if _registry is None:
+                mine = this_proc().spawn(f"controllers-{secrets.token_hex(4)}", _Registry)
+                os.environ[REGISTRY_VAR] = pickle.dumps(mine.get(timeout=60)).hex()
+                _registry = (os.getpid(), mine)
             return None
-        if _registry is None and found:
-            _registry = pickle.loads(bytes.fromhex(found))
-        return _registry
+        if _registry is None:
+            found = os.environ.get(REGISTRY_VAR)
+            if not found:
+                return None
+            _registry = (os.getpid(), pickle.loads(bytes.fromhex(found)))
+        return _registry[1]
 
 
 def _here(name: str, cls: type[A], args: tuple[Any, ...], kwargs: dict[str, Any]) -> A:
