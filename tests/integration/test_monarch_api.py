@@ -17,7 +17,7 @@ import pytest
 
 import zmesh
 
-from _helpers import session_pids, wait_for
+from _helpers import run_python, session_pids, wait_for
 
 
 class Where(zmesh.Actor):
@@ -165,6 +165,30 @@ def test_get_or_spawn_controller_is_one_registry_for_the_job() -> None:
     assert second.root_of.call_one().get(timeout=30) == "first"  # the actor's, not a new one
     assert second.proc_mesh == where
     assert first.ask.call_one("first", "x").get(timeout=60) == first.proc_mesh
+    zmesh.shutdown_context().get(timeout=30)
+
+
+CHILD_CLIENT = """
+import sys
+import zmesh
+from test_monarch_api import Asker
+
+first = zmesh.get_or_spawn_controller("first", Asker, root="child").get(timeout=60)
+where = first.ask.call_one("second", "child").get(timeout=90)
+second = zmesh.get_or_spawn_controller("second", Asker).get(timeout=60)
+print(second.root_of.call_one().get(timeout=30), second.proc_mesh == where)
+zmesh.shutdown()
+"""
+
+
+def test_a_client_started_by_a_job_is_a_job_of_its_own() -> None:
+    """A client whose environment carries this job's registry (a subprocess
+    of ours) keeps its own: its actors' asks and its own agree."""
+    zmesh.get_or_spawn_controller("first", Asker).get(timeout=60)  # our registry is made
+    assert os.environ.get("ZMESH_CONTROLLERS")  # and what a subprocess inherits
+    here = str(Path(__file__).parent)
+    done = run_python(["-c", CHILD_CLIENT], 150, cwd=here)
+    assert done.stdout.split()[-2:] == ["child", "True"], done.stdout + done.stderr
     zmesh.shutdown_context().get(timeout=30)
 
 
