@@ -260,7 +260,52 @@ class ResponsePortError(EndpointError, ValueError):
 
 
 class EncodeError(ZmeshError):
-    """An argument or a return value cannot be encoded for the wire."""
+    """An argument or a return value cannot be encoded for the wire.
+
+    When pickling a value raised (its ``__getstate__``, a lock, a socket),
+    the error is also of that exception's type (``encode_error``): code
+    written for Monarch, which raises the pickling error itself, catches it
+    as that (``except RuntimeError``, ``except TypeError``), and zmesh code
+    as an ``EncodeError``.
+    """
+
+
+# EncodeError subclasses made for a pickling error's type, by that type.
+_ALSO: dict[type[BaseException], type[EncodeError]] = {}
+
+
+def encode_error(message: str, cause: BaseException, **context: Any) -> EncodeError:
+    """An ``EncodeError`` for a value whose encoding raised ``cause``: also an
+    instance of ``cause``'s type when the two can be combined (an
+    ``Exception`` that is not zmesh's and that Python lets a class derive from)."""
+    return _also(type(cause))(message, **context)
+
+
+def _also(kind: type[BaseException]) -> type[EncodeError]:
+    cls = _ALSO.get(kind)
+    if cls is not None:
+        return cls
+    cls = EncodeError
+    if issubclass(kind, Exception) and not issubclass(kind, ZmeshError):
+        try:
+            cls = type("EncodeError", (EncodeError, kind), {"__reduce__": _reduce_also})
+            cls.__module__ = "zmesh"
+        except TypeError:  # a final type, or one whose layout cannot be combined
+            cls = EncodeError
+    _ALSO[kind] = cls
+    return cls
+
+
+def _reduce_also(self: EncodeError) -> tuple[Any, ...]:
+    # The combined class has no importable name: rebuild it from its other base.
+    also = type(self).__bases__[1]
+    return (_rebuild_also, (also, self.message, self.__dict__))
+
+
+def _rebuild_also(also: type[BaseException], message: str, state: dict[str, Any]) -> EncodeError:
+    err = _rebuild(_also(also), message, state)
+    assert isinstance(err, EncodeError)
+    return err
 
 
 class AgentError(ZmeshError):

@@ -12,7 +12,9 @@ real ``kill -9``.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -72,6 +74,12 @@ class Owner(zmesh.Actor):
     @zmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @zmesh.endpoint
+    async def break_kid_and_wait(self, seconds: float) -> str:
+        self.kids.boom.broadcast()
+        await asyncio.sleep(seconds)  # its kid's failure kills it meanwhile
+        return "survived"
 
 
 @pytest.fixture
@@ -207,6 +215,24 @@ def test_an_unhandled_actor_death_chains_through_the_owner(
     assert sibling.pid.call_one().get(timeout=30) > 0
 
 
+def test_a_call_in_flight_fails_when_its_actor_fails_meanwhile(
+    faults: list[zmesh.MeshFailure],
+) -> None:
+    """The owner's kid dies, the owner does not handle it and fails too, while
+    a call of the owner runs: that call fails with the owner's death, as
+    Monarch's does, not with the value it returns later."""
+    owner, sibling, _ = _owner("raise")
+    with pytest.raises(zmesh.SupervisionError) as info:
+        owner.break_kid_and_wait.call_one(3.0).get(timeout=60)
+    text = str(info.value)
+    assert text.startswith("Endpoint call owner.break_kid_and_wait() failed, The actor"), text
+    # ...with why: what its __supervise__ raised, and the kid's failure it was handling.
+    assert "__supervise__ raised RuntimeError: supervisor gave up, handling: " in text, text
+    assert "ValueError: bad input" in text, text
+    wait_for(lambda: faults, 20, "the client's hook")
+    assert sibling.pid.call_one().get(timeout=30) > 0
+
+
 class BadInit(zmesh.Actor):
     def __init__(self) -> None:
         raise ValueError("no config")
@@ -241,3 +267,98 @@ def test_abort_kills_the_actor_with_its_reason(
         worker.abort.call_one(reason).get(timeout=60)
     wait_for(lambda: faults, 20, "the hook")
     assert f"ActorAborted: {reason or 'no reason provided'}" in faults[0].report()
+
+
+class Sleeper(zmesh.Actor):
+    @zmesh.endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @zmesh.endpoint
+    async def nap(self) -> None:
+        await asyncio.sleep(60)
+
+
+@pytest.mark.anyio
+async def test_a_dead_procs_calls_fail_in_monarchs_words(faults: list[zmesh.MeshFailure]) -> None:
+    """kill -9 of a proc: the call on it and every later one (await, .get(),
+    call_one, call) say which actor and endpoint, as Monarch does, with
+    zmesh's reason and context after; a stopped mesh's calls too."""
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    victim = procs.spawn("victim", Sleeper)
+    bystander = procs.spawn("bystander", Sleeper)
+    pids = (await victim.pid.call()).values()
+    napping = victim.slice(gpus=1).nap.call_one()
+    os.kill(pids[1], signal.SIGKILL)
+    actor = "The actor test_actor_death.Sleeper victim{'hosts': 0/1, 'gpus': 1/2}"
+    died = "and all its descendants have failed: the process of mesh"
+    with pytest.raises(zmesh.SupervisionError) as info:
+        await napping
+    text = str(info.value)
+    assert text.startswith(f"Endpoint call victim.nap() failed, {actor} {died}"), text
+    assert "killed by SIGKILL" in text and "rank=1" in text and "log=" in text
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(zmesh.SupervisionError, match=r"Endpoint call victim\.pid\(\) failed"):
+        await victim.pid.call()
+    with pytest.raises(zmesh.SupervisionError, match=re.escape(f"{actor} {died}")):
+        await asyncio.to_thread(victim.slice(gpus=1).pid.call_one().get, 30)
+    await bystander.slice(gpus=0).pid.call_one()  # the live proc serves
+    await bystander.stop()
+    with pytest.raises(zmesh.ActorStoppedError, match=r"bystander\.pid\(\) failed, Supervision"):
+        await bystander.slice(gpus=0).pid.call_one()
+    await procs.stop()
+
+
+class Foster(zmesh.Actor):
+    """Spawns its kids on procs its owner handed it, as a Monarch actor does."""
+
+    def __init__(self, procs: zmesh.ProcMesh) -> None:
+        self.procs = procs
+        self.seen: list[str] = []
+        self.kids = procs.spawn("fostered", Worker)
+
+    def __supervise__(self, failure: zmesh.MeshFailure) -> bool:
+        self.seen.append(failure.report())
+        return True
+
+    @zmesh.endpoint
+    def kid_pids(self) -> list[int]:
+        return self.kids.pid.call().get(timeout=30).values()
+
+    @zmesh.endpoint
+    def break_kids(self) -> None:
+        self.kids.boom.broadcast()
+
+    @zmesh.endpoint
+    def seen_failures(self) -> list[str]:
+        return list(self.seen)
+
+    @zmesh.endpoint
+    def spawn_and_stop(self) -> str:
+        more = self.procs.spawn("more", Worker)
+        more.pid.call().get(timeout=30)
+        more.stop().get(timeout=30)
+        try:
+            more.pid.call().get(timeout=30)
+        except zmesh.ActorStoppedError as exc:
+            return type(exc).__name__
+        return "still running"
+
+
+def test_an_actor_spawns_on_procs_its_owner_handed_it(faults: list[zmesh.MeshFailure]) -> None:
+    """The owner hands a ProcMesh to its actor (a spawn argument): the actor
+    spawns there, stops what it spawned, and supervises it; the procs stay the
+    owner's. (A plain pickle of the handle gives nothing: tests/security.)"""
+    home = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    lent = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
+    foster = home.spawn("foster", Foster, lent)
+    kid_pids = foster.kid_pids.call_one().get(timeout=60)
+    assert len(kid_pids) == 2 and os.getpid() not in kid_pids
+    assert foster.spawn_and_stop.call_one().get(timeout=60) == "ActorStoppedError"
+    foster.break_kids.call_one().get(timeout=30)
+    wait_for(lambda: len(foster.seen_failures.call_one().get(timeout=10)) == 2, 20, "supervise")
+    reports = foster.seen_failures.call_one().get(timeout=10)
+    assert all("The actor test_actor_death.Worker fostered" in r for r in reports), reports
+    assert faults == []  # handled by the actor that spawned them, not the procs' owner
+    again = lent.spawn("again", Worker)  # the owner's procs are still its own
+    assert again.pid.call().get(timeout=30).values() == kid_pids

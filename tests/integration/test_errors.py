@@ -272,6 +272,29 @@ async def test_unsendable_argument_async(faulty: zmesh.ActorMesh[Faulty]) -> Non
     assert (await faulty.echo.call(1)).values() == [1, 1]
 
 
+class Unpicklable:
+    """A user's value whose pickling raises (as Monarch's test_broken_pickle_class)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise RuntimeError("__getstate__ error: not today")
+
+
+def test_pickling_error_is_also_of_its_own_type(faulty: zmesh.ActorMesh[Faulty]) -> None:
+    # Monarch raises the pickling error itself; zmesh's EncodeError is also
+    # of its type, so either `except` catches it, and the message says both.
+    one = faulty.slice(procs=0)
+    calls = [lambda: one.echo.call_one(Unpicklable()), lambda: faulty.echo.call(Unpicklable())]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="__getstate__ error") as info:
+            call()
+        assert isinstance(info.value, zmesh.EncodeError)
+        assert "arguments of 'echo' cannot be sent: RuntimeError" in str(info.value)
+    with pytest.raises(TypeError, match="cannot pickle") as lock:
+        one.echo.call_one(threading.Lock())
+    assert isinstance(lock.value, zmesh.EncodeError)
+    assert one.echo.call_one("fine").get(timeout=10) == "fine"
+
+
 @pytest.mark.parametrize("endpoint", ["give_lock", "give_generator"])
 def test_unsendable_return_value(faulty: zmesh.ActorMesh[Faulty], endpoint: str) -> None:
     one = faulty.slice(procs=1)

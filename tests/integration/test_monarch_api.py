@@ -17,7 +17,7 @@ import pytest
 
 import zmesh
 
-from _helpers import session_pids, wait_for
+from _helpers import run_python, session_pids, wait_for
 
 
 class Where(zmesh.Actor):
@@ -121,23 +121,75 @@ def test_actor_logger_writes_to_the_procs_log() -> None:
 
 
 def test_get_or_spawn_controller_returns_the_same_actor() -> None:
-    first = zmesh.get_or_spawn_controller("registry", Where)
+    first = zmesh.get_or_spawn_controller("registry", Where).get(timeout=60)
     got: list[Any] = []
     t = threading.Thread(
-        target=lambda: got.append(zmesh.get_or_spawn_controller("registry", Where))
+        target=lambda: got.append(zmesh.get_or_spawn_controller("registry", Where).get(60))
     )
     t.start()
     t.join()
     assert got[0] is first
-    assert zmesh.get_or_spawn_controller("registry", Where) is first
+    assert zmesh.get_or_spawn_controller("registry", Where).get(timeout=10) is first
     a = first.where.call_one().get(timeout=60)["pid"]
     assert got[0].where.call_one().get(timeout=10)["pid"] == a
     with pytest.raises(ValueError, match="registry"):
         zmesh.get_or_spawn_controller("registry", Cleaner, "x")
     zmesh.shutdown_context().get(timeout=30)
-    again = zmesh.get_or_spawn_controller("registry", Where)  # its procs are gone: a new one
+    again = zmesh.get_or_spawn_controller("registry", Where).get(timeout=60)  # procs gone: anew
     assert again is not first
     assert again.where.call_one().get(timeout=60)["pid"] != a
+
+
+class Asker(zmesh.Actor):
+    """Asks the job's registry from its proc, as a Monarch actor does."""
+
+    def __init__(self, root: str = "none") -> None:
+        self.root = root
+
+    @zmesh.endpoint
+    def root_of(self) -> str:
+        return self.root
+
+    @zmesh.endpoint
+    async def ask(self, name: str, root: str) -> str:
+        mesh = await zmesh.get_or_spawn_controller(name, Asker, root=root)
+        return mesh.proc_mesh  # which procs it runs on
+
+
+def test_get_or_spawn_controller_is_one_registry_for_the_job() -> None:
+    """A controller spawned on an actor's ask, in a proc of the job, is the one the
+    root client gets for that name, and the other way round (Monarch's rule)."""
+    first = zmesh.get_or_spawn_controller("first", Asker).get(timeout=60)
+    where = first.ask.call_one("second", "first").get(timeout=90)
+    second = zmesh.get_or_spawn_controller("second", Asker).get(timeout=60)
+    assert second.root_of.call_one().get(timeout=30) == "first"  # the actor's, not a new one
+    assert second.proc_mesh == where
+    assert first.ask.call_one("first", "x").get(timeout=60) == first.proc_mesh
+    zmesh.shutdown_context().get(timeout=30)
+
+
+CHILD_CLIENT = """
+import sys
+import zmesh
+from test_monarch_api import Asker
+
+first = zmesh.get_or_spawn_controller("first", Asker, root="child").get(timeout=60)
+where = first.ask.call_one("second", "child").get(timeout=90)
+second = zmesh.get_or_spawn_controller("second", Asker).get(timeout=60)
+print(second.root_of.call_one().get(timeout=30), second.proc_mesh == where)
+zmesh.shutdown()
+"""
+
+
+def test_a_client_started_by_a_job_is_a_job_of_its_own() -> None:
+    """A client whose environment carries this job's registry (a subprocess
+    of ours) keeps its own: its actors' asks and its own agree."""
+    zmesh.get_or_spawn_controller("first", Asker).get(timeout=60)  # our registry is made
+    assert os.environ.get("ZMESH_CONTROLLERS")  # and what a subprocess inherits
+    here = str(Path(__file__).parent)
+    done = run_python(["-c", CHILD_CLIENT], 150, cwd=here)
+    assert done.stdout.split()[-2:] == ["child", "True"], done.stdout + done.stderr
+    zmesh.shutdown_context().get(timeout=30)
 
 
 # ------------------------------------------------------------ supervision

@@ -153,7 +153,7 @@ async def spawning(procs: zmesh.ProcMesh) -> None:
     Counter.options().as_service().incr  # type: ignore[attr-defined]  # noqa: B018  (await it)
     assert_type(procs.spawn("counter", Counter, 0), Counter)
     assert_type(zmesh.this_proc().spawn("counter", Counter), Counter)
-    assert_type(zmesh.get_or_spawn_controller("c", Counter), Counter)
+    assert_type(zmesh.get_or_spawn_controller("c", Counter), zmesh.Future[Counter])
     talker = zmesh.this_host().spawn_procs(per_host={"procs": 2}).spawn("talker", Talker)
     assert_type(talker.tokens.call_one(1), ItemStream[str])
 

@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client import grants as _grants
 from zmesh._client import grouping as _grouping
 from zmesh._client import lanes as _lanes
 from zmesh._client import pending as _pending
 from zmesh._client import runtime as _runtime
 from zmesh._client import tree as _tree
+from zmesh._client.callfailure import for_call
 from zmesh._client.future import Future
 from zmesh._client.inflight import Sink
 from zmesh._client.launch import least_loaded, on_runtime
@@ -33,7 +35,7 @@ from zmesh._client.replies import Stream
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._client.streams import ItemStream, open_stream
 from zmesh._client.values import ValueMesh
-from zmesh._errors import EncodeError
+from zmesh._errors import EncodeError, encode_error
 from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
@@ -45,6 +47,37 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def pack_call(
+    name: str, proc_mesh: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[w.Payload, list[Any]]:
+    """The arguments of a call to endpoint ``name`` of ``proc_mesh``, packed, or a clear
+    ``EncodeError`` raised in the caller's thread before anything goes out."""
+    before = _grants.sending_to(proc_mesh)
+    try:
+        payload, buffers = Codec.pack(args, kwargs)
+    except NotReady:
+        raise
+    except Exception as exc:
+        raise encode_error(
+            f"arguments of {name!r} cannot be sent: {type(exc).__name__}: {exc}",
+            exc,
+            mesh=proc_mesh,
+        ) from exc
+    finally:
+        _grants.sent(before)
+    if buffers or payload.blob is not None:
+        # Refused here, in the caller's thread, before anything goes out
+        # (the runtime checks the encoded message again).
+        try:
+            check_size(payload, buffers)
+        except EncodeError as exc:
+            raise EncodeError(
+                f"arguments of {name!r} cannot be sent: {exc.message}",
+                mesh=proc_mesh,
+            ) from exc
+    return payload, buffers
 
 
 def _deferrable(kind: str) -> Callable[[F], F]:
@@ -130,30 +163,11 @@ class EndpointRef(Generic[R]):
         except NotReady:
             pass
         return _pending.defer(
-            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name)
+            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name), mesh
         )
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
-        try:
-            payload, buffers = Codec.pack(args, kwargs)
-        except NotReady:
-            raise
-        except Exception as exc:
-            raise EncodeError(
-                f"arguments of {self._name!r} cannot be sent: {type(exc).__name__}: {exc}",
-                mesh=self._mesh.proc_mesh,
-            ) from exc
-        if buffers or payload.blob is not None:
-            # Refused here, in the caller's thread, before anything goes out
-            # (the runtime checks the encoded message again).
-            try:
-                check_size(payload, buffers)
-            except EncodeError as exc:
-                raise EncodeError(
-                    f"arguments of {self._name!r} cannot be sent: {exc.message}",
-                    mesh=self._mesh.proc_mesh,
-                ) from exc
-        return payload, buffers
+        return pack_call(self._name, self._mesh.proc_mesh, args, kwargs)
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
         deadline = time.monotonic() + self._timeout if self._timeout is not None else 0.0
@@ -257,7 +271,8 @@ class EndpointRef(Generic[R]):
                 return
             rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
 
-        return on_runtime(start, (self._mesh.proc_mesh, name), (r.addr for r in refs))
+        targets = (r.addr for r in refs)
+        return on_runtime(start, (self._mesh.proc_mesh, name), targets, self._mesh)
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
@@ -276,7 +291,7 @@ class EndpointRef(Generic[R]):
                 ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
                 self._block,
             )  # fmt: skip
-            return Future(afut=fut, about=(ref, self._name))
+            return Future(afut=fut, about=(ref, self._name), mesh=self._mesh)
         # From a thread without a loop: on the thread's own lane (no hop), or
         # else one callback on the runtime's loop, scheduled in call order
         # like every other adverb (see on_runtime).
@@ -285,6 +300,7 @@ class EndpointRef(Generic[R]):
         if not buffers and self._block:
             sync = lane.call(ref, actor, self._name, payload, timeout)
             if sync is not None:
+                sync._mesh = self._mesh
                 return sync
         seq = lane.before_io((ref.addr,))
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
@@ -295,7 +311,7 @@ class EndpointRef(Generic[R]):
             timeout, self._block, here=False, targets=(),
         )  # fmt: skip
         withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
-        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw)
+        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw, mesh=self._mesh)
 
     @_deferrable("future")
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
@@ -329,7 +345,7 @@ class EndpointRef(Generic[R]):
                 if fut.done():
                     return
                 if not ok:
-                    fut.set_exception(value)
+                    fut.set_exception(for_call(value, mesh, self._name))
                     return
                 results[i] = value
                 remaining -= 1

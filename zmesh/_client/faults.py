@@ -132,17 +132,21 @@ def owner_handles(owner: Any, event: SupervisionEvent) -> bool:
         handled = supervise(owner, event)
     except Exception as exc:
         log.error("__supervise__ raised for %s", event, exc_info=exc)
-        handled = False
+        escalate(owner, event, exc)
+        return True
     if not handled:
         escalate(owner, event)
     return True
 
 
-def escalate(owner: Any, event: SupervisionEvent) -> None:
-    """``owner`` did not handle ``event``: it fails too, and its own owner is told."""
+def escalate(owner: Any, event: SupervisionEvent, raised: BaseException | None = None) -> None:
+    """``owner`` did not handle ``event`` (its ``__supervise__`` returned falsy,
+    or ``raised``): it fails too, and its own owner is told."""
     why = event.reason
     if not why.startswith("The actor "):  # a proc's failure, not an actor's
         why = f"the process of mesh {event.mesh} rank {event.rank} failed: {why}"
+    if raised is not None:
+        why = f"__supervise__ raised {type(raised).__name__}: {raised}, handling: {why}"
     if kill_owner is not None and kill_owner(owner, why):
         return
     if _controller.ESCALATE_UNHANDLED:
@@ -178,6 +182,7 @@ def supervise(actor: Any, event: SupervisionEvent) -> bool:
 
 
 def _unhandled_later(actor: Any, event: SupervisionEvent, task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("__supervise__ raised for %s", event, exc_info=task.exception())
-    escalate(actor, event)
+    raised = None if task.cancelled() else task.exception()
+    if raised is not None:
+        log.error("__supervise__ raised for %s", event, exc_info=raised)
+    escalate(actor, event, raised)

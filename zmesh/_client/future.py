@@ -7,6 +7,7 @@ import concurrent.futures
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._client.callfailure import for_call
 from zmesh._errors import CallTimeoutError
 from zmesh._shared.aio import running_loop
 
@@ -27,7 +28,7 @@ class Future(Generic[T]):
     lane's socket itself, with no thread in between.
     """
 
-    __slots__ = ("_about", "_afut", "_cfut", "_withdraw")
+    __slots__ = ("_about", "_afut", "_cfut", "_mesh", "_withdraw")
 
     def __init__(
         self,
@@ -35,6 +36,7 @@ class Future(Generic[T]):
         cfut: concurrent.futures.Future[T] | None = None,
         about: tuple[ProcRef | str, str] | None = None,
         withdraw: Callable[[], None] | None = None,
+        mesh: Any = None,
     ) -> None:
         self._afut = afut
         self._cfut = cfut
@@ -44,14 +46,34 @@ class Future(Generic[T]):
         # Cancels a call to one actor whose answer goes to ``cfut`` (already
         # sent), from any thread; an ``afut``'s own cancel does that.
         self._withdraw = withdraw
+        # The actor mesh of an endpoint call: a failure because its rank is
+        # gone is given in Monarch's words (zmesh._client.callfailure).
+        self._mesh = mesh
 
     def __await__(self) -> Generator[Any, None, T]:
         # Not a generator itself: handing out the inner future's iterator
         # saves a generator and a delegation step on every await.
         afut = self._afut
         if afut is not None and afut.get_loop() is running_loop():
-            return afut.__await__()
-        return asyncio.wrap_future(self._concurrent()).__await__()
+            if self._mesh is None:
+                return afut.__await__()
+            return self._worded(afut.__await__())
+        return self._worded(asyncio.wrap_future(self._concurrent()).__await__())
+
+    def _worded(self, waiting: Generator[Any, None, T]) -> Generator[Any, None, T]:
+        try:
+            return (yield from waiting)
+        except Exception as exc:
+            failure = self._failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        """``exc`` as the caller gets it: in Monarch's words for a call whose rank is gone."""
+        if self._mesh is None or self._about is None:
+            return exc
+        return for_call(exc, self._mesh, self._about[1])
 
     def get(self, timeout: float | None = None) -> T:
         """Block until the result is ready and return it (or raise its error).
@@ -91,6 +113,11 @@ class Future(Generic[T]):
         except KeyboardInterrupt:  # Ctrl+C: nobody waits for it any more
             self.cancel()
             raise
+        except Exception as exc:
+            failure = self._failure(exc)
+            if failure is exc:
+                raise
+            raise failure from None
 
     def cancel(self) -> bool:
         """Cancel the operation unless it has ended; whether it was cancelled.

@@ -42,6 +42,7 @@ from zmesh._errors import (
     SpawnError,
     SupervisionError,
     ZmeshError,
+    encode_error,
 )
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
 from zmesh._shared.workers import Workers
@@ -426,8 +427,8 @@ def _encode_call(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, mesh:
         payload, buffers = Codec.pack(args, kwargs)
         return _TO_PROC.encode(w.Call(0, mesh, name, payload), buffers)
     except Exception as exc:
-        raise EncodeError(
-            f"arguments of {name!r} cannot be sent: {type(exc).__name__}: {exc}", mesh=mesh
+        raise encode_error(
+            f"arguments of {name!r} cannot be sent: {type(exc).__name__}: {exc}", exc, mesh=mesh
         ) from exc
 
 

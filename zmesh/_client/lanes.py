@@ -355,7 +355,10 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
     actor = ep._mesh.actor
     if ref.index >= 0:  # one of several actors of its proc: addressed to it
         actor = f"{actor}{SEP}{ref.index}"
-    return ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+    call = ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+    if call is not None:
+        call._mesh = ep._mesh
+    return call
 
 
 # ---------------------------------------------------------------- per thread

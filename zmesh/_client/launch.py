@@ -76,24 +76,26 @@ def on_runtime(
     start: Callable[[Runtime, Sink], None],
     about: tuple[ProcRef | str, str] | None = None,
     targets: Iterable[str] | None = None,
+    mesh: Any = None,
 ) -> Future[R]:
     """Run ``start(runtime, fut)`` on the caller's runtime; it settles ``fut``.
 
     On the runtime's own loop ``fut`` is an asyncio future. From another
     thread it is the ``concurrent.futures.Future`` that ``.get()`` waits on,
     settled straight from the loop: no asyncio future or callback between.
-    ``targets`` are the addresses of the procs it sends to (``None``: unknown).
+    ``targets`` are the addresses of the procs it sends to (``None``: unknown);
+    ``mesh`` the actor mesh of an endpoint call (see ``Future``).
     """
     rt, here = _runtime.current()
     if here:
         afut: asyncio.Future[R] = rt.loop.create_future()
         start(rt, afut)
-        return Future(afut=afut, about=about)
+        return Future(afut=afut, about=about, mesh=mesh)
     # A plain callback, not a task: it keeps its place in send order (a task
     # would start one turn later and be overtaken by a later broadcast).
     cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
     rt.dispatch(_start_threadsafe, rt, start, cfut, here=False, targets=targets)
-    return Future(cfut=cfut, about=about)
+    return Future(cfut=cfut, about=about, mesh=mesh)
 
 
 def _start_threadsafe(

@@ -53,6 +53,8 @@ _secret = (os.getpid(), secrets.token_hex(16))
 # secret: its own proc's mesh (a proc), and meshes it adopted (a restarted
 # orchestrator). Every other mesh's key is derived from our secret.
 _keys: dict[str, str] = {}
+# Grants of meshes handed to us by their owner (zmesh._client.grants).
+_grants: dict[str, str] = {}
 
 
 def owner_secret() -> str:
@@ -66,6 +68,7 @@ def owner_secret() -> str:
     if _secret[0] != os.getpid():
         _secret = (os.getpid(), secrets.token_hex(16))
         _keys.clear()
+        _grants.clear()
     return _secret[1]
 
 
@@ -81,7 +84,21 @@ def owner_id() -> str:
 def mesh_proof(mesh: str) -> str:
     """The key that lets us spawn into, or stop actors of, mesh ``mesh``'s procs."""
     secret = owner_secret()  # (first: a fork forgets its parent's keys)
-    return _keys.get(mesh) or _ownership.mesh_key(secret, mesh)
+    return _keys.get(mesh) or _grants.get(mesh) or _ownership.mesh_key(secret, mesh)
+
+
+def mesh_grant(mesh: str) -> str:
+    """The grant we may hand on with mesh ``mesh`` (ours, or one handed to us)."""
+    return _grants.get(mesh) or _ownership.grant_of(mesh_proof(mesh))
+
+
+def hold_grant(mesh: str, grant: str) -> None:
+    """Spawn into ``mesh`` with ``grant``, handed to us with it, unless we hold
+    its key (we own it, or are one of its procs)."""
+    secret = owner_secret()
+    if mesh in _keys or _ownership.grant_of(_ownership.mesh_key(secret, mesh)) == grant:
+        return
+    _grants[mesh] = grant
 
 
 def hold_key(mesh: str, key: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Generator, Iterable
 from typing import Any, Generic, TypeVar
 
 from zmesh._actor import ActorBase
+from zmesh._client import grants as _grants
 from zmesh._client import runtime as _runtime
 from zmesh._client.adverbs import EndpointRef
 from zmesh._client.controller import SupervisionEvent
@@ -267,13 +268,20 @@ class ProcMesh(_MeshBase):
         return submit(lambda rt: stop_when_ready(rt, self, procs=True))
 
     def __reduce__(self) -> Any:
-        # A handle travels as plain data, once its procs are up (see ActorMesh).
+        # A handle travels as plain data, once its procs are up (see ActorMesh);
+        # to actors of its owner, with the right to spawn there (zmesh._client.grants).
         self._check_up()
-        return (ProcMesh, (self.proc_mesh, self._shape, list(self._refs)))
+        granted = _grants.grant(self.proc_mesh)
+        return (_rebuild_proc_mesh, (self.proc_mesh, self._shape, list(self._refs), granted))
 
     def __repr__(self) -> str:
         dims = ", ".join(f"{k}: {v}" for k, v in self._shape.dims.items())
         return f"<ProcMesh {self.proc_mesh} {{{dims}}}>"
+
+
+def _rebuild_proc_mesh(name: str, shape: Shape, refs: list[ProcRef], grant: str) -> ProcMesh:
+    _grants.take(name, grant)
+    return ProcMesh(name, shape, refs)
 
 
 class ActorMesh(_MeshBase, Generic[A]):
@@ -287,6 +295,10 @@ class ActorMesh(_MeshBase, Generic[A]):
         values = await mesh.incr.call(1)
         first_two = mesh.slice(procs=slice(0, 2))
     """
+
+    # The actor class's module, for Monarch's "module.Class" in failures
+    # (zmesh._client.callfailure); "" where the mesh was not spawned here.
+    cls_module = ""
 
     def __init__(
         self,
@@ -343,6 +355,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             modes=self.modes,
         )  # fmt: skip
         part._ready, part._ready_loop = self._ready, self._ready_loop
+        part.cls_module = self.cls_module
         gate = self._gate
         if gate is not None:  # calls through the slice keep their place among the mesh's
             gate.join(part)
@@ -381,7 +394,7 @@ class ActorMesh(_MeshBase, Generic[A]):
             _rebuild_actor_mesh,
             (self.actor, self.cls_name, sorted(self.endpoints), self._shape.dims,
              self._shape.ranks, [pickle.dumps(r) for r in self._refs], self.full_dims,
-             self.modes, self._detached),
+             self.modes, self._detached, self.cls_module),
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -399,10 +412,12 @@ def _rebuild_actor_mesh(
     full: dict[str, int],
     modes: dict[str, int] | None = None,
     detached: str = "",
+    cls_module: str = "",
 ) -> ActorMesh[Any]:
     mesh: ActorMesh[Any] = ActorMesh(
         actor, cls_name, frozenset(endpoints), Shape(dims, ranks),
         [pickle.loads(r) for r in refs], full_dims=full, modes=modes,
     )  # fmt: skip
     mesh._detached = detached
+    mesh.cls_module = cls_module
     return mesh

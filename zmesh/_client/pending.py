@@ -229,8 +229,12 @@ def _schedule(rt: Runtime, fn: Callable[[Runtime], None]) -> None:
         pass
 
 
-def defer(mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None) -> Any:
+def defer(
+    mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None, called: Any = None
+) -> Any:
     """Queue a call on ``mesh`` until nothing blocks it; what the caller holds now.
+
+    ``called`` is the actor mesh of an endpoint call (see ``Future``).
 
     Returns:
         a ``Future`` (kind ``"future"``), a stream (``"stream"``) or ``None``
@@ -250,8 +254,8 @@ def defer(mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None
     if kind == "stream":
         return LateStream(sink, len(mesh))
     if home:
-        return Future(afut=sink, about=about)
-    return Future(cfut=sink, about=about)
+        return Future(afut=sink, about=about, mesh=called)
+    return Future(cfut=sink, about=about, mesh=called)
 
 
 class LateStream:

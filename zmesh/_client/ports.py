@@ -49,7 +49,7 @@ from zmesh._client.inflight import Sink, resolve
 from zmesh._client.launch import on_runtime
 from zmesh._client.portsockets import _senders, _server
 from zmesh._client.runtime import Runtime
-from zmesh._errors import EncodeError, PortFullError
+from zmesh._errors import EncodeError, PortFullError, encode_error
 from zmesh._wire import messages as w
 from zmesh._wire import pickling as _pickling
 from zmesh._wire.codec import Codec
@@ -106,7 +106,9 @@ class Port(Generic[R]):
         try:
             payload, buffers = Codec.pack_value(value)
         except Exception as exc:
-            raise EncodeError(f"a port value cannot be sent: {type(exc).__name__}: {exc}") from exc
+            raise encode_error(
+                f"a port value cannot be sent: {type(exc).__name__}: {exc}", exc
+            ) from exc
         if guard is not None and guard.sent:
             guard.sending()  # raises: a response port answers once
         rt, home = _runtime.current()

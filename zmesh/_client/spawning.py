@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from zmesh._actor import ActorBase, EndpointInfo, endpoints_of
 from zmesh._client import actorwatch as _actorwatch
+from zmesh._client import grants as _grants
 from zmesh._client import grouping as _grouping
 from zmesh._client import local as _local
 from zmesh._client import lookup as _lookup
@@ -157,6 +158,7 @@ def _pending_actor_mesh(proc_mesh: str, shape: Shape, name: str, cls: type[A]) -
         modes=_modes(infos),
     )  # fmt: skip
     mesh.proc_mesh = proc_mesh
+    mesh.cls_module = cls.__module__
     return mesh
 
 
@@ -280,7 +282,11 @@ async def _spawn_actors(
         raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
     try:
         blob, _ = pickling.dumps(cls, lambda _: True)  # by value if it is in __main__
-        payload, buffers = Codec.pack(args, kwargs)
+        before = _grants.sending_to(procs.name)
+        try:
+            payload, buffers = Codec.pack(args, kwargs)
+        finally:
+            _grants.sent(before)
     except Exception as exc:
         raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc
     fut: asyncio.Future[None] = rt.loop.create_future()
@@ -343,9 +349,11 @@ async def _spawn_actors(
     infos = endpoints_of(cls)
     shape = _grouping.actors_shape(Shape(dims, procs._shape.ranks), per_proc)
     refs = [r for rs in members for r in rs] if members else procs._refs
-    return ActorMesh(
+    mesh: ActorMesh[A] = ActorMesh(
         name, cls.__qualname__, frozenset(infos), shape, refs, modes=_modes(infos),
     )  # fmt: skip
+    mesh.cls_module = cls.__module__
+    return mesh
 
 
 def _modes(infos: dict[str, EndpointInfo]) -> dict[str, int]:

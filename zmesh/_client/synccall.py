@@ -61,6 +61,8 @@ class SyncCall(Future[Any]):
         self.settled = False
         self.ok = False
         self.value: Any = None
+        self._mesh: Any = None  # set for an endpoint call (see Future)
+        self._about = (ref, method)
 
     def settle(self, ok: bool, value: Any) -> None:
         """Give the call its outcome (the first one wins), from any thread."""
@@ -126,7 +128,7 @@ class SyncCall(Future[Any]):
                 )  # fmt: skip
         if self.ok:
             return self.value
-        raise self.value
+        raise self._failure(self.value)
 
     def done(self) -> bool:
         """Whether the result (or error) is ready, reading what has arrived (never blocks)."""

@@ -43,7 +43,7 @@ from zmesh._host.procreplies import ProcReplies
 from zmesh._host.relay import RelayServer
 from zmesh._shared import stats as _stats
 from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
-from zmesh._shared.ownership import same_secret
+from zmesh._shared.ownership import grant_of, same_secret
 from zmesh._shared.workers import Workers
 from zmesh._wire import deadlines as _deadlines
 from zmesh._wire import messages as w
@@ -61,6 +61,7 @@ class ProcServer(ProcLink, ProcReplies):
         # The mesh's key: what a SpawnActor or StopActor must carry (ownership.py).
         # Without one (a proc no agent started), our own derived key: only we have it.
         self.key = key or _local.mesh_proof(spec.mesh)
+        self.grant = grant_of(self.key)  # what an actor its owner handed us to holds
         self.denied = 0  # requests refused for want of the key
         self.mesh = spec.mesh
         self.rank = spec.rank
@@ -171,7 +172,7 @@ class ProcServer(ProcLink, ProcReplies):
 
     def _owned(self, ident: bytes, msg: w.SpawnActor | w.StopActor, action: str) -> bool:
         """Whether ``msg`` carries our mesh's key; if not, its sender is told why."""
-        if same_secret(self.key, msg.proof):
+        if same_secret(self.key, msg.proof) or same_secret(self.grant, msg.proof):
             return True
         self.denied += 1
         if self.denied == 1 or self.denied % 1000 == 0:
@@ -288,6 +289,8 @@ class ProcServer(ProcLink, ProcReplies):
                 log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
                 _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
                 _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
+            elif box.dead and not call.oneway:  # the actor failed meanwhile (as above)
+                _actordeath.dead_reply(self, ident, call, box)
             elif not call.oneway:  # an Exception with a caller: its ActorError
                 self._send_failure(ident, call.id, "actor", exc, call.method)
             else:  # (survive_errors)
@@ -304,6 +307,8 @@ class ProcServer(ProcLink, ProcReplies):
             return
         if call.oneway:
             return
+        if box.dead:  # the actor failed while this ran (unsupervised): so does its call
+            return _actordeath.dead_reply(self, ident, call, box)
         if guard is not None:
             args = kwargs = ()  # type: ignore[assignment]  # (the port may be theirs alone)
             wrong = guard.returned(result)

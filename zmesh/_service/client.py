@@ -30,10 +30,10 @@ from zmesh._client.mesh import ActorMesh
 from zmesh._client.runtime import ProcRef, Runtime
 from zmesh._errors import (
     ActorStoppedError,
-    EncodeError,
     ServiceError,
     SupervisionError,
     ZmeshError,
+    encode_error,
 )
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceConfig, Session
@@ -213,8 +213,9 @@ class ServiceClient:
         try:
             packed = Codec.pack(args, kwargs)
         except Exception as exc:
-            raise EncodeError(
+            raise encode_error(
                 f"arguments of {endpoint!r} cannot be sent: {type(exc).__name__}: {exc}",
+                exc,
                 mesh=self.name,
             ) from exc
         loop = self.rt.loop

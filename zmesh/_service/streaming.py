@@ -35,7 +35,7 @@ from zmesh._client.streams import (
     one_source_stream,
     send_stream_call,
 )
-from zmesh._errors import ActorStoppedError, EncodeError, SupervisionError
+from zmesh._errors import ActorStoppedError, SupervisionError, encode_error
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import Session
 from zmesh._wire import messages as w
@@ -156,8 +156,9 @@ def open_service_stream(
     try:
         packed = Codec.pack(args, kwargs)
     except Exception as exc:
-        raise EncodeError(
+        raise encode_error(
             f"arguments of {endpoint!r} cannot be sent: {type(exc).__name__}: {exc}",
+            exc,
             mesh=svc.name,
         ) from exc
     info = svc.endpoints[endpoint]

@@ -12,6 +12,11 @@ a proc accepts what changes its state (``SpawnActor``, ``StopActor``) only
 with that key: where the message lands, not only at the agent. A key proves
 nothing about any other mesh, so sending one to a proc of someone else's
 mesh (a handle of theirs used by mistake) gives them nothing of ours.
+
+A mesh's **grant** (``grant_of``), derived from its key, is what a
+``ProcMesh`` carries when its owner passes it to one of its own actors
+(``zmesh._client.grants``): the procs accept it for ``SpawnActor`` and
+``StopActor`` too.
 """
 
 from __future__ import annotations
@@ -52,6 +57,16 @@ def mesh_key(secret: str, mesh: str) -> str:
     """The key of mesh ``mesh`` whose owner's secret is ``secret``."""
     label = b"zmesh mesh key\0" + mesh.encode("utf-8", "surrogatepass")
     return hmac.new(secret.encode("utf-8", "surrogatepass"), label, hashlib.sha256).hexdigest()
+
+
+def grant_of(key: str) -> str:
+    """The spawn grant of the mesh whose key is ``key``: what its owner hands,
+    with a ``ProcMesh``, to the actors it calls on procs it owns, so they may
+    spawn into (and stop actors of) that mesh's procs, as Monarch's may. It
+    proves nothing else: a proc's hello, heartbeats and statistics need the
+    key, which a grant does not give away (an HMAC of it)."""
+    label = b"zmesh spawn grant\0"
+    return hmac.new(key.encode("utf-8", "surrogatepass"), label, hashlib.sha256).hexdigest()
 
 
 def same_secret(a: str, b: str) -> bool:
