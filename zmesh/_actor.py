@@ -29,7 +29,7 @@ from typing import (
 from zmesh._shared.points import Point
 
 if TYPE_CHECKING:
-    from zmesh._client.runtime import ProcRef
+    from zmesh._client.calls.runtime import ProcRef
     from zmesh._typing import (
         Adverbs,
         BatchEndpointify,
@@ -57,7 +57,7 @@ class EndpointInfo:
     is_async: bool
     concurrent: bool = False  # may run while other messages to the actor run
     retry: bool = True  # a service may re-send it to another replica
-    stream: bool = False  # a generator: its items stream back (zmesh._client.streams)
+    stream: bool = False  # a generator: its items stream back (zmesh._client.ports.streams)
     window: int = DEFAULT_WINDOW  # a stream's items in flight ahead of its consumer, at most
     port: bool = False  # takes a response port first (``explicit_response_port``)
     batch: int = 0  # > 0: up to this many calls are run as one invocation
@@ -264,10 +264,10 @@ _CURRENT_ACTOR: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_acto
 
 # The name of the actor whose code runs (its mesh's actor name).
 _ACTOR_NAME: contextvars.ContextVar[str] = contextvars.ContextVar("zmesh_actor_name")
-# The call a sync endpoint's thread runs for (``zmesh._host.cancelling.Running``),
+# The call a sync endpoint's thread runs for (``zmesh._host.proc.cancelling.Running``),
 # set by the proc around it: what ``call_cancelled()`` reads.
 _CALL: contextvars.ContextVar[Any] = contextvars.ContextVar("zmesh_call")
-# This process's own proc, when it is one (set by zmesh._host.proc once it binds).
+# This process's own proc, when it is one (set by zmesh._host.proc.procserver once it binds).
 _own_proc: ProcRef | None = None
 
 
@@ -318,7 +318,7 @@ def own_proc() -> ProcRef | None:
 def set_current(point: Point | None = None, actor: Any = None, request: str | None = None) -> None:
     """Set, in the running context, the actor (its point and instance) and the
     request an endpoint runs for: what ``current_rank()``, ``current_request()``
-    and ``owner_actor()`` read. Only the proc (``zmesh._host.proc``) calls it."""
+    and ``owner_actor()`` read. Only the proc (``zmesh._host.proc.procserver``) calls it."""
     if point is not None:
         _CURRENT.set(point)
     if actor is not None:
@@ -366,7 +366,7 @@ def current_request() -> str:
 # class defined before those are imported. A script's first class must not
 # import the service machinery (~50 ms of a cold start) to be checked.
 _HANDLE_ATTRS = {
-    "actor", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
+    "actor", "cls_module", "cls_name", "endpoints", "extent", "flatten", "full_dims", "initialized",
     "proc_mesh", "points", "replica", "session", "size", "sizes", "slice", "state",
     "statistics", "stop", "supervision_events",
 }  # fmt: skip
@@ -379,7 +379,7 @@ def reserved_names() -> set[str]:
     """Names an endpoint may not have: every public attribute of the handles."""
     names = set(_HANDLE_ATTRS)
     for module, cls_name in (
-        ("zmesh._client.mesh", "ActorMesh"),
+        ("zmesh._client.handles.mesh", "ActorMesh"),
         ("zmesh._service.service", "Service"),
     ):
         cls = getattr(sys.modules.get(module), cls_name, None)  # only if imported already

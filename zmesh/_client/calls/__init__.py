@@ -1,0 +1,1 @@
+"""The call path: runtimes, connections, requests in flight, and fan-out."""

@@ -1,0 +1,1 @@
+"""What the user holds: meshes, hosts, endpoint references and their adverbs."""
