@@ -209,7 +209,7 @@ def session_pids(kind: str | None = None) -> set[int]:
     for p in live_processes(f"ZMESH_TEST_SESSION={os.environ['ZMESH_TEST_SESSION']}"):
         # A proc forked by its agent's forkserver keeps the forkserver's
         # command line; its name says what it is.
-        is_proc = b"zmesh._host.proc" in p.cmdline or p.comm == b"zmesh-proc"
+        is_proc = b"zmesh._host.proc.procserver" in p.cmdline or p.comm == b"zmesh-proc"
         if kind == "proc" and not is_proc:
             continue
         if kind == "forkserver" and p.comm != b"zmesh-fork":
@@ -261,7 +261,7 @@ def end_child(popen: subprocess.Popen[Any], timeout: float = 30.0) -> None:
 @contextlib.contextmanager
 def connected(controls: list[str], keys: str | None = None) -> Iterator[None]:
     """Point zmesh at ``controls`` for the block; stop its meshes and forget them after."""
-    from zmesh._client import local as _local
+    from zmesh._client.control import local as _local
     from zmesh._wire import security as _security
 
     zmesh.connect(controls, keys=keys)
@@ -303,7 +303,7 @@ def keyed_loopback_agent(keys: str, logs: Path, label: str) -> Iterator[str]:
     It admits only the keys that directory authorises; its log is
     ``logs/agent.log``. Terminated (and waited for) on exit.
     """
-    from zmesh._client.local import await_ready
+    from zmesh._client.control.local import await_ready
 
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "agent.log", "ab") as err:

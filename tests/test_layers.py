@@ -165,3 +165,63 @@ def test_the_size_allow_list_only_shrinks() -> None:
         if sizes.get(name, 0) <= limit
     ]
     assert not stale, "back within the limit: take it off OVER_THE_LIMIT:\n" + "\n".join(stale)
+
+
+# Rooms inside a part, by role: the path says which process runs a line.
+# In ``_host`` the proc never imports the agent's room (the agent starts
+# and preloads procs; a proc knows nothing of its agent's code). In
+# ``_client`` the call path is the core: it imports neither the handles
+# the user holds nor ports and streams, which are built on it (type
+# hints aside, as for the parts).
+ROOMS = {
+    "_host": {"agent", "proc"},
+    "_client": {"calls", "control", "handles", "ports"},
+}
+ROOMS_BELOW = {
+    ("_host", "proc"): {"agent"},
+    ("_client", "calls"): {"handles", "ports"},
+}
+
+
+def _room(module: str) -> tuple[str, str] | None:
+    parts = module.split(".")
+    if len(parts) >= 4 and parts[1] in ROOMS:
+        return parts[1], parts[2]
+    return None
+
+
+def test_every_module_of_a_roomed_part_is_in_a_room() -> None:
+    loose = [
+        str(p.relative_to(PACKAGE.parent))
+        for part in ROOMS
+        for p in (PACKAGE / part).glob("*.py")
+        if p.name != "__init__.py"
+    ]
+    rooms = {
+        (part, p.name) for part in ROOMS for p in (PACKAGE / part).iterdir() if p.is_dir()
+        if p.name != "__pycache__"
+    }  # fmt: skip
+    assert not loose, f"modules outside the rooms of their part: {loose}"
+    assert rooms == {(part, r) for part, rs in ROOMS.items() for r in rs}
+
+
+def test_rooms_keep_their_order() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        room = _room(module)
+        if room is None or room not in ROOMS_BELOW:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and id(node) not in skip:
+                target = _room(node.module + ".x")
+                if target and target[0] == room[0] and target[1] in ROOMS_BELOW[room]:
+                    wrong.append(f"{module}:{node.lineno} imports {node.module}")
+    assert not wrong, "a room imports one built on it:\n" + "\n".join(wrong)

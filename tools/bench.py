@@ -47,7 +47,7 @@ import bench_tree  # tools/: the tree vs flat rows
 import zmq
 
 import zmesh
-import zmesh._client.local
+import zmesh._client.control.local
 
 PAYLOAD = b"x" * 64
 MIB = 1 << 20
@@ -587,7 +587,7 @@ async def singleton_rows(
         res["spawn1_s"] = time.perf_counter() - t
         ref = one.slice(procs=0)
         proc_pid = await ref.pid.call_one()
-        agent_pid = zmesh._client.local._embedded[0][0].pid
+        agent_pid = zmesh._client.control.local._embedded[0][0].pid
         await check_echo(raw, ref)
         if "sync" in rows:
             await sync_endpoint_rows(cfg, ref, keep)
@@ -730,7 +730,7 @@ async def fanout_rows(cfg: dict[str, int], keep: Callable[[str, float], None]) -
             await rc.request([PAYLOAD])
         # Every process a fan-out keeps busy, for the CPU it costs per fan-out.
         raw_pids = [os.getpid()] + [rs.pid for rs in raw_servers]
-        zm_pids = [os.getpid(), zmesh._client.local._embedded[0][0].pid]
+        zm_pids = [os.getpid(), zmesh._client.control.local._embedded[0][0].pid]
         zm_pids += list((await big_mesh.pid.call()).values())
         await big_mesh.ping.call()
         meshes = {n: big_mesh.slice(procs=slice(0, n)) for n in FANOUT}

@@ -11,7 +11,7 @@ calls (so a shared machine's drift hits all three):
 * **raw client -> proc**: the same blocking DEALER, but speaking zmesh's
   envelope to a zmesh proc (one ``Call`` encoded per call, the reply
   received as bytes and not decoded): the proc's share;
-* **zmesh**: ``ref.echo.call_one(x).get()``, the lane (``zmesh._client.lanes``).
+* **zmesh**: ``ref.echo.call_one(x).get()``, the lane (``zmesh._client.calls.lanes``).
 
 "raw client -> proc" over raw is what the proc adds; zmesh over
 "raw client -> proc" is what the calling side adds.

@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zmesh
-from zmesh._client import runtime as _runtime
-from zmesh._client import tree as _tree
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls import tree as _tree
 from zmesh.testing import local_cluster
 
 PAYLOAD = b"x" * 64

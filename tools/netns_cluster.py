@@ -165,7 +165,7 @@ class NetnsCluster:
             "--log-dir", h.log_dir,
         ]  # fmt: skip
         cmd += ["--keys", self.keys] if self.keys else ["--insecure"]
-        from zmesh._client.local import await_ready
+        from zmesh._client.control.local import await_ready
 
         log_path = os.path.join(h.log_dir, "agent.log")
         with open(log_path, "ab") as err:

@@ -64,19 +64,19 @@ from zmesh._options import Actor, Options, service
 if TYPE_CHECKING:
     from zmesh import routing as routing
     from zmesh import testing as testing
-    from zmesh._client.accumulate import Accumulator
-    from zmesh._client.adverbs import EndpointRef
-    from zmesh._client.controller import SupervisionEvent
-    from zmesh._client.faults import MeshFailure, unhandled_fault_hook
-    from zmesh._client.future import Future
-    from zmesh._client.hosts import HostMesh, connect, this_host
-    from zmesh._client.mesh import MeshState, ProcMesh
-    from zmesh._client.portcalls import send
-    from zmesh._client.ports import Channel, Port, PortReceiver
-    from zmesh._client.replies import Stream
-    from zmesh._client.shutdown import shutdown
-    from zmesh._client.streams import ItemStream
-    from zmesh._client.values import ValueMesh
+    from zmesh._client.calls.future import Future
+    from zmesh._client.calls.replies import Stream
+    from zmesh._client.calls.values import ValueMesh
+    from zmesh._client.control.controller import SupervisionEvent
+    from zmesh._client.control.faults import MeshFailure, unhandled_fault_hook
+    from zmesh._client.control.shutdown import shutdown
+    from zmesh._client.handles.accumulate import Accumulator
+    from zmesh._client.handles.adverbs import EndpointRef
+    from zmesh._client.handles.hosts import HostMesh, connect, this_host
+    from zmesh._client.handles.mesh import MeshState, ProcMesh
+    from zmesh._client.ports.channels import Channel, Port, PortReceiver
+    from zmesh._client.ports.portcalls import send
+    from zmesh._client.ports.streams import ItemStream
     from zmesh._context import Context, context, current_actor_name, current_size
     from zmesh._lookup import lookup
     from zmesh._service.endpoint import ServiceEndpoint
@@ -104,39 +104,39 @@ _LAZY = {
     "context": "zmesh._context",
     "current_actor_name": "zmesh._context",
     "current_size": "zmesh._context",
-    "send": "zmesh._client.portcalls",
-    "PortReceiver": "zmesh._client.ports",
-    "Port": "zmesh._client.ports",
-    "Channel": "zmesh._client.ports",
-    "ItemStream": "zmesh._client.streams",
-    "Accumulator": "zmesh._client.accumulate",
-    "EndpointRef": "zmesh._client.adverbs",
-    "Stream": "zmesh._client.replies",
-    "SupervisionEvent": "zmesh._client.controller",
-    "Future": "zmesh._client.future",
-    "ActorMesh": "zmesh._client.mesh",
-    "HostMesh": "zmesh._client.hosts",
-    "MeshState": "zmesh._client.mesh",
-    "ProcMesh": "zmesh._client.mesh",
-    "ValueMesh": "zmesh._client.values",
-    "MeshFailure": "zmesh._client.faults",
-    "unhandled_fault_hook": "zmesh._client.faults",
+    "send": "zmesh._client.ports.portcalls",
+    "PortReceiver": "zmesh._client.ports.channels",
+    "Port": "zmesh._client.ports.channels",
+    "Channel": "zmesh._client.ports.channels",
+    "ItemStream": "zmesh._client.ports.streams",
+    "Accumulator": "zmesh._client.handles.accumulate",
+    "EndpointRef": "zmesh._client.handles.adverbs",
+    "Stream": "zmesh._client.calls.replies",
+    "SupervisionEvent": "zmesh._client.control.controller",
+    "Future": "zmesh._client.calls.future",
+    "ActorMesh": "zmesh._client.handles.mesh",
+    "HostMesh": "zmesh._client.handles.hosts",
+    "MeshState": "zmesh._client.handles.mesh",
+    "ProcMesh": "zmesh._client.handles.mesh",
+    "ValueMesh": "zmesh._client.calls.values",
+    "MeshFailure": "zmesh._client.control.faults",
+    "unhandled_fault_hook": "zmesh._client.control.faults",
     "get_or_spawn_controller": "zmesh._singletons",
     "shutdown_context": "zmesh._singletons",
     "local_proc_mesh": "zmesh._singletons",
     "proc_mesh": "zmesh._singletons",
     "this_proc": "zmesh._this_proc",
     "Extent": "zmesh._shared.points",
-    "connect": "zmesh._client.hosts",
+    "connect": "zmesh._client.handles.hosts",
     "lookup": "zmesh._lookup",
-    "this_host": "zmesh._client.hosts",
+    "this_host": "zmesh._client.handles.hosts",
     "ServiceConfig": "zmesh._service.routing",
     "Session": "zmesh._service.routing",
     "Service": "zmesh._service.service",
     "ServiceEndpoint": "zmesh._service.endpoint",
     "ServiceInfo": "zmesh._service.info",
     "service_info": "zmesh._service.info",
-    "shutdown": "zmesh._client.shutdown",
+    "shutdown": "zmesh._client.control.shutdown",
     "Rank": "zmesh._shared.state",
     "Status": "zmesh._shared.state",
 }

@@ -1,7 +1,7 @@
 """The running actor's context, as Monarch names it: ``context()``, ``current_*()``.
 
 Everything here reads context variables that the proc sets around each
-actor's ``__init__`` and messages (see ``zmesh._host.proc``), so it answers
+actor's ``__init__`` and messages (see ``zmesh._host.proc.procserver``), so it answers
 for the actor whose code is running, in any thread that code runs in. In
 the client, outside any actor, ``context()`` describes the client itself
 (rank 0 of a mesh of one, named ``client``).
@@ -18,7 +18,7 @@ from zmesh._shared.points import Point
 from zmesh._this_proc import this_proc
 
 if TYPE_CHECKING:
-    from zmesh._client.mesh import ProcMesh
+    from zmesh._client.handles.mesh import ProcMesh
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Instance:
 
 
 class ActorAborted(BaseException):
-    """``Instance.abort()`` was called: the actor dies of it (zmesh._host.actordeath)."""
+    """``Instance.abort()`` was called: the actor dies of it (zmesh._host.proc.actordeath)."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``zmesh.lookup(name, Cls)``: attach to a detached service or mesh, typed as ``Cls``.
 
-``zmesh._client.lookup`` finds what is filed under a name; this attaches
+``zmesh._client.control.lookup`` finds what is filed under a name; this attaches
 to it: a service through its orchestrator, a mesh as it is. Given the
 actor class, the result is typed as that class (as ``as_actor()`` and
 ``as_service()`` are, ``zmesh._typing``), and what was
@@ -15,10 +15,10 @@ import concurrent.futures
 from typing import Any, TypeVar, overload
 
 from zmesh._actor import ActorBase, endpoints_of
-from zmesh._client.future import Future
-from zmesh._client.lookup import find, on_home
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import Runtime
+from zmesh._client.calls.future import Future
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.control.lookup import find, on_home
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import HandleTypeError
 from zmesh._service.orchestrator import attach
 from zmesh._service.service import Service

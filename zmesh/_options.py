@@ -14,13 +14,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from zmesh._actor import ActorBase
-from zmesh._client.procsetup import ProcSetup
+from zmesh._client.control.procsetup import ProcSetup
 from zmesh._service.routing import ServiceConfig
 from zmesh._shared.points import check_per_proc
 from zmesh._wire.names import check_name
 
 if TYPE_CHECKING:
-    from zmesh._client.future import Future
+    from zmesh._client.calls.future import Future
     from zmesh._typing import Spawned
 
 A = TypeVar("A", bound=ActorBase)
@@ -117,7 +117,7 @@ class Options(Generic[A]):
         cwd = cwd if cwd is not None else defaults.pop("cwd", None)
         defaults.pop("env", None)
         defaults.pop("cwd", None)
-        # The procs' environment and working directory (zmesh._client.procsetup).
+        # The procs' environment and working directory (zmesh._client.control.procsetup).
         self.setup: ProcSetup | None = None
         if env or cwd is not None:
             self.setup = ProcSetup(env=env or {}, cwd=cwd)
@@ -190,7 +190,7 @@ class Options(Generic[A]):
                 is left running.
         """
         # Late: `import zmesh` (every proc's first line) loads no client machinery.
-        from zmesh._client.spawning import spawn_actor_mesh
+        from zmesh._client.control.spawning import spawn_actor_mesh
 
         if self.is_service:
             raise ValueError("replicas= and service settings are for as_service() or spawn()")

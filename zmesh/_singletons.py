@@ -14,10 +14,10 @@ import threading
 from typing import Any, TypeVar
 
 from zmesh._actor import ActorBase, endpoint, own_proc
-from zmesh._client.future import Future
-from zmesh._client.hosts import HostMesh
-from zmesh._client.mesh import ActorMesh, ProcMesh
-from zmesh._client.shutdown import shutdown
+from zmesh._client.calls.future import Future
+from zmesh._client.control.shutdown import shutdown
+from zmesh._client.handles.hosts import HostMesh
+from zmesh._client.handles.mesh import ActorMesh, ProcMesh
 from zmesh._options import Actor, Options
 from zmesh._this_proc import this_proc
 

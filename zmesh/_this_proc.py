@@ -27,11 +27,11 @@ import threading
 from typing import Any
 
 from zmesh._actor import own_proc
-from zmesh._client.mesh import ProcMesh
-from zmesh._client.runtime import ProcRef
+from zmesh._client.calls.runtime import ProcRef
+from zmesh._client.handles.mesh import ProcMesh
 from zmesh._errors import SpawnError
-from zmesh._host import lifecycle as _lifecycle
-from zmesh._host.proc import ProcServer
+from zmesh._host.proc import lifecycle as _lifecycle
+from zmesh._host.proc.procserver import ProcServer
 from zmesh._shared import paths as _paths
 from zmesh._shared.points import Shape
 from zmesh._wire import security as _security

@@ -16,7 +16,7 @@ declared on ``zmesh.Actor`` for the checker only (``HandleFace``), and
 ``zmesh.ActorMesh[Counter]`` / ``zmesh.Service[Counter]`` are other names
 for ``Counter``. At run time none of this exists: ``zmesh.Actor`` has no
 base but ``object``, ``zmesh.ActorMesh`` is the handle class
-(``zmesh._client.mesh``), and this module is only imported under
+(``zmesh._client.handles.mesh``), and this module is only imported under
 ``TYPE_CHECKING``.
 
 What the checker cannot tell apart: inside an actor ``self.incr`` is typed
@@ -42,17 +42,17 @@ from typing import (
     overload,
 )
 
-from zmesh._client.adverbs import EndpointRef
+from zmesh._client.handles.adverbs import EndpointRef
 
 if TYPE_CHECKING:
     from zmesh._actor import ActorBase, Endpoint
-    from zmesh._client.controller import SupervisionEvent
-    from zmesh._client.future import Future
-    from zmesh._client.meshstate import MeshState
-    from zmesh._client.ports import Port
-    from zmesh._client.runtime import ProcRef
-    from zmesh._client.streams import ItemStream
-    from zmesh._client.values import ValueMesh
+    from zmesh._client.calls.future import Future
+    from zmesh._client.calls.runtime import ProcRef
+    from zmesh._client.calls.values import ValueMesh
+    from zmesh._client.control.controller import SupervisionEvent
+    from zmesh._client.control.meshstate import MeshState
+    from zmesh._client.ports.channels import Port
+    from zmesh._client.ports.streams import ItemStream
     from zmesh._service.routing import ServiceStatistics, Session
     from zmesh._shared.points import Extent, Point
 

@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from zmesh._actor import ActorBase
-from zmesh._client import local as _local
-from zmesh._client.inprocess import LocalEndpoint, LocalMesh, LocalStream, spawn
+from zmesh._client.control import local as _local
+from zmesh._client.handles.inprocess import LocalEndpoint, LocalMesh, LocalStream, spawn
 from zmesh._shared import paths as _paths
 from zmesh._wire import security as _security
 

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.control import local as _local
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster, stop_agent

@@ -5,7 +5,7 @@ argument of a call to another actor) and return: the other actor answers
 the caller later. If that actor's proc is killed before it answers, nobody
 tells the caller: its proc's death is a supervision event of a mesh the
 caller may not even know, and the port's guard in the endpoint's proc was
-disarmed when the port was pickled (``zmesh._host.responseport``: "another
+disarmed when the port was pickled (``zmesh._host.proc.responseport``: "another
 process holds its answer now"). With a timeout the call ends with
 ``CallTimeoutError`` at its budget; without one it waits for ever.
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh.testing import AgentProcess, start_agent, stop_agent
 
 from _actors import Napper

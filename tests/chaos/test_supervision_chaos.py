@@ -29,7 +29,7 @@ import pytest
 import zmq
 
 import zmesh
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
 from zmesh._shared.state import Rank, Status
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -257,7 +257,7 @@ class CloneSubscriber(threading.Thread):
 # value and follows it with supervision_events(), joining after the fact.
 _CLIENT = """
 import asyncio, json, pickle, sys, time
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
 
 async def main():
     mesh = pickle.loads(bytes.fromhex(sys.stdin.readline()))

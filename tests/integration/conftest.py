@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._wire import security as _security
 
 from _helpers import keyed_loopback_agent

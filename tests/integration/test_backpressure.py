@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import connections as _connections
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import connections as _connections
+from zmesh._client.calls import runtime as _runtime
 from zmesh._wire import messages as w
 
 from _actors import Journal

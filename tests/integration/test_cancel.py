@@ -1,4 +1,4 @@
-"""Cancelling a call reaches the actor (zmesh._client.cancels, zmesh._host.cancelling).
+"""Cancelling a call reaches the actor (zmesh._client.calls.cancels, zmesh._host.proc.cancelling).
 
 ``Future.cancel()``, cancelling the task that awaits a call, and Ctrl+C in
 ``.get()`` each tell the proc: a queued call never runs, an ``async``
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client.synccall import SyncCall
+from zmesh._client.calls.synccall import SyncCall
 
 from _helpers import wait_for
 

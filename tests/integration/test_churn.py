@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import controller as _controller
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.control import controller as _controller
 
 from _helpers import wait_for
 from integration._light import Echo

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._wire import security as _security
 
 from _helpers import read_line, session_pids, wait_for

@@ -1,4 +1,4 @@
-"""An actor's ``def`` endpoints run in a thread of its own (zmesh._host.actorthread).
+"""An actor's ``def`` endpoints run in a thread of its own (zmesh._host.proc.actorthread).
 
 Cheaper than the proc's pool (one queue put there, one loop wake-up back),
 and thread-bound state stays with the actor from call to call. These check

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
-from zmesh._client import lookup as _lookup
+from zmesh._client.control import local as _local
+from zmesh._client.control import lookup as _lookup
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 
@@ -183,8 +183,8 @@ def test_other_keys_neither_find_nor_stop_it(agent: dict[str, str], service: lis
         with pytest.raises(zmesh.NameNotFoundError, match="names there: none") as e:
             zmesh.lookup("embedder").get(timeout=30)
         assert e.value.names == []
-        from zmesh._client import lookup as _lookup
-        from zmesh._client import runtime as _runtime
+        from zmesh._client.calls import runtime as _runtime
+        from zmesh._client.control import lookup as _lookup
 
         async def stop() -> Any:
             rt = _runtime.home()

@@ -527,9 +527,9 @@ class SlowInit(zmesh.Actor):
 
 
 def test_init_that_never_returns_fails_the_spawn_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import zmesh._client.spawning
+    import zmesh._client.control.spawning
 
-    monkeypatch.setattr(zmesh._client.spawning, "INIT_TIMEOUT", 1.0)
+    monkeypatch.setattr(zmesh._client.control.spawning, "INIT_TIMEOUT", 1.0)
     before = session_pids("proc")
     t0 = time.monotonic()
     with pytest.raises(zmesh.SpawnError) as info:

@@ -14,7 +14,7 @@ import zmq
 
 import zmesh
 from zmesh import testing
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 

@@ -254,7 +254,7 @@ def test_unhandled_fault_hook_is_called_and_the_client_goes_on() -> None:
             child.slice(procs=1).crash.call_one().get(timeout=10)
     finally:
         del zmesh.unhandled_fault_hook  # back to zmesh's default
-    assert zmesh.unhandled_fault_hook.__module__ == "zmesh._client.faults"
+    assert zmesh.unhandled_fault_hook.__module__ == "zmesh._client.control.faults"
 
 
 # ------------------------------------------------------------ __cleanup__

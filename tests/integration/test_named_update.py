@@ -23,7 +23,7 @@ import pytest
 
 import zmesh
 from zmesh import testing
-from zmesh._client.controller import Controller
+from zmesh._client.control.controller import Controller
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 

@@ -1,4 +1,4 @@
-"""Each proc's setup: ``env``, ``cwd``, ``bootstrap`` and ``proc_bind`` (zmesh._host.procsetup).
+"""Each proc's setup: ``env``, ``cwd``, ``bootstrap`` and ``proc_bind`` (``_host.proc.procsetup``).
 
 Real procs report what they see: their environment, working directory,
 CPU affinity (of the loop's thread and of a worker thread) and what their

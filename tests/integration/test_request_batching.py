@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
 from zmesh._shared.stats import EndpointStatistics
 from zmesh._wire import messages as w
 

@@ -26,7 +26,7 @@ import pytest
 
 import zmesh
 from zmesh import Port
-from zmesh._client import portcalls as _portcalls
+from zmesh._client.ports import portcalls as _portcalls
 from zmesh.testing import local_mesh
 
 pytestmark = pytest.mark.anyio

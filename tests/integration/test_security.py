@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 import zmesh
-from zmesh._client import local as _local
-from zmesh._client.local import await_ready
+from zmesh._client.control import local as _local
+from zmesh._client.control.local import await_ready
 from zmesh._shared import paths as _paths
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security

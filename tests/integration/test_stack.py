@@ -13,7 +13,7 @@ import time
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 
 from _helpers import pid_alive, wait_for
 

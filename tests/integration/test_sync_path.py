@@ -1,6 +1,6 @@
 """The sync path without hops: ``call_one(...).get()`` from plain threads.
 
-A thread with no event loop sends on its own lane (zmesh._client.lanes) and
+A thread with no event loop sends on its own lane (zmesh._client.calls.lanes) and
 polls for the reply itself. These check that it is used (also for one actor
 of several in a proc), and that it keeps every guarantee of the I/O path:
 order per caller (also mixed with other adverbs), typed errors, timeouts,
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client.synccall import SyncCall
+from zmesh._client.calls.synccall import SyncCall
 
 from _actors import Journal, Pid
 from _helpers import (

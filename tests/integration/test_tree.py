@@ -21,9 +21,9 @@ import pytest
 
 import zmesh
 from zmesh import Accumulator
-from zmesh._client import runtime as _runtime
-from zmesh._client import tree as _tree
-from zmesh._client.agents import AgentLink
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls import tree as _tree
+from zmesh._client.control.agents import AgentLink
 from zmesh._shared.stats import ProcStatistics
 from zmesh._wire import messages as w
 from zmesh.testing import AgentProcess, local_cluster

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import lookup as _lookup
+from zmesh._client.control import lookup as _lookup
 from zmesh._wire import messages as w
 
 from _helpers import connected, replica_pids, wait_for, wait_gone
@@ -159,7 +159,7 @@ def test_when_the_orchestrators_host_is_lost_lookup_says_where_the_replicas_serv
     # The handles that have the service keep calling the replica on host1; a
     # lookup says at once what happened and where the replicas are, instead
     # of "no such name" after a timeout; svc.stop() still ends them.
-    from zmesh._client import runtime as _runtime
+    from zmesh._client.calls import runtime as _runtime
 
     host0, host1 = netns2.hosts
     svc: Any = Kept.options(name="orphan", replicas=2, detached=True).spawn().get(timeout=90)

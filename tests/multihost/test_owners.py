@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._host.ptree import children
+from zmesh._host.agent.ptree import children
 from zmesh._wire.security import Keys, authorize, keygen_client
 
 from _actors import Ranked

@@ -42,7 +42,7 @@ def slow_host(keys_dir: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[NetnsC
     # The agent's heartbeats cross the same saturated link, behind up to 400 ms
     # of queue and TCP's loss recovery: gaps past the default 1.2 s happen
     # (docs/supervision.md says to raise ZMESH_AGENT_TIMEOUT on such links).
-    monkeypatch.setattr("zmesh._client.controller.AGENT_TIMEOUT", 10.0)
+    monkeypatch.setattr("zmesh._client.control.controller.AGENT_TIMEOUT", 10.0)
     with NetnsCluster(1, keys=keys_dir) as cluster:
         cluster.limit_rate(0, "100mbit")
         with connected(cluster.controls, keys=keys_dir):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._shared import registry
 from zmesh._wire import security as _security
 

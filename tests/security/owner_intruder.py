@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._wire import messages as w
 from zmesh._wire import pickling
 from zmesh._wire import security as _security

@@ -19,7 +19,7 @@ import pytest
 
 import zmesh
 from zmesh import testing
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 
 pytestmark = pytest.mark.stress
 

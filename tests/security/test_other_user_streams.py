@@ -27,7 +27,7 @@ import zmq
 
 import zmesh
 from zmesh import Channel, Port
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 from zmesh._wire.codec import Codec

@@ -38,8 +38,8 @@ import pytest
 
 import zmesh
 from zmesh import testing
-from zmesh._client import local as _local
-from zmesh._client import lookup as _lookup
+from zmesh._client.control import local as _local
+from zmesh._client.control import lookup as _lookup
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 

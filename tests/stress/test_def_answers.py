@@ -1,7 +1,7 @@
 """A ``def`` endpoint's answers from its actor's thread, under load and stops.
 
 The actor's thread sends a plain result itself and tells the proc's loop
-without waking it (``zmesh._host.actorthread``); the loop settles the call
+without waking it (``zmesh._host.proc.actorthread``); the loop settles the call
 at its next turn. Two ways that could break a promise:
 
 * a call queued behind the running one would wait for a timer (the next

@@ -1,7 +1,7 @@
 """Attacks on a ``def`` endpoint's answer sent from its actor's own thread.
 
 The actor's thread encodes a plain result and sends it itself on the proc's
-ROUTER, shared under a lock with the proc's loop (``zmesh._host.actorthread``,
+ROUTER, shared under a lock with the proc's loop (``zmesh._host.proc.actorthread``,
 ``AsyncSocket.send_from_thread``). A ZeroMQ socket is not thread-safe and its
 ``ZMQ_FD`` is edge-triggered, so these tests hit that path with real
 processes at many times normal load and the nastiest timing we could make:
@@ -575,7 +575,7 @@ ctx.term()
 def test_a_send_from_another_thread_never_leaves_input_unread() -> None:
     """A proc's ROUTER as an actor thread shares it: a thread answers every
     0.5 ms (``send_from_thread``) and tells the loop quietly, as
-    ``zmesh._host.actorthread`` does, while a peer process sends a message
+    ``zmesh._host.proc.actorthread`` does, while a peer process sends a message
     every 0-3 ms. A send can take the edge of ``ZMQ_FD`` the loop sleeps on;
     the peer's messages must still be read at once, not when something else
     happens to wake the loop (here nothing does: before the fix most waited

@@ -22,7 +22,7 @@ import zmq
 from _fuzz_frames import Frames, harmless
 
 import zmesh
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._shared.state import Status
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec

@@ -2,7 +2,7 @@
 
 With ``actors_per_proc``, a fan-out of a sync endpoint runs the idle actors'
 parts one after the other in one worker thread while each is short
-(``zmesh._host.groupfast``), each actor held busy until its part has run. An
+(``zmesh._host.proc.groupfast``), each actor held busy until its part has run. An
 actor whose part blocks (a long load, a wait on an event, a barrier with
 its siblings) must not keep the parts queued behind it waiting, nor the
 other calls to those siblings: each actor runs in its own thread, as

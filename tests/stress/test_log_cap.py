@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
     """
     import asyncio, functools, json, os, sys, time
     import zmesh
-    from zmesh._client import runtime as _runtime
+    from zmesh._client.calls import runtime as _runtime
     from zmesh._shared.paths import stderr_path
     from zmesh._wire import messages as w
 

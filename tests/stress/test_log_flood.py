@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from zmesh._client import logforward
+from zmesh._client.control import logforward
 
 from _helpers import own_runtime_dir
 
@@ -74,7 +74,7 @@ SCRIPT = textwrap.dedent(
         written = flood.flood.call(seconds)
         t_warm = time.monotonic() + 2.0
         loud = latencies(echo, lambda: time.monotonic() > t_warm)
-        from zmesh._client import local
+        from zmesh._client.control import local
         agent = local._embedded[0][0].pid  # the embedded agent, which tails and forwards
         warm, agent_warm = rss(), rss(agent)
         loud += latencies(echo, written.done)

@@ -1,7 +1,7 @@
 """Nasty output from actors: half lines, binary garbage and very long lines.
 
 What a proc writes to stderr is copied into its log (marked ``[stderr]``)
-between what it writes to stdout (``zmesh._host.logtail``), then forwarded
+between what it writes to stdout (``zmesh._host.agent.logtail``), then forwarded
 to the owner's stdout or stderr by that mark. A proc that left a stdout line
 unfinished (a progress message, ``print(..., end="")``) must not get its next
 stderr line glued onto it: that line would reach the owner's *stdout*, with

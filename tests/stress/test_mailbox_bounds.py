@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 import zmesh
-from zmesh._client import connections as _connections
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import connections as _connections
+from zmesh._client.calls import runtime as _runtime
 from zmesh._wire import messages as w
 
 pytestmark = [pytest.mark.stress, pytest.mark.anyio]

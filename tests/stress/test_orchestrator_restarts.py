@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import zmesh
-from zmesh._client import lookup as _lookup
+from zmesh._client.control import lookup as _lookup
 from zmesh._wire import messages as w
 from zmesh._wire import security as _security
 

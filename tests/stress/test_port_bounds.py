@@ -20,8 +20,8 @@ import pytest
 
 import zmesh
 from zmesh import Channel, Port, PortFullError
-from zmesh._client import portsockets as _portsockets
-from zmesh._client import runtime as _runtime
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.ports import portsockets as _portsockets
 from zmesh._wire import messages as w
 
 pytestmark = [pytest.mark.stress, pytest.mark.anyio]
@@ -198,7 +198,7 @@ async def test_garbage_sent_to_a_port_inbox_is_counted_and_logged_once(
 ) -> None:
     import zmq
 
-    from zmesh._client.portsockets import _server
+    from zmesh._client.ports.portsockets import _server
 
     port, receiver = Channel.open()
     rt, _ = _runtime.current()

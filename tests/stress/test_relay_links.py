@@ -1,7 +1,7 @@
 """A relay used by many senders over its life keeps its file descriptors bounded.
 
 A relay gives each sender its own connection (a *link*) to each target, so
-one sender's messages keep their order (``zmesh._host.relay``). Senders
+one sender's messages keep their order (``zmesh._host.proc.relay``). Senders
 come and go: every client script, every reconnection is a new routing
 identity at the relay. A detached mesh serves many scripts for days, so the
 links of senders that left must not pile up: here 200 senders, one after

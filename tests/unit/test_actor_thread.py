@@ -1,4 +1,4 @@
-"""An actor's own worker thread (zmesh._host.actorthread): one thread per actor,
+"""An actor's own worker thread (zmesh._host.proc.actorthread): one thread per actor,
 never queued behind, at most ``ZMESH_ACTOR_THREADS`` of them per process."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from zmesh._host.actorthread import ActorThread
-from zmesh._host.cancelling import Running
+from zmesh._host.proc.actorthread import ActorThread
+from zmesh._host.proc.cancelling import Running
 
 
 def _name() -> str:
@@ -79,7 +79,7 @@ async def test_close_ends_the_thread_after_its_call() -> None:
 
 def test_a_call_is_claimed_once_whichever_thread_comes_first() -> None:
     # The actor's thread and the loop each claim a sync call before they
-    # answer it (zmesh._host.actorthread): exactly one wins, even racing.
+    # answer it (zmesh._host.proc.actorthread): exactly one wins, even racing.
     for _ in range(200):
         run = Running(None, False)
         wins: list[bool] = []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
-from zmesh._client.agents import AgentClient, AgentLink
+from zmesh._client.control.agents import AgentClient, AgentLink
 from zmesh._errors import AgentError, AgentTimeoutError, SecurityError
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec

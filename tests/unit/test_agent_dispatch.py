@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from zmesh._host import meshorders
-from zmesh._host.agent import HostAgent
-from zmesh._host.proc import ProcServer
+from zmesh._host.agent import meshorders
+from zmesh._host.agent.hostagent import HostAgent
+from zmesh._host.proc.procserver import ProcServer
 from zmesh._wire import messages as w
 from zmesh._wire.boundary import ProcEnv
 from zmesh._wire.codec import NONE, Codec

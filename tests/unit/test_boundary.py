@@ -16,8 +16,8 @@ import textwrap
 import msgspec
 import pytest
 
-from zmesh._host import forkserver as _forkserver
-from zmesh._host import ptree as _ptree
+from zmesh._host.agent import forkserver as _forkserver
+from zmesh._host.agent import ptree as _ptree
 from zmesh._shared.state import Status
 from zmesh._wire import boundary as b
 from zmesh._wire import messages as w

@@ -44,10 +44,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from zmesh._client import controller as _controller
-from zmesh._client.agentconn import AgentConn
-from zmesh._client.controller import Controller, SupervisionEvent
-from zmesh._client.runtime import Runtime
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.control import controller as _controller
+from zmesh._client.control.agentconn import AgentConn
+from zmesh._client.control.controller import Controller, SupervisionEvent
 from zmesh._errors import AgentError
 from zmesh._shared.state import MeshView, Rank, Status
 from zmesh._wire import messages as w
@@ -306,7 +306,7 @@ def _interleave(ctl: Controller, ops: list[tuple], final_order: Any) -> None:
         elif kind == "lost":  # as AgentFates.agent_lost judges it
             for mesh, rank in list(ctl.hosts):
                 ctl.judge(host, mesh, rank, Status.UNKNOWN, "agent unreachable")
-        elif kind == "stop" and op[1] in created:  # as zmesh._client.stopping.stop_procs does
+        elif kind == "stop" and op[1] in created:  # as stopping.stop_procs does
             for rank in RANKS:
                 ctl.judge(host, op[1], rank, Status.STOPPING, "")
             in_flight += agent.stop(op[1])
@@ -464,7 +464,7 @@ class StreamMachine(RuleBasedStateMachine):
     def stop(self, mesh: str) -> None:
         if mesh not in self.created:
             return
-        for rank in RANKS:  # as zmesh._client.stopping.stop_procs does, before asking the agent
+        for rank in RANKS:  # as stopping.stop_procs does, before asking the agent
             self.ctl.judge(self.conn, mesh, rank, Status.STOPPING, "")
             self.judged.add((mesh, rank))
         self._publish(self.agent.stop(mesh))

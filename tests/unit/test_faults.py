@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from zmesh._client import faults
+from zmesh._client.control import faults
 from zmesh._shared.state import Status
 
 FAILURE = faults.MeshFailure(

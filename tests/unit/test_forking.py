@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from zmesh._host.forking import SiblingFork
+from zmesh._host.agent.forking import SiblingFork
 
 # Stands in for a forkserver: a single-threaded child of this test that
 # forks two siblings, and reports what it saw. Each sibling reports what it
 # sees of itself, then exits with code 7.
 _FORKER = r"""
 import json, os, random, sys, threading
-from zmesh._host.forking import SiblingFork
+from zmesh._host.agent.forking import SiblingFork
 
 def say(obj):  # one write(2) each: the three writers share one pipe
     os.write(1, (json.dumps(obj) + "\n").encode())

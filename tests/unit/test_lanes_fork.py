@@ -1,4 +1,4 @@
-"""A thread's lane (``zmesh._client.lanes``) does not follow it into a forked child."""
+"""A thread's lane (``zmesh._client.calls.lanes``) does not follow it into a forked child."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 # is not what is tested. The lane's runtime is only a key here (with a loop).
 _CHILD = r"""
 import json, os, types
-from zmesh._client import lanes
+from zmesh._client.calls import lanes
 
 rt = types.SimpleNamespace(loop=None)
 ln = lanes.lane(rt)

@@ -196,7 +196,7 @@ def test_identity_is_what_watch_owner_expects() -> None:
 
 
 def test_owner_pid_is_the_pid_the_owner_id_names() -> None:
-    from zmesh._client import local as _local
+    from zmesh._client.control import local as _local
 
     assert owner_pid(_local.owner_id()) == os.getpid()
     assert owner_pid("node-7.example:4242:ab12cd34") == 4242

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from zmesh._client import logforward
-from zmesh._client.logforward import Printer
-from zmesh._host import logtail
-from zmesh._host.logtail import LogTail
+from zmesh._client.control import logforward
+from zmesh._client.control.logforward import Printer
+from zmesh._host.agent import logtail
+from zmesh._host.agent.logtail import LogTail
 from zmesh._wire import messages as w
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zmesh._host import logcap
+from zmesh._host.agent import logcap
 
 MiB = 1 << 20
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import zmesh
-from zmesh._client.future import Future
+from zmesh._client.calls.future import Future
 from zmesh._wire import excpickle
 
 
@@ -86,7 +86,7 @@ def test_an_exception_with_a_multi_argument_init_comes_back_whole_with_its_cause
 def test_the_reserved_names_are_every_public_attribute_of_the_handles() -> None:
     """The list kept for classes defined before the handles are imported is complete."""
     from zmesh._actor import _HANDLE_ATTRS
-    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.handles.mesh import ActorMesh
     from zmesh._service.service import Service
 
     public = {n for cls in (ActorMesh, Service) for n in dir(cls) if not n.startswith("_")}

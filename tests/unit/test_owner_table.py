@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from zmesh._host import owners as owners_mod
-from zmesh._host.owners import Owners
+from zmesh._host.agent import owners as owners_mod
+from zmesh._host.agent.owners import Owners
 from zmesh._shared import ownership
 from zmesh._wire import messages as w
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._shared import ownership
 
 

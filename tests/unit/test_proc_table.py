@@ -1,4 +1,4 @@
-"""The agent's proc table while forks are in flight (``zmesh._host.procs``).
+"""The agent's proc table while forks are in flight (``zmesh._host.agent.proctable``).
 
 Spawns are pipelined: a rank's process exists only once the forkserver's
 reply arrives, and its hello may come first, or its mesh may be stopped
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from zmesh._host import updates
-from zmesh._host.procs import ProcTable
-from zmesh._host.spawner import Launch
+from zmesh._host.agent import updates
+from zmesh._host.agent.proctable import ProcTable
+from zmesh._host.agent.spawner import Launch
 from zmesh._shared.state import Rank, Status
 from zmesh._wire import messages as w
 

@@ -1,4 +1,4 @@
-"""Stack dumps on SIGUSR1 (``zmesh._host.stacks``), against a real Python process."""
+"""Stack dumps on SIGUSR1 (``zmesh._host.proc.stacks``), against a real Python process."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from zmesh._host import stacks as _stacks
+from zmesh._host.proc import stacks as _stacks
 
 # Two threads: one blocked in a sleep, the main one holding the GIL in pure Python.
 SCRIPT = textwrap.dedent(
     """
     import sys, threading, time
-    from zmesh._host import stacks as _stacks
+    from zmesh._host.proc import stacks as _stacks
 
     parked = threading.Event()
 

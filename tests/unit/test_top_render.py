@@ -255,7 +255,7 @@ def test_batched_endpoints_show_their_batches_and_mean_batch_size() -> None:
 
 
 def test_two_services_of_one_name_are_two_rows_in_top_and_in_the_agent() -> None:
-    from zmesh._host.statsbook import StatsBook
+    from zmesh._host.agent.statsbook import StatsBook
 
     book = StatsBook()
     for sid, healthy in [("embedder-aaa", 2), ("embedder-bbb", 1)]:
@@ -328,7 +328,7 @@ def _service_snapshot(
     max_concurrent: int = 100, serial: tuple[str, ...] = ("generate",)
 ) -> Snapshot:
     """A 2-replica ``llm`` service (replica 1 restarted once); each proc runs 1, queues 3."""
-    from zmesh._client.runtime import ProcRef
+    from zmesh._client.calls.runtime import ProcRef
     from zmesh._service.client import TableRow, encode_table
 
     meshes = ["llm-r0-6e850f69", "llm-r1-0fa30381"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from zmesh._client import tree as _tree
+from zmesh._client.calls import tree as _tree
 
 
 def plan(t: _tree.Tree, hosts: list[int]) -> dict[str, list[str]]:

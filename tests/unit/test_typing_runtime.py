@@ -37,7 +37,7 @@ def test_actor_has_no_handle_base_at_run_time() -> None:
 
 
 def test_the_public_names_are_the_handle_classes() -> None:
-    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.handles.mesh import ActorMesh
     from zmesh._service.service import Service
 
     assert zmesh.ActorMesh is ActorMesh and zmesh.Service is Service

@@ -1,20 +1,22 @@
-"""The user's process: the runtime, its meshes and the calls it makes.
+"""The user's process: the runtime, its meshes and the calls it makes, in four rooms by role.
 
-* ``runtime``: the runtime of an event loop (calls out, replies in) and the I/O thread;
-  ``connections``: its connections to procs, their backpressure and drops;
-  ``inflight``: requests in flight and their fates;
-* ``controller``: agents' supervision streams turned into mesh state; ``agentconn``: one
-  agent's control socket and stream; ``agentfates``: what a silent or restarted agent
-  means for its ranks;
-* ``mesh``: ``HostMesh``/``ProcMesh``/``ActorMesh`` handles; ``spawning``: the work of
-  spawning and stopping (``procstart``: procs through their agents); ``pending``: calls
-  waiting for a mesh to be ready;
-* ``meshstate``, ``values``: ``mesh.state()``, ``ValueMesh``; ``faults``: ``MeshFailure``
-  and the hooks; ``this_proc``, ``singletons``: Monarch's process-level helpers;
-* ``adverbs``: ``call``, ``call_one``, ``broadcast``, ``choose``, ``stream``;
-  ``grouping``: fan-outs to several actors per proc, one message per proc;
-* ``future``: ``zmesh.Future``, awaitable or ``.get()`` from plain code;
-* ``local``: this process as an owner (its agents, heartbeats, exit);
-* ``lookup``: detached services and meshes filed by name, and ``zmesh.lookup``;
-* ``shutdown``: ``zmesh.shutdown()``.
+* ``handles``: what the user holds: ``HostMesh``/``ProcMesh``/``ActorMesh``
+  (``mesh``, ``hosts``), endpoint references and their adverbs (``adverbs``,
+  ``accumulate``), and meshes whose actors live in this process (``inprocess``);
+* ``calls``: the call path: the runtime of an event loop and its I/O thread
+  (``runtime``), connections to procs and their backpressure (``connections``),
+  requests in flight (``inflight``), the sync lane (``lanes``), calls waiting
+  for a mesh (``pending``), fan-outs by proc (``grouping``) and by host
+  (``tree``, ``treeanswers``), ``Future``, ``Stream`` and ``ValueMesh``;
+* ``ports``: values outside a call's one reply: ports and channels
+  (``channels``, ``portsockets``, ``portserver``, ``portcalls``) and
+  generator endpoints' streams (``streams``);
+* ``control``: the control plane: agents and their streams (``agents``,
+  ``agentconn``, ``controller``), failures up the tree (``faults``,
+  ``actorwatch``), spawning and stopping (``spawning``, ``procstart``,
+  ``stopping``, ``named``), this process as an owner (``local``), detached
+  names (``lookup``) and actors' output on the terminal (``logforward``).
+
+The call path is the core: it imports neither handles nor ports
+(``tests/test_layers.py``).
 """

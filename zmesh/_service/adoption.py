@@ -3,7 +3,7 @@
 A detached service's replicas must outlive its orchestrator, so that a
 ``kill -9`` of the orchestrator costs the callers nothing (their calls go
 straight to the replicas) and the agent can restart it
-(``zmesh._host.restarter``). ``DetachedSupervisor`` is a ``Supervisor``
+(``zmesh._host.agent.restarter``). ``DetachedSupervisor`` is a ``Supervisor``
 that files each replica it spawns with the service's name on the replica's
 agents (``Detach(join=True)``): the agents keep it when its owner, the
 orchestrator, dies.
@@ -25,11 +25,11 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from zmesh._client import local as _local
-from zmesh._client.lookup import principal
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import ProcRef, Runtime
-from zmesh._client.stopping import stop_request
+from zmesh._client.calls.runtime import ProcRef, Runtime
+from zmesh._client.control import local as _local
+from zmesh._client.control.lookup import principal
+from zmesh._client.control.stopping import stop_request
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import ZmeshError
 from zmesh._service.client import ServiceClient, TableRow, decode_table
 from zmesh._service.routing import HEALTHY, UNHEALTHY

@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from zmesh._client.controller import SupervisionEvent
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import ProcRef, Runtime
+from zmesh._client.calls.runtime import ProcRef, Runtime
+from zmesh._client.control.controller import SupervisionEvent
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import (
     ActorStoppedError,
     ServiceError,

@@ -14,10 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zmesh._client import runtime as _runtime
-from zmesh._client.future import Future
-from zmesh._client.launch import run_on
-from zmesh._client.runtime import Runtime
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls.future import Future
+from zmesh._client.calls.launch import run_on
+from zmesh._client.calls.runtime import Runtime
 from zmesh._errors import (
     ActorStoppedError,
     EncodeError,

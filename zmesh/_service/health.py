@@ -19,7 +19,7 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
-    from zmesh._client.mesh import ActorMesh
+    from zmesh._client.handles.mesh import ActorMesh
     from zmesh._service.supervisor import Supervisor
 
 log = logging.getLogger("zmesh.service")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zmesh._client.mesh import ActorMesh
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import HandleTypeError
 from zmesh._service.service import Service
 

@@ -7,13 +7,13 @@ mesh of ``Orchestrator`` on the first configured agent, whose one argument
 is the service's ``Plan``: the orchestrator makes the service there, owns
 the replicas (so a replica killed after the creator exited is respawned by
 it), and the agent keeps the orchestrator's mesh past the creator's exit,
-filed under ``embedder`` (``zmesh._client.lookup``, ``zmesh._host.detached``).
+filed under ``embedder`` (``zmesh._client.control.lookup``, ``zmesh._host.agent.detached``).
 
 The orchestrator is not in the calls' path, and nothing dies with it: its
 replicas are filed with the name too (``zmesh._service.adoption``), and the
 creator files the ``SpawnActor`` that made the orchestrator, so when its
 proc dies (``kill -9``) the agent starts it again with the same ``Plan``
-(``zmesh._host.restarter``). The new orchestrator takes over the replicas
+(``zmesh._host.agent.restarter``). The new orchestrator takes over the replicas
 that were healthy (same processes and state: re-adoption, not re-creation,
 so callers notice nothing) and respawns the others.
 
@@ -21,7 +21,7 @@ Every script, the creator too, holds the handle the orchestrator hands out:
 a ``Service`` that follows the replica table from the agents, with direct
 calls, adverbs, sessions and failover as any handle from elsewhere.
 ``zmesh stop embedder`` (or ``svc.stop()`` from any script, or actor, that
-acts for the same keys: ``zmesh._client.lookup.principal``) stops the
+acts for the same keys: ``zmesh._client.control.lookup.principal``) stops the
 orchestrator and every replica.
 """
 
@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from zmesh._actor import ActorBase, endpoint, endpoints_of
-from zmesh._client import local as _local
-from zmesh._client import runtime as _runtime
-from zmesh._client.faults import MeshFailure
-from zmesh._client.future import Future
-from zmesh._client.lookup import (
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls.future import Future
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.control import local as _local
+from zmesh._client.control.faults import MeshFailure
+from zmesh._client.control.lookup import (
     LOOKUP_TIMEOUT,
     detach,
     ensure_free,
@@ -48,10 +49,9 @@ from zmesh._client.lookup import (
     find,
     on_home,
 )
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import Runtime
-from zmesh._client.spawning import spawn_owned_mesh
-from zmesh._client.stopping import stop_procs
+from zmesh._client.control.spawning import spawn_owned_mesh
+from zmesh._client.control.stopping import stop_procs
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import ServiceError, SpawnError, ZmeshError
 from zmesh._service import service as _service
 from zmesh._service import signatures

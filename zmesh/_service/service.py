@@ -31,12 +31,12 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import EndpointInfo
-from zmesh._client import runtime as _runtime
-from zmesh._client.future import Future
-from zmesh._client.launch import run_on
-from zmesh._client.lookup import on_home, stop_name
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import Runtime
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls.future import Future
+from zmesh._client.calls.launch import run_on
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.control.lookup import on_home, stop_name
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import EndpointError, ServiceError
 from zmesh._service.client import Follower, ServiceClient, decode_table, encode_table
 from zmesh._service.endpoint import ServiceEndpoint

@@ -8,8 +8,8 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import ActorBase, endpoints_of
-from zmesh._client import runtime as _runtime
-from zmesh._client.future import Future
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls.future import Future
 from zmesh._service import service as _service
 from zmesh._service.client import ServiceClient
 from zmesh._service.orchestrator import spawn_detached

@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from zmesh._client import runtime as _runtime
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import Runtime
-from zmesh._client.streams import (
+from zmesh._client.calls import runtime as _runtime
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.handles.mesh import ActorMesh
+from zmesh._client.ports.streams import (
     ERROR,
     Inbox,
     ItemStream,

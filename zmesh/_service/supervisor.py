@@ -26,11 +26,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from zmesh._actor import endpoints_of, own_proc
-from zmesh._client import local as _local
-from zmesh._client.mesh import ActorMesh
-from zmesh._client.runtime import Runtime
-from zmesh._client.spawning import spawn_owned_mesh
-from zmesh._client.stopping import stop_procs
+from zmesh._client.calls.runtime import Runtime
+from zmesh._client.control import local as _local
+from zmesh._client.control.spawning import spawn_owned_mesh
+from zmesh._client.control.stopping import stop_procs
+from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import (
     SpawnError,
     ZmeshError,

@@ -14,7 +14,7 @@ that changes them breaks one module and one test
   anyio's code inside the endpoint expects); asyncio's C tasks do the same
   for every step through these two functions.
 * ``call_soon_quietly()``: a proc's actor thread that has answered its call
-  itself tells the loop so without waking it (``zmesh._host.actorthread``):
+  itself tells the loop so without waking it (``zmesh._host.proc.actorthread``):
   ``call_soon_threadsafe`` would write the loop's self-pipe, one more
   wake-up per call for work nothing waits for.
 * ``forget_pending()``: a task made just before its loop closed can never

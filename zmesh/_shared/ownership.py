@@ -15,7 +15,7 @@ mesh (a handle of theirs used by mistake) gives them nothing of ours.
 
 A mesh's **grant** (``grant_of``), derived from its key, is what a
 ``ProcMesh`` carries when its owner passes it to one of its own actors
-(``zmesh._client.grants``): the procs accept it for ``SpawnActor`` and
+(``zmesh._client.control.grants``): the procs accept it for ``SpawnActor`` and
 ``StopActor`` too.
 """
 

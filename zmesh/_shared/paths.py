@@ -234,7 +234,7 @@ def prune_runs(root: str, keep: int = KEEP_RUNS, max_age: float = MAX_RUN_AGE) -
 def stderr_path(log_path: str) -> str:
     """Where a proc whose log is ``log_path`` writes its stderr (``.err`` beside it).
 
-    The agent copies its lines into the log, marked (``zmesh._host.logtail``).
+    The agent copies its lines into the log, marked (``zmesh._host.agent.logtail``).
     """
     return os.path.splitext(log_path)[0] + ".err"
 

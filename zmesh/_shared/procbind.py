@@ -1,7 +1,7 @@
 """A proc's setup as it travels in its environment: names, and CPU lists.
 
-Shared by the caller that describes it (``zmesh._client.procsetup``) and
-the proc that applies it (``zmesh._host.procsetup``).
+Shared by the caller that describes it (``zmesh._client.control.procsetup``) and
+the proc that applies it (``zmesh._host.proc.procsetup``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Used by each proc, and by ``zmesh.testing.local_mesh``'s meshes. Anything
 in a proc that may block runs in one of these threads so the event loop (and
 with it every other actor, and the heartbeats) keeps going. (In a proc, a
 sync endpoint runs in its actor's own thread when that is free,
-``zmesh._host.actorthread``; here otherwise.)
+``zmesh._host.proc.actorthread``; here otherwise.)
 
 Threads that wait for each other are normal here: actors of one proc meeting
 at a barrier, a sync generator waiting for its reader's credit, an

@@ -74,7 +74,7 @@ class Codec:
     def __init__(self, inbox: Any, *, allow_pickle: bool = True, keep_ext: bool = False) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         # keep_ext: references to buffer frames stay ``msgspec.msgpack.Ext``, so a
-        # relay passes a message on with its frames, unchanged (zmesh._host.relay).
+        # relay passes a message on with its frames, unchanged (zmesh._host.proc.relay).
         hook = _keep_ext if keep_ext else self._ext_hook
         self._decoder = msgspec.msgpack.Decoder(inbox, ext_hook=hook)
         # A batch carries no buffer frames, so an Ext in it fails to decode,

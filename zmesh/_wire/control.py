@@ -330,7 +330,7 @@ class StatsReply(Message, frozen=True):
 
 class Detach(Message, frozen=True):
     """Keep ``meshes`` (proc meshes on this agent) past their owner's exit,
-    filed under ``name`` for ``principal`` (``zmesh._client.lookup``)."""
+    filed under ``name`` for ``principal`` (``zmesh._client.control.lookup``)."""
 
     id: int
     name: Name
@@ -343,7 +343,7 @@ class Detach(Message, frozen=True):
     # replicas, filed by its orchestrator), instead of filing a new one.
     join: bool = False
     # The frames of a ``SpawnActor`` that restarts a failed rank of ``meshes``
-    # (a detached service's orchestrator: zmesh._host.restarter).
+    # (a detached service's orchestrator: zmesh._host.agent.restarter).
     boot: Annotated[list[bytes], msgspec.Meta(max_length=64)] = []
     service: Text = ""  # the service's id: the agent keeps its last replica table
 

@@ -52,7 +52,7 @@ class SpawnActor(Message, frozen=True):
     mesh: Name
     dims: Dims
     rank: RankNo
-    # Several actors in this proc (``zmesh._host.actors``): ``count`` of them,
+    # Several actors in this proc (``zmesh._host.proc.actors``): ``count`` of them,
     # ``actor#0`` .. ``actor#<count-1>``, answered with one ``Gathered``.
     # 0: one actor named ``actor`` (answered with a ``Reply``).
     count: Annotated[int, msgspec.Meta(ge=0, le=1 << 16)] = 0
@@ -100,7 +100,7 @@ class Failure(Message, frozen=True):
 # per proc for all its targeted actors; the proc answers with one
 # ``Gathered`` (or ``GatheredFrames``, when a value has buffer frames)
 # holding each actor's ``Reply`` or ``Failure`` in the order of ``actors``.
-# See ``zmesh._client.grouping`` and ``zmesh._host.actors``.
+# See ``zmesh._client.calls.grouping`` and ``zmesh._host.proc.actors``.
 
 
 class GroupCall(Message, frozen=True):
@@ -141,7 +141,7 @@ class GatheredFrames(Message, frozen=True):
 # ``StreamEnd`` (or a ``Failure``, after the items before it). Its producer
 # runs at most ``window`` items ahead: the consumer grants more with
 # ``Credit`` as it reads, and ``Cancel`` closes the generator. See
-# ``zmesh._client.streams`` and ``zmesh._host.generators``.
+# ``zmesh._client.ports.streams`` and ``zmesh._host.proc.generators``.
 
 
 class StreamCall(Call, frozen=True):
@@ -186,7 +186,7 @@ class CancelCall(Message, frozen=True):
     A call still queued is dropped; a running ``async`` endpoint is
     cancelled; a running sync one is marked and its result dropped. The
     proc answers with a ``Failure`` of kind ``cancelled`` when it has ended,
-    so that a caller knows its actor is free again (``zmesh._host.cancelling``).
+    so that a caller knows its actor is free again (``zmesh._host.proc.cancelling``).
     """
 
     id: int
@@ -197,7 +197,7 @@ class CancelCall(Message, frozen=True):
 
 
 class PortSend(Message, frozen=True):
-    """A value for port ``port`` of the receiving process (``zmesh._client.ports``)."""
+    """A value for port ``port`` of the receiving process (``zmesh._client.ports.channels``)."""
 
     port: int
     rank: int  # the sending actor's rank; -1 for a sender that is no actor
@@ -209,7 +209,7 @@ class PortAck(Message, frozen=True):
 
     Sent back on the connection the values came in on, every ``ACK_VALUES``
     values or ``ACK_BYTES`` bytes read from it and whenever the set of full
-    ports this sender was told about changes (``zmesh._client.portsockets``).
+    ports this sender was told about changes (``zmesh._client.ports.portsockets``).
     """
 
     values: int  # values read from this connection since the last ack
@@ -223,7 +223,7 @@ class PortAck(Message, frozen=True):
 # mesh there (its relay), instead of one message per proc. The relay sends
 # ``body`` (with the frames after the envelope) to each target unchanged:
 # the very message the direct path would have sent it. See
-# ``zmesh._client.tree`` and ``zmesh._host.relay``.
+# ``zmesh._client.calls.tree`` and ``zmesh._host.proc.relay``.
 
 
 class RelayTarget(msgspec.Struct, frozen=True, array_like=True):

@@ -76,7 +76,7 @@ _now = time.monotonic
 
 # Bounded linger: a message queued to a dead peer must never hang close/term.
 LINGER_MS = 200
-# Well above any in-flight limit zmesh applies (``zmesh._client.runtime``), so a
+# Well above any in-flight limit zmesh applies (``zmesh._client.calls.runtime``), so a
 # pipe never reaches it: a full receive pipe makes libzmq stop reading the
 # connection (and meets libzmq's ``_input_stopped`` bug on reconnect).
 HWM = 100_000

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 from zmesh._errors import AgentError, SecurityError
-from zmesh._host.agent import HostAgent
-from zmesh._host.forkserver import ForkServer
+from zmesh._host.agent.forkserver import ForkServer
+from zmesh._host.agent.hostagent import HostAgent
 from zmesh._shared import registry as _registry
 from zmesh._wire.boundary import AgentReady, encode, ready_line
 from zmesh._wire.security import Keys

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from zmesh._client import local as _local
+from zmesh._client.control import local as _local
 from zmesh._errors import AgentError, SecurityError
 from zmesh._shared import registry as _registry
 from zmesh._wire import security as _security

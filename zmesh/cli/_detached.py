@@ -13,7 +13,7 @@ import asyncio
 import functools
 from typing import Any
 
-from zmesh._client.lookup import principal
+from zmesh._client.control.lookup import principal
 from zmesh._wire import messages as w
 
 

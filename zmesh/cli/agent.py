@@ -6,7 +6,7 @@ import argparse
 import logging
 import secrets
 
-from zmesh._host import forklaunch
+from zmesh._host.agent import forklaunch
 from zmesh.cli._common import normalize_address
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmesh
-from zmesh._client.lookup import detached_names
+from zmesh._client.control.lookup import detached_names
 from zmesh._errors import NameNotFoundError, ZmeshError
 from zmesh.http.binding import Binder
 

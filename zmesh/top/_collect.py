@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from zmesh._client.agents import AgentClient
+from zmesh._client.control.agents import AgentClient
 from zmesh._errors import AgentError, SecurityError
 from zmesh._shared import registry
 from zmesh._shared.state import Status
