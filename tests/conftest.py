@@ -14,11 +14,14 @@ turns into a failed run.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +35,19 @@ from zmesh._shared import paths
 from zmesh.testing import AgentProcess, local_cluster
 
 from _helpers import live_processes
+
+# Bytecode for the processes the tests start. Where ``PYTHONDONTWRITEBYTECODE``
+# is set (some CI images set it) and the clone is fresh, every agent,
+# forkserver and script a test starts compiles zmesh and the stdlib modules it
+# needs from source again: ~0.2 s of CPU a process, thousands of processes a
+# run. They keep their bytecode in a private directory of this run instead
+# (``PYTHONPYCACHEPREFIX``), so the tree stays as clean as the user asked.
+# xdist workers inherit it from the controller.
+if sys.flags.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    _pycache = tempfile.mkdtemp(prefix="zmesh-pyc-")  # 0700: nobody else writes our bytecode
+    os.environ["PYTHONPYCACHEPREFIX"] = _pycache
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    atexit.register(shutil.rmtree, _pycache, True)
 
 SESSION_TAG = uuid.uuid4().hex
 os.environ["ZMESH_TEST_SESSION"] = SESSION_TAG

@@ -43,7 +43,15 @@ def _zmesh(*args: str) -> Any:
 
 
 def _ps_states(mesh: str) -> list[str]:
-    return [p["state"] for p in _zmesh("ps", "--json") if p["mesh"] == mesh]
+    # ``as_actor`` starts the embedded agent in the background: until it has
+    # registered, ``zmesh ps`` finds no agent at all, which here means "not yet".
+    done = subprocess.run(
+        [sys.executable, "-m", "zmesh", "ps", "--json"], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0 and "no agents" in done.stderr:
+        return []
+    assert done.returncode == 0, done.stderr
+    return [p["state"] for p in json.loads(done.stdout) if p["mesh"] == mesh]
 
 
 def test_ps_and_get_show_initializing_while_init_runs(tmp_path: Path) -> None:
