@@ -164,3 +164,31 @@ def test_stop_while_spawning_stops_once_up() -> None:
     mesh.stop().get(timeout=60)
     with pytest.raises(zmesh.ActorStoppedError):
         mesh.take.call().get(timeout=10)
+
+
+@pytest.mark.parametrize("where", ["loop", "plain"])
+def test_a_queued_call_keeps_its_timeout_and_is_never_sent_once_it_passes(where: str) -> None:
+    """A call on a mesh still spawning has its budget from the call: it fails
+    with CallTimeoutError when the budget passes first, and never goes out."""
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    mesh = procs.spawn("slow", Log, 4.0)
+    try:
+        t0 = time.monotonic()
+        quick = mesh.add.options(timeout=0.5)
+        if where == "loop":
+
+            async def main() -> None:
+                with pytest.raises(zmesh.CallTimeoutError, match="never sent"):
+                    await quick.call_one("late")
+
+            asyncio.run(main())
+        else:
+            with pytest.raises(zmesh.CallTimeoutError, match="never sent"):
+                quick.call_one("late").get()
+        assert time.monotonic() - t0 < 3.5, "the timeout ran from the mesh's readiness"
+        assert not mesh.initialized.done()
+        # Later calls still go, in order; the timed-out one never reached the actor.
+        assert mesh.add.call_one("next").get(timeout=60) == 1
+        assert mesh.take.call_one().get(timeout=30) == ["next"]
+    finally:
+        procs.stop().get(timeout=30)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.future import Future
+from zmesh._errors import CallTimeoutError
 
 if TYPE_CHECKING:
     from zmesh._client.calls.runtime import ProcRef, Runtime
@@ -73,7 +74,8 @@ class _Item:
         self.sink = sink  # the caller's future (of the result, or of the stream); None
 
     def cancelled(self) -> bool:
-        return self.sink is not None and self.sink.cancelled()
+        # Cancelled, or timed out (``_expire``) while it waited: never sent.
+        return self.sink is not None and self.sink.done()
 
     def fail(self, exc: BaseException) -> None:
         sink = self.sink
@@ -230,11 +232,19 @@ def _schedule(rt: Runtime, fn: Callable[[Runtime], None]) -> None:
 
 
 def defer(
-    mesh: _MeshBase, redo: Callable[[], Any], kind: str, about: Any = None, called: Any = None
+    mesh: _MeshBase,
+    redo: Callable[[], Any],
+    kind: str,
+    about: Any = None,
+    called: Any = None,
+    timeout: float | None = None,
 ) -> Any:
     """Queue a call on ``mesh`` until nothing blocks it; what the caller holds now.
 
-    ``called`` is the actor mesh of an endpoint call (see ``Future``).
+    ``called`` is the actor mesh of an endpoint call (see ``Future``). A call
+    with a ``timeout`` has it from now, not from when it goes out: if its
+    mesh is not ready in time it fails with ``CallTimeoutError`` and is never
+    sent (a mesh that never becomes ready must not hold its caller for ever).
 
     Returns:
         a ``Future`` (kind ``"future"``), a stream (``"stream"``) or ``None``
@@ -249,6 +259,8 @@ def defer(
     if kind != "broadcast":
         sink = rt.loop.create_future() if home else concurrent.futures.Future()
     gate.submit(rt, home, _Item(redo, kind, sink))
+    if timeout is not None and kind == "future":
+        _expire(rt, home, sink, timeout, about)
     if kind == "broadcast":
         return None
     if kind == "stream":
@@ -256,6 +268,34 @@ def defer(
     if home:
         return Future(afut=sink, about=about, mesh=called)
     return Future(cfut=sink, about=about, mesh=called)
+
+
+def _expire(rt: Runtime, home: bool, sink: Any, timeout: float, about: Any) -> None:
+    """Fail ``sink`` with ``CallTimeoutError`` if nothing settled it within ``timeout``."""
+    mesh, method = about if isinstance(about, tuple) else ("", "")
+
+    def expire() -> None:
+        if sink.done():
+            return
+        exc = CallTimeoutError(
+            f"{method!r}: no result within {timeout}s (its mesh was not ready in time: "
+            "the call waited and was never sent)",
+            mesh=mesh or None,
+        )
+        try:
+            sink.set_exception(exc)
+        except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
+            pass  # settled meanwhile, from another thread
+
+    if home:  # (the loop's thread: the timer goes once the call is settled)
+        timer = rt.loop.call_later(timeout, expire)
+        sink.add_done_callback(lambda _: timer.cancel())
+    else:  # on the loop too, which also drains the queue: never both at once
+
+        def arm(_rt: Runtime) -> None:
+            _rt.loop.call_later(timeout, expire)
+
+        _schedule(rt, arm)
 
 
 class LateStream:

@@ -163,8 +163,9 @@ class EndpointRef(Generic[R]):
         except NotReady:
             pass
         return _pending.defer(
-            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name), mesh
-        )
+            mesh, lambda: adverb(self, *args, **kwargs), kind, (mesh.proc_mesh, self._name), mesh,
+            self._timeout,
+        )  # fmt: skip
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         return pack_call(self._name, self._mesh.proc_mesh, args, kwargs)
