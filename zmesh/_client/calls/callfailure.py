@@ -53,7 +53,10 @@ def for_call(err: BaseException, mesh: Any, endpoint: str) -> BaseException:
     else:
         why = err.message
         if err.rank is not None and err.mesh:
-            why = f"the process of mesh {err.mesh} rank {err.rank} failed: {err.reason or why}"
+            # Supervision's "rank is Failed: <reason>" is said by its reason
+            # alone; any other message (one that says more) is kept whole.
+            said = err.reason if err.reason and why.endswith(err.reason) else why
+            why = f"the process of mesh {err.mesh} rank {err.rank} failed: {said}"
         text = f"The actor {who} and all its descendants have failed: {why}"
     again = _rebuild(type(err), f"{PREFIX}{mesh.actor}.{endpoint}() failed, {text}", {})
     again.__dict__.update(err.__dict__)
