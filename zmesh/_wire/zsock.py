@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -43,15 +43,15 @@ import zmq
 from zmesh._wire.codec import BATCH_MARK as BATCH_MARK
 from zmesh._wire.codec import MAX_MSG_SIZE as MAX_MSG_SIZE
 from zmesh._wire.codec import encode_batch
-from zmesh._wire.zshare import ThreadSend, _check_buffers
+
+# (EVENTS/POLLIN as plain ints, the Cython getsockopt: shared with the thread side)
+from zmesh._wire.zshare import _EVENTS, _POLLIN, ThreadSend, _check_buffers, _Frame, _get
 
 # Messages handled per wake-up before yielding to other tasks.
 _BATCH = 256
 
 # Plain ints: pyzmq's enum flags cost a Python-level __and__/__or__ per use,
 # which the profile showed at 10-19 % of a busy proc's CPU.
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _NOBLOCK = int(zmq.NOBLOCK)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
@@ -60,8 +60,6 @@ _MORE = int(zmq.SNDMORE) | _NOBLOCK
 # handling; the Cython methods underneath save ~0.6 µs per frame.
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_get = cast("Callable[[Any, int], int]", zmq.backend.Socket.get)  # EVENTS is an int
-_Frame = zmq.Frame
 # Below this a zero-copy send costs more (a Frame, pyzmq's GC thread) than a memcpy.
 _ZERO_COPY_MIN = 1 << 20
 
