@@ -287,6 +287,7 @@ async def test_a_dead_procs_calls_fail_in_monarchs_words(faults: list[zmesh.Mesh
     procs = zmesh.this_host().spawn_procs(per_host={"gpus": 2})
     victim = procs.spawn("victim", Sleeper)
     bystander = procs.spawn("bystander", Sleeper)
+    await bystander  # up on both procs before one dies (else its spawn fails instead)
     pids = (await victim.pid.call()).values()
     napping = victim.slice(gpus=1).nap.call_one()
     os.kill(pids[1], signal.SIGKILL)
