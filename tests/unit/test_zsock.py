@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -11,6 +15,8 @@ import pytest
 import zmq
 
 from zmesh._wire.zsock import HWM, MAX_MSG_SIZE, AsyncSocket, configure
+
+from _helpers import end_child, read_line
 
 pytestmark = pytest.mark.anyio
 
@@ -86,17 +92,30 @@ def test_call_sockets_have_no_zmtp_heartbeats_and_control_sockets_do() -> None:
     ctx: zmq.Context[Any] = zmq.Context.instance()
     data = configure(ctx.socket(zmq.DEALER), data=True)
     control = configure(ctx.socket(zmq.DEALER))
+    tcp = configure(ctx.socket(zmq.DEALER), addr="tcp://10.0.0.2:5555")
     try:
         assert data.getsockopt(zmq.HEARTBEAT_IVL) == 0
         assert data.getsockopt(zmq.TCP_KEEPALIVE) == 1
-        assert control.getsockopt(zmq.HEARTBEAT_IVL) == 100
-        assert control.getsockopt(zmq.HEARTBEAT_TIMEOUT) == 500
-        for s in (data, control):
+        for s in (control, tcp):
+            assert s.getsockopt(zmq.HEARTBEAT_IVL) == 100
+            assert s.getsockopt(zmq.HEARTBEAT_TIMEOUT) == 500
+        for s in (data, control, tcp):
             assert s.getsockopt(zmq.MAXMSGSIZE) == MAX_MSG_SIZE
             assert s.getsockopt(zmq.RCVHWM) == HWM
     finally:
-        data.close(linger=0)
-        control.close(linger=0)
+        for s in (data, control, tcp):
+            s.close(linger=0)
+
+
+def test_control_sockets_on_links_within_the_machine_have_no_zmtp_heartbeats() -> None:
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    for addr in ("ipc:///run/agent/c", "inproc://events"):
+        sock = configure(ctx.socket(zmq.SUB), addr=addr)
+        try:
+            assert sock.getsockopt(zmq.HEARTBEAT_IVL) == 0
+            assert sock.getsockopt(zmq.RCVHWM) == HWM  # the rest as on any control socket
+        finally:
+            sock.close(linger=0)
 
 
 async def test_a_shared_socket_sends_from_another_thread_and_reads_on() -> None:
@@ -158,3 +177,74 @@ async def test_a_send_from_another_thread_that_takes_the_edge_wakes_the_loop() -
     finally:
         server.close()
         dealer.close(linger=0)
+
+
+# A peer that binds ``addr`` and sends until ZeroMQ holds no more (the other
+# end reads nothing), then dies at once (as an agent killed -9 would).
+_FLOOD = """
+import os, signal, sys, time, zmq
+sock = zmq.Context.instance().socket(zmq.DEALER)
+sock.bind(sys.argv[1])
+print("bound", flush=True)
+sent, since = 0, None
+while not sent or since is None or time.monotonic() - since < 0.05:
+    try:
+        sock.send(b"x", zmq.NOBLOCK)
+        sent, since = sent + 1, None
+    except zmq.Again:
+        since = since or time.monotonic()
+        time.sleep(0.001)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+# A control socket made by zmesh on ``addr`` that reads nothing; once told
+# its peer is dead, it lives on for ten ZMTP heartbeat intervals. Its small
+# receive pipe fills at once: it stands for every state in which libzmq stops
+# reading a connection (a full pipe, a socket being closed).
+_STILL = """
+import sys, time, zmq
+from zmesh._wire.zsock import configure
+addr = sys.argv[1]
+sock = configure(zmq.Context.instance().socket(zmq.DEALER), addr=addr)
+sock.setsockopt(zmq.RCVHWM, 100)
+sock.connect(addr)
+print("ready", flush=True)
+sys.stdin.readline()
+time.sleep(1.0)
+print("alive", flush=True)
+sock.close(linger=0)
+"""
+
+
+@pytest.mark.slow
+def test_a_control_socket_on_ipc_outlives_its_peer_when_its_input_is_full(tmp_path: Any) -> None:
+    # libzmq 4.3.5 aborts the process (``!_io_error``, stream_engine_base.cpp)
+    # when a ZMTP heartbeat falls due on a connection that stopped reading
+    # (a full pipe, or a socket being closed) after its peer hung up. On ipc
+    # the kernel says at once that a peer died: no heartbeat, no abort.
+    addr = f"ipc://{tmp_path}/peer"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    peer = subprocess.Popen(
+        [sys.executable, "-c", _FLOOD, addr], stdout=subprocess.PIPE, text=True, env=env
+    )
+    client = None
+    try:
+        assert read_line(peer, 30).strip() == "bound"
+        client = subprocess.Popen(
+            [sys.executable, "-c", _STILL, addr], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert read_line(client, 30).strip() == "ready"
+        assert peer.wait(60) == -signal.SIGKILL  # it filled the client's pipe, then died
+        assert client.stdin is not None
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        out, err = client.communicate(timeout=30)
+        assert client.returncode == 0, f"rc={client.returncode} stderr={err!r}"
+        assert out.strip() == "alive"
+    finally:
+        peer.kill()
+        end_child(peer)
+        if client is not None:
+            client.kill()
+            end_child(client)

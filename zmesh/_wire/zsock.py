@@ -80,7 +80,7 @@ LINGER_MS = 200
 HWM = 100_000
 
 
-def configure(sock: Any, *, data: bool = False) -> Any:
+def configure(sock: Any, *, data: bool = False, addr: str | None = None) -> Any:
     """Apply zmesh's deliberate socket options.
 
     Args:
@@ -92,6 +92,15 @@ def configure(sock: Any, *, data: bool = False) -> Any:
             connections only) lets a peer that vanished be noticed at last.
             Control and event-stream sockets carry small messages and keep
             100/500 ms heartbeats, which notice a cut link in ~0.5 s.
+        addr: the address the socket will bind or connect to. On a link
+            within this machine (``ipc://``, ``inproc://``) no link can be
+            cut and the kernel tells at once that a peer died, so control
+            sockets there have no ZMTP heartbeats either. They would do
+            harm: libzmq 4.3.5 aborts the whole process (``!_io_error``,
+            stream_engine_base.cpp) when a heartbeat falls due on a
+            connection that had stopped reading (its pipe full, or its
+            socket being closed) when its peer hung up, as an agent being
+            stopped does. ``None``: the link is not known (heartbeats on).
     """
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
@@ -102,13 +111,18 @@ def configure(sock: Any, *, data: bool = False) -> Any:
         sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
         sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
         sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
-    else:
+    elif not local_link(addr):
         # Measured: 100/500 ms ZMTP heartbeats notice a cut link in ~0.5 s;
         # the defaults never notice it.
         sock.setsockopt(zmq.HEARTBEAT_IVL, 100)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 500)
         sock.setsockopt(zmq.HEARTBEAT_TTL, 1000)
     return sock
+
+
+def local_link(addr: str | None) -> bool:
+    """Whether ``addr`` is a link within this machine (``ipc://``, ``inproc://``)."""
+    return addr is not None and addr.startswith(("ipc://", "inproc://"))
 
 
 class AsyncSocket(ThreadSend):

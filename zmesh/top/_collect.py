@@ -135,7 +135,9 @@ class _Agent:
                 continue  # not up yet: keep asking
         self.label = self.client.label = info.label
         self.epoch = info.epoch
-        sub = secure_client(configure(self.col.ctx.socket(zmq.SUB)), self.keys, info.stream)
+        sub = secure_client(
+            configure(self.col.ctx.socket(zmq.SUB), addr=info.stream), self.keys, info.stream
+        )
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(info.stream)
         self.sub = AsyncSocket(sub, self.col.loop, self._on_stream)
@@ -146,7 +148,7 @@ class _Agent:
         with contextlib.suppress(AgentError):
             reply = await self.request(w.GetStats, 2.0)
             if self.stats_sub is None and reply.stream:
-                sock = configure(self.col.ctx.socket(zmq.SUB))
+                sock = configure(self.col.ctx.socket(zmq.SUB), addr=reply.stream)
                 sub = secure_client(sock, self.keys, reply.stream)
                 sub.setsockopt(zmq.SUBSCRIBE, b"")
                 sub.connect(reply.stream)

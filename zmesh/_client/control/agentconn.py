@@ -91,7 +91,7 @@ class AgentConn:
             self.sub = None
         if self.ctl.closed:
             return  # closed meanwhile: a socket made now would never be closed
-        sub = configure(self.ctl.ctx.socket(zmq.SUB))
+        sub = configure(self.ctl.ctx.socket(zmq.SUB), addr=info.stream)
         try:
             secure_client(sub, addr=info.stream)
             sub.setsockopt(zmq.SUBSCRIBE, b"")

@@ -89,7 +89,7 @@ class AgentClient:
         self._ids = itertools.count(1)
         self._futures: dict[int, asyncio.Future[Any]] = {}
         self._codec = Codec(w.AGENT_REPLIES, allow_pickle=allow_pickle)
-        sock = secure_client(configure(ctx.socket(zmq.DEALER)), keys, addr=addr)
+        sock = secure_client(configure(ctx.socket(zmq.DEALER), addr=addr), keys, addr=addr)
         sock.connect(addr)
         self._sock = AsyncSocket(sock, loop, self._on_reply)
 

@@ -104,7 +104,7 @@ class _Server:
         # Receivers kept alive while an adverb waits on them (nobody else holds them).
         self.pinned: dict[int, PortReceiver[Any]] = {}
         self.path = os.path.join(_paths.runtime_dir(), f"p{os.getpid()}-{id(rt):x}")
-        sock = configure(rt.ctx.socket(zmq.ROUTER))
+        sock = configure(rt.ctx.socket(zmq.ROUTER), addr=f"ipc://{self.path}")
         sock.bind(f"ipc://{self.path}")
         os.chmod(self.path, 0o600)
         self.addr = f"ipc://{self.path}"
@@ -288,7 +288,7 @@ class _Senders:
                 link.count(-1, -admitted)  # never sent
             return
         if link.sock is None:
-            sock = configure(self.rt.ctx.socket(zmq.DEALER))
+            sock = configure(self.rt.ctx.socket(zmq.DEALER), addr=addr)
             sock.setsockopt(zmq.SNDHWM, PIPE_MAX_VALUES)
             _portserver.secure_sender(sock, key)
             sock.connect(addr)

@@ -157,13 +157,13 @@ class HostAgent:
         control, stream, stats, self._proc_bind, self._socket_dir = _addresses(self.bind)
         if self.keys is not None and control.startswith("tcp://"):
             self._gate = Gate(ctx, self.keys)
-        ctrl = secure_server(configure(ctx.socket(zmq.ROUTER)), self.keys, control)
+        ctrl = secure_server(configure(ctx.socket(zmq.ROUTER), addr=control), self.keys, control)
         ctrl.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.control_addr = _bind(ctrl, control)
         self.procs.configure(
             self.control_addr, self._proc_bind, self.keys.dir if self.keys is not None else ""
         )
-        pub = secure_server(configure(ctx.socket(zmq.XPUB)), self.keys, stream)
+        pub = secure_server(configure(ctx.socket(zmq.XPUB), addr=stream), self.keys, stream)
         # The welcome tells a new subscriber that its subscription is live,
         # so it can take a snapshot without missing the events after it.
         welcome = w.Heartbeat(seq=-1, epoch=self.epoch, agent=self.label, time=0.0)
@@ -172,7 +172,7 @@ class HostAgent:
         self._codec = Codec(w.AGENT_INBOX)
         self._ctrl = AsyncSocket(ctrl, loop, self._on_control, router=True)
         self._pub = AsyncSocket(pub, loop, None)  # subscriptions are read and ignored
-        stats_pub = secure_server(configure(ctx.socket(zmq.PUB)), self.keys, stats)
+        stats_pub = secure_server(configure(ctx.socket(zmq.PUB), addr=stats), self.keys, stats)
         self.stats_addr = _bind(stats_pub, stats)
         self._stats_pub = AsyncSocket(stats_pub, loop, None)
         self.logs.bind(ctx, loop, self.keys, stream)

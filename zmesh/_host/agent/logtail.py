@@ -92,7 +92,7 @@ class LogTail:
             where = stream.rsplit("/", 1)[0] + "/l"
         else:
             where = stream.rsplit(":", 1)[0] + ":0"
-        sock = secure_server(configure(ctx.socket(zmq.XPUB)), keys, where)
+        sock = secure_server(configure(ctx.socket(zmq.XPUB), addr=where), keys, where)
         if where.startswith("tcp://") and where.endswith(":0"):
             where = where[:-2] + ":*"
         sock.bind(where)

@@ -112,7 +112,9 @@ class Restarts:
         """Send the restarted proc its orchestrator (the creator's ``SpawnActor``)."""
         loop = asyncio.get_running_loop()
         sock = secure_client(
-            configure(zmq.Context.instance().socket(zmq.DEALER)), agent.keys, state.addr
+            configure(zmq.Context.instance().socket(zmq.DEALER), addr=state.addr),
+            agent.keys,
+            state.addr,
         )
         sock.connect(state.addr)
         got: asyncio.Future[list[Any]] = loop.create_future()

@@ -113,7 +113,9 @@ class ProcLink:
                 self.spec.log_path,
             )
         )  # fmt: skip
-        agent = _security.secure_client(configure(ctx.socket(zmq.DEALER)), keys, self.spec.agent)
+        agent = _security.secure_client(
+            configure(ctx.socket(zmq.DEALER), addr=self.spec.agent), keys, self.spec.agent
+        )
         agent.connect(self.spec.agent)
         self.agent = AsyncSocket(agent, loop, None)
         self.agent.send(
