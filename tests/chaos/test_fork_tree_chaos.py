@@ -49,18 +49,35 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[testing.AgentProcess]:
 
 
 def _children(pid: int) -> dict[int, str]:
-    """The children of ``pid``, with their names."""
+    """The children of ``pid``, with their names.
+
+    Read from ``/proc/PID/task/*/children`` (a fraction of a millisecond, so
+    a tree a few tens of milliseconds long is seen mid-burst), else from
+    every process's ``stat``.
+    """
+    try:
+        kids: set[int] = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.update(int(k) for k in f.read().split())
+    except OSError:
+        kids = {p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if _ppid(p) == pid}
     out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    head, tail = f.read().rsplit(b")", 1)
-            except OSError:
-                continue
-            if int(tail.split()[1]) == pid:
-                out[int(entry)] = head.split(b"(", 1)[1].decode(errors="replace")
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/comm") as f:
+                out[kid] = f.read().strip()
+        except OSError:
+            continue  # gone meanwhile
     return out
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except OSError:
+        return 0
 
 
 def _forkserver(agent: testing.AgentProcess) -> int:
@@ -84,7 +101,8 @@ def _kill_mid_burst(agent: testing.AgentProcess, fork: int, which: str, procs: i
         kids = _children(agent.pid)
         nodes = [p for p, n in kids.items() if n == "zmesh-fork" and p != fork and p not in before]
         if nodes:
-            os.kill(fork if which == "forkserver" else nodes[0], signal.SIGKILL)
+            # The first fork seen has the largest part of the burst to fork.
+            os.kill(fork if which == "forkserver" else min(nodes), signal.SIGKILL)
             caught = True
             break
     try:

@@ -24,7 +24,7 @@ import zmesh
 from zmesh._client.control.procsetup import ProcSetup
 from zmesh._wire.boundary import PROC_ENV_VAR, decode_proc_env
 
-LIMIT = 8.0  # how long a held proc waits for rank 0's actor at most
+LIMIT = 20.0  # how long a held proc waits for rank 0's actor at most (ample under load)
 
 
 class Marks(zmesh.Actor):
