@@ -44,14 +44,24 @@ async def spawn_procs(
     base: str,
     name: str | None = None,
     setup: ProcSetup | None = None,
+    on_running: Callable[[ProcRef], None] | None = None,
 ) -> ProcMesh:
+    """Start the procs of a new mesh on ``addrs`` and wait until every rank runs.
+
+    Args:
+        on_running: called with each proc's ref as soon as its rank runs
+            (``zmesh._client.control.actorstart`` sends it its actor then).
+
+    Raises:
+        SpawnError: a rank failed or did not start in time (the mesh is stopped).
+    """
     check_mesh_name(base)
     if name is None:
         name = f"{base}-{secrets.token_hex(4)}"
     ctl = rt.controller
     ctl.creating.add(name)  # not released while it starts, even if a rank fails
     try:
-        return await _start_procs(rt, addrs, per_host, name, setup)
+        return await _start_procs(rt, addrs, per_host, name, setup, on_running)
     except BaseException:
         ctl.release(name)  # stopped already (or never made): nothing of it stays
         raise
@@ -60,7 +70,12 @@ async def spawn_procs(
 
 
 async def _start_procs(
-    rt: Runtime, addrs: list[str], per_host: dict[str, int], name: str, setup: ProcSetup | None
+    rt: Runtime,
+    addrs: list[str],
+    per_host: dict[str, int],
+    name: str,
+    setup: ProcSetup | None,
+    on_running: Callable[[ProcRef], None] | None = None,
 ) -> ProcMesh:
     dims = {"hosts": len(addrs), **per_host}
     per = math.prod(per_host.values())
@@ -83,7 +98,7 @@ async def _start_procs(
         ctl.track(name, agent, ranks)
         conns.append((agent, ranks))
     try:
-        await _create_and_wait(rt, name, conns, spec_of)
+        await _create_and_wait(rt, name, conns, spec_of, on_running)
     except asyncio.CancelledError:
         # The caller gave up on the spawn: the procs it asked for must not stay.
         await asyncio.shield(stop_mesh_on(rt, name, conns))
@@ -127,20 +142,24 @@ def proc_mesh_of(
 ) -> ProcMesh:
     """The ``ProcMesh`` of ``conns``' ranks (``[(agent, ranks)]``) as the view has them."""
     view = ctl.views[name]
-    refs = []
-    for agent, ranks in conns:
-        for r in ranks:
-            st = view.ranks[r]
-            refs.append(
-                ProcRef(name, r, st.generation, st.addr, agent.addr, agent.label, st.log_path)
-            )
+    refs = [_ref(name, r, view.ranks[r], agent) for agent, ranks in conns for r in ranks]
     return ProcMesh(name, Shape(dims, list(range(len(refs)))), refs)
 
 
+def _ref(name: str, rank: int, st: Any, agent: Any) -> ProcRef:
+    """The ref of ``name[rank]``, in state ``st``, on ``agent``."""
+    return ProcRef(name, rank, st.generation, st.addr, agent.addr, agent.label, st.log_path)
+
+
 async def _create_and_wait(
-    rt: Runtime, name: str, conns: list[Any], spec_of: Callable[[int, list[int]], w.ProcSpec]
+    rt: Runtime,
+    name: str,
+    conns: list[Any],
+    spec_of: Callable[[int, list[int]], w.ProcSpec],
+    on_running: Callable[[ProcRef], None] | None = None,
 ) -> None:
-    """Ask each agent for its host slice, then wait until every rank is Running.
+    """Ask each agent for its host slice, then wait until every rank is Running
+    (``on_running`` hears of each as it is).
 
     Raises:
         SpawnError: a rank failed or did not start in time (the mesh is stopped).
@@ -158,6 +177,8 @@ async def _create_and_wait(
     )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SPAWN_TIMEOUT
+    agent_of = {r: a for a, ranks in conns for r in ranks}
+    told: set[int] = set()  # ranks on_running has had
     while True:
         view = ctl.views[name]
         now_ranks = sorted(view.ranks.items())
@@ -170,6 +191,11 @@ async def _create_and_wait(
                 mesh=name, rank=rank, host=ctl.hosts[(name, rank)].label,
                 log_path=st.log_path or None,
             )  # fmt: skip
+        if on_running is not None:
+            for r, s in now_ranks:
+                if r not in told and s.status == Status.RUNNING and s.addr:
+                    told.add(r)
+                    on_running(_ref(name, r, s, agent_of[r]))
         if all(s.status == Status.RUNNING and s.addr for s in view.ranks.values()):
             break
         left = deadline - loop.time()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import math
 import os
 import secrets
@@ -27,19 +26,17 @@ from zmesh._client.calls.launch import submit
 from zmesh._client.calls.pending import Gate, NotReady, Ready
 from zmesh._client.calls.runtime import Runtime
 from zmesh._client.control import actorwatch as _actorwatch
-from zmesh._client.control import grants as _grants
 from zmesh._client.control import local as _local
 from zmesh._client.control import lookup as _lookup
 from zmesh._client.control import named as _named
 from zmesh._client.control import procstart as _procstart
 from zmesh._client.control import spawnprogress as _progress
+from zmesh._client.control.actorstart import ActorStart
 from zmesh._client.control.procsetup import ProcSetup
 from zmesh._client.control.stopping import stop_procs
 from zmesh._client.handles.mesh import ActorMesh, ProcMesh, check_mesh_name
-from zmesh._errors import ActorStoppedError, SecurityError, SpawnError, ZmeshError
+from zmesh._errors import ActorStoppedError, SpawnError, ZmeshError
 from zmesh._shared.points import Shape, check_per_proc
-from zmesh._wire import messages as w
-from zmesh._wire import pickling
 from zmesh._wire.codec import Codec
 
 if TYPE_CHECKING:
@@ -255,9 +252,16 @@ async def spawn_owned_mesh(
     """
     if addrs is None:
         addrs = await rt.loop.run_in_executor(None, _local.agents, hosts)
-    pm = await _procstart.spawn_procs(rt, addrs, {"procs": procs}, name, proc_mesh, setup)
+    if proc_mesh is None:
+        proc_mesh = f"{name}-{secrets.token_hex(4)}"
+    # Each proc gets its actor as soon as it runs, while the others still start.
+    dims = {"hosts": len(addrs), "procs": procs}
+    start = ActorStart(rt, proc_mesh, dims, name, cls, args, kwargs, per_proc, INIT_TIMEOUT)
+    pm = await _procstart.spawn_procs(
+        rt, addrs, {"procs": procs}, name, proc_mesh, setup, on_running=start.send
+    )
     try:
-        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc=per_proc)
+        mesh = await _spawn_actors(rt, pm, name, cls, args, kwargs, per_proc, start=start)
     except BaseException:
         await stop_procs(rt, pm._refs)
         raise
@@ -277,75 +281,14 @@ async def _spawn_actors(
     kwargs: dict[str, Any],
     per_proc: int = 1,
     failed: Callable[[list[BaseException]], None] | None = None,
+    start: ActorStart[A] | None = None,
 ) -> ActorMesh[A]:
-    if not (isinstance(cls, type) and issubclass(cls, ActorBase)):
-        raise TypeError(f"{cls!r} is not a zmesh.Actor subclass")
-    try:
-        blob, _ = pickling.dumps(cls, lambda _: True)  # by value if it is in __main__
-        before = _grants.sending_to(procs.name)
-        try:
-            payload, buffers = Codec.pack(args, kwargs)
-        finally:
-            _grants.sent(before)
-    except Exception as exc:
-        raise SpawnError(f"cannot send {cls.__qualname__} or its arguments: {exc}") from exc
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    errors: list[BaseException] = []
-    remaining = len(procs._refs)
-    members = _grouping.member_refs(procs._refs, per_proc)  # [] for one actor per proc
-
-    def deliver(p: int, i: int, ok: bool, value: Any) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if ok and type(value) is _grouping.Parts:  # each actor's __init__, apart (proc p's)
-            errors.extend(v for part_ok, v in value.outcomes(rt.codec, members[p]) if not part_ok)
-        elif not ok:
-            errors.append(value)
-        if remaining == 0 and not fut.done():
-            fut.set_result(None)
-
+    """The actors of ``procs``, started (or, with ``start``, their start finished)."""
     dims = procs.sizes
-    proof = _local.mesh_proof(procs.name)  # the procs spawn only for their mesh's owner
-    for p, ref in enumerate(procs._refs):
-        rt.send(
-            [ref],
-            functools.partial(
-                w.SpawnActor,
-                actor=name,
-                cls=blob,
-                payload=payload,
-                mesh=procs.name,
-                dims=dims,
-                rank=ref.rank,
-                count=per_proc if per_proc > 1 else 0,
-                proof=proof,
-            ),
-            buffers,
-            functools.partial(deliver, p),
-            INIT_TIMEOUT,  # an __init__ that never returns must not hang the spawn
-        )
-    await fut
-    if errors and failed is not None:
-        failed(errors)  # (their owner hears of each, as Monarch's does)
-    if errors:
-        err = min(errors, key=lambda e: getattr(e, "rank", None) or 0)  # the first rank's
-        if isinstance(err, SecurityError):  # not our procs: refused, nothing started
-            raise SecurityError(
-                f"cannot spawn actor {name}: {err.message}", mesh=err.mesh, rank=err.rank,
-                host=err.host, log_path=err.log_path,
-            ) from err  # fmt: skip
-        if isinstance(err, SpawnError):
-            tb = getattr(err, "remote_traceback", "")
-            raise SpawnError(
-                f"{err.message}\n--- remote traceback ---\n{tb}".rstrip(),
-                mesh=err.mesh, rank=err.rank, host=err.host, log_path=err.log_path,
-            ) from err  # fmt: skip
-        if isinstance(err, ZmeshError):
-            raise SpawnError(
-                f"actor {name} could not start: {err.message}", mesh=err.mesh, rank=err.rank,
-                host=err.host, log_path=err.log_path,
-            ) from err  # fmt: skip
-        raise err
+    if start is None:
+        start = ActorStart(rt, procs.name, dims, name, cls, args, kwargs, per_proc, INIT_TIMEOUT)
+    await start.finish(procs._refs, failed)
+    members = _grouping.member_refs(procs._refs, per_proc)  # [] for one actor per proc
     infos = endpoints_of(cls)
     shape = _grouping.actors_shape(Shape(dims, procs._shape.ranks), per_proc)
     refs = [r for rs in members for r in rs] if members else procs._refs

@@ -17,6 +17,16 @@ closes) until the whole batch is forked: 16 procs running at once would
 take the CPU their siblings' forks need (the scheduler shares it fairly), so
 on 2 cores the last of a burst of 64 would be forked a second late.
 
+``fork_tree`` forks a burst with ``CLONE_PARENT`` as a doubling tree: the
+forkserver forks a proc and hands it half of the burst, which it forks the
+same way before it becomes its proc, and so on. Every process of the tree
+is still the agent's child (``CLONE_PARENT`` from a child of the agent),
+64 procs are forked in 6 rounds instead of 64 forks one after another,
+and the forks run on every core. Each fork is reported on a pipe the
+forkserver reads until the last forker has closed it; a forker killed
+half-way leaves its part of the burst unforked (the agent starts those
+with Popen) and nothing waiting (pipes close with their holders).
+
 Python has no ``os.clone``, so ``SiblingFork`` does what ``os.fork()`` does
 around the system call, with the same public C API: ``PyOS_BeforeFork``, the
 call, then ``PyOS_AfterFork_Child`` (which re-creates the GIL and runs the
@@ -140,6 +150,76 @@ def fork_siblings(
         os.close(gate_r)
         os.close(gate_w)  # the batch runs
     return replies
+
+
+def fork_tree(
+    sibling: SiblingFork, reqs: list[b.ForkRequest], become: Become
+) -> list[b.Forked | b.ForkFailed]:
+    """Fork a proc for each request as the agent's child, as a doubling tree; its replies.
+
+    A request no forker reported (a fork refused, a forker killed) is a
+    ``ForkFailed``: the agent starts that proc another way.
+    """
+    gate_r, gate_w = os.pipe()
+    report_r, report_w = os.pipe()
+    try:
+        _spread(sibling, reqs, become, (gate_r, gate_w, report_r, report_w))
+    finally:
+        os.close(gate_w)
+        os.close(report_w)
+    data = b""
+    try:
+        while chunk := os.read(report_r, 65536):  # until the last forker has closed it
+            data += chunk
+    finally:
+        os.close(report_r)
+        os.close(gate_r)
+    pids = {}
+    for line in data.split(b"\n"):
+        if line:
+            rid, pid = line.split()
+            pids[int(rid)] = int(pid)
+    return [
+        b.Forked(q.id, pids[q.id]) if q.id in pids else b.ForkFailed(q.id, "not forked")
+        for q in reqs
+    ]
+
+
+def _spread(
+    sibling: SiblingFork,
+    reqs: list[b.ForkRequest],
+    become: Become,
+    fds: tuple[int, int, int, int],
+) -> None:
+    """Fork ``reqs``: each fork takes the back half of what is left, forks it
+    the same way, then becomes its own proc. The caller keeps the front half."""
+    gate_r, gate_w, report_r, report_w = fds
+    while reqs:
+        cut = len(reqs) // 2
+        theirs, reqs = reqs[cut:], reqs[:cut]
+        try:
+            pid = sibling.fork()
+        except OSError as exc:
+            print(f"zmesh forkserver: {exc}", file=sys.stderr, flush=True)
+            return  # what is left is not reported: the agent starts it with Popen
+        if pid == 0:
+            try:
+                if report_r >= 0:
+                    os.close(report_r)  # (only the forkserver reads the reports)
+                # Its own session now (as a proc's), so the forks below it
+                # run in it rather than in the forkserver's: with the
+                # kernel's autogroups each session has its share of CPU.
+                os.setsid()
+                _spread(sibling, theirs[1:], become, (gate_r, gate_w, -1, report_w))
+                os.close(report_w)
+                os.close(gate_w)
+                become(theirs[0], gate_r, True)
+            finally:
+                os._exit(70)  # (become never returns; nothing here may unwind into the forkserver)
+        try:
+            os.write(report_w, b"%d %d\n" % (theirs[0].id, pid))  # one write: atomic
+        except OSError:  # the forkserver is gone: the agent gave up on this burst
+            pass
 
 
 def fork_through_middle(reqs: list[b.ForkRequest], become: Become) -> list[b.Forked | b.ForkFailed]:
