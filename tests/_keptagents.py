@@ -8,9 +8,10 @@ embedded agents stay for the next test, on one condition each, so that no
 test can see what an earlier one did:
 
 * the test passed (a failure's agent may be what failed: it goes);
-* the agent runs with the environment the session started with (a test that
-  set ``ZMESH_*`` before its agent started gets an agent of its own, and the
-  next test a fresh one);
+* the agent runs with the environment the session started with, and serves
+  only while the client's is the same: a test that sets ``ZMESH_*`` (procs
+  fork from the agent and take its environment) gets agents of its own at its
+  next spawn, and the next test fresh ones;
 * once the test's meshes are stopped, the agent reports nothing alive: no
   rank short of Stopped or Failed, no detached mesh. Stopped meshes stay in
   its state as tombstones, as they would within one test.
@@ -63,7 +64,17 @@ class KeptAgents:
 
     def __init__(self) -> None:
         self.environment = _session_environment()
-        self.reused = 0  # agent starts saved: the suite's summary says how many
+        self.kept: list[subprocess.Popen[bytes]] = []  # from an earlier test
+
+    def check_environment(self) -> None:
+        """Stop the agents kept from an earlier test if the environment changed since."""
+        if not self.kept or _session_environment() == self.environment:
+            return
+        kept, self.kept = self.kept, []
+        with _local._lock:
+            _local._embedded[:] = [(p, a) for p, a in _local._embedded if p not in kept]
+        for popen in kept:
+            _stop(popen)
 
     def release(self, passed: bool) -> None:
         """``zmesh.shutdown()``, keeping the embedded agents the next test may use."""
@@ -83,7 +94,7 @@ class KeptAgents:
         if kept:
             with _local._lock:
                 _local._embedded[:0] = kept
-            self.reused += len(kept)
+        self.kept = [popen for popen, _ in kept]
 
     def _candidates(self) -> list[tuple[subprocess.Popen[bytes], str]]:
         if _local.configured_agents() is not None or self.environment != _session_environment():
@@ -102,9 +113,20 @@ _kept: list[KeptAgents] = []
 
 
 def begin() -> KeptAgents:
-    """The session's kept agents; call once the session's environment is set."""
-    _kept[:] = [KeptAgents()]
-    return _kept[0]
+    """The session's kept agents; call once the session's environment is set.
+
+    From then on every spawn first checks the environment (``check_environment``).
+    """
+    kept = KeptAgents()
+    _kept[:] = [kept]
+    find_agents = _local.agents
+
+    def agents(hosts: int) -> list[str]:
+        kept.check_environment()
+        return find_agents(hosts)
+
+    _local.agents = agents  # callers read it at each call
+    return kept
 
 
 def stop_meshes() -> None:
