@@ -40,6 +40,8 @@ import pytest
 import zmesh
 from zmesh.testing import pid_alive
 
+from _keptagents import stop_meshes
+
 __all__ = [
     "ProcEntry",
     "connected",
@@ -149,7 +151,7 @@ def module_mesh(cls: type[A]) -> Iterator[zmesh.ActorMesh[A]]:
     """Body of a module-scoped fixture: one mesh of ``cls``; everything stops after the module."""
     mesh = cls.options().as_actor().get(timeout=60)
     yield mesh
-    zmesh.shutdown()
+    stop_meshes()
 
 
 # ------------------------------------------------------------ processes

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +34,7 @@ import zmesh
 from zmesh._shared import paths
 from zmesh.testing import AgentProcess, local_cluster
 
+import _keptagents
 from _helpers import live_processes
 
 # Bytecode for the processes the tests start. Where ``PYTHONDONTWRITEBYTECODE``
@@ -60,6 +61,12 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if WORKER:
     os.environ["ZMESH_RUNTIME_DIR"] = f"{paths.runtime_dir()}-{WORKER}"
     os.environ["ZMESH_LOG_DIR"] = f"{paths.log_root()}-{WORKER}"
+
+
+# Made once the environment above is set: agents started in it may serve
+# test after test (tests/_keptagents.py).
+KEPT = _keptagents.begin()
+FAILED = pytest.StashKey[bool]()
 
 
 def tagged_pids() -> list[int]:
@@ -128,11 +135,22 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
 @pytest.fixture(autouse=True)
-def _stop_everything() -> Iterator[None]:
-    """Whatever a test spawned on the embedded agent stops when it ends."""
+def _stop_everything(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Whatever a test spawned stops when it ends; the embedded agents it
+    used may serve the next test (tests/_keptagents.py)."""
     yield
-    zmesh.shutdown()
+    KEPT.release(passed=not request.node.stash.get(FAILED, False))
 
 
 @pytest.fixture

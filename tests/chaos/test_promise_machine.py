@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import zmesh
 
 from _helpers import wait_gone
+from _keptagents import stop_meshes
 from _promise import QUICK_PACE, WAYS, Pace, Producer, drive
 
 pytestmark = [pytest.mark.chaos, pytest.mark.stress]
@@ -189,7 +190,7 @@ class PromiseMachine(RuleBasedStateMachine):
                 assert ok and value == rank, f"rank {rank} of {slot} after {took:.2f}s: {value!r}"
 
     def teardown(self) -> None:
-        zmesh.shutdown()
+        stop_meshes()
         shutil.rmtree(self.markers, ignore_errors=True)
 
 

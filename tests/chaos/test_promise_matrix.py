@@ -80,6 +80,7 @@ import zmesh
 from zmesh.testing import local_cluster
 
 from _helpers import end_child, pid_alive, read_line
+from _keptagents import stop_meshes
 from _promise import (
     FANOUT_WAYS,
     FLOOD_LIMIT,
@@ -556,7 +557,7 @@ def _compute(fault: str) -> dict[str, Cell]:
                 finally:
                     zmesh.shutdown()
     finally:
-        zmesh.shutdown()
+        stop_meshes()
 
 
 _WORLDS: dict[str, dict[str, Cell]] = {}

@@ -25,6 +25,7 @@ import pytest
 import zmesh
 
 from _helpers import pid_alive, wait_for
+from _keptagents import stop_meshes
 
 
 class Worker(zmesh.Actor):
@@ -96,7 +97,7 @@ def faults() -> Iterator[list[zmesh.MeshFailure]]:
         yield got
     finally:
         del zmesh.unhandled_fault_hook
-        zmesh.shutdown()
+        stop_meshes()
 
 
 def test_an_exception_with_a_caller_is_an_actor_error_and_the_actor_lives(

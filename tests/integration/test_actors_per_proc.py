@@ -21,6 +21,7 @@ from _helpers import (
     keep_module_meshes,  # noqa: F401  (a fixture: the mesh outlives tests)
     wait_until,
 )
+from _keptagents import stop_meshes
 
 PROCS, PER = 2, 16
 
@@ -122,7 +123,7 @@ class Sim(zmesh.Actor):
 def sims() -> Iterator[zmesh.ActorMesh[Sim]]:
     mesh = Sim.options(procs=PROCS, actors_per_proc=PER).as_actor().get(timeout=60)
     yield mesh
-    zmesh.shutdown()
+    stop_meshes()
 
 
 @pytest.mark.anyio

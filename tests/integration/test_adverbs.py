@@ -19,6 +19,7 @@ import pytest
 
 import zmesh
 
+from _keptagents import stop_meshes
 from integration._fabric import Notebook
 
 
@@ -77,7 +78,7 @@ def _stop_everything() -> Iterator[None]:
 def mesh(request: pytest.FixtureRequest) -> Iterator[zmesh.ActorMesh[Worker]]:
     m = Worker.options(**SHAPES[request.param]).as_actor().get(timeout=60)
     yield m
-    zmesh.shutdown()
+    stop_meshes()
 
 
 def expected(mesh: zmesh.ActorMesh[Any]) -> list[tuple[int, dict[str, int]]]:

@@ -21,6 +21,7 @@ import pytest
 import zmesh
 
 from _helpers import pid_alive, wait_for
+from _keptagents import stop_meshes
 
 
 class Fatal(BaseException):
@@ -91,7 +92,7 @@ class Raiser(zmesh.Actor):
 def raiser() -> Iterator[zmesh.ActorMesh[Raiser]]:
     mesh = Raiser.options().as_actor().get(timeout=60)
     yield mesh
-    zmesh.shutdown()
+    stop_meshes()
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,7 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import NONE, Codec
 
 from _helpers import session_pids, wait_for
+from _keptagents import stop_meshes
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -117,7 +118,7 @@ def _stop_everything() -> Iterator[None]:
 def procs() -> Iterator[zmesh.ProcMesh]:
     pm = zmesh.this_host().spawn_procs(per_host={"procs": 2}).get(timeout=60)
     yield pm
-    zmesh.shutdown()
+    stop_meshes()
 
 
 @pytest.fixture(scope="module")

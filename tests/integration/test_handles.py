@@ -10,6 +10,7 @@ import pytest
 
 import zmesh
 
+from _keptagents import stop_meshes
 from integration._fabric import Notebook
 
 
@@ -95,7 +96,7 @@ def meshes() -> Iterator[tuple[zmesh.ActorMesh[Relay], zmesh.ActorMesh[Target]]]
     target = Target.options(procs=2).as_actor().get(timeout=60)
     relay = Relay.options().as_actor(target).get(timeout=60)
     yield relay, target
-    zmesh.shutdown()
+    stop_meshes()
 
 
 Meshes = tuple[zmesh.ActorMesh[Relay], zmesh.ActorMesh[Target]]

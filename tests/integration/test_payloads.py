@@ -11,6 +11,8 @@ import pytest
 
 import zmesh
 
+from _keptagents import stop_meshes
+
 MiB = 1 << 20
 
 
@@ -66,7 +68,7 @@ def _stop_everything() -> Iterator[None]:
 def store() -> Iterator[zmesh.ActorMesh[Store]]:
     m = Store.options(procs=2).as_actor().get(timeout=60)
     yield m
-    zmesh.shutdown()
+    stop_meshes()
 
 
 SIZES = [pytest.param(100, id="small"), pytest.param(MiB, id="1MiB")]

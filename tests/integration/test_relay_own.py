@@ -23,6 +23,7 @@ from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
 from _helpers import keep_module_meshes  # noqa: F401  (a fixture: the mesh outlives tests)
+from _keptagents import stop_meshes
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ class Own(zmesh.Actor):
 def pair() -> Iterator[zmesh.ActorMesh[Own]]:
     mesh = Own.options(procs=2).as_actor().get(timeout=60)
     yield mesh
-    zmesh.shutdown()
+    stop_meshes()
 
 
 def relay_through_rank_0(

@@ -8,6 +8,8 @@ import pytest
 
 import zmesh
 
+from _keptagents import stop_meshes
+
 
 class Where(zmesh.Actor):
     @zmesh.endpoint
@@ -26,7 +28,7 @@ def mesh() -> Iterator[zmesh.ActorMesh[Where]]:
     # 2 hosts (two embedded agents) x 3 procs: ranks 0..5, rank = 3*host + proc.
     m = Where.options(hosts=2, procs=3).as_actor().get(timeout=60)
     yield m
-    zmesh.shutdown()
+    stop_meshes()
 
 
 FULL = {"hosts": 2, "procs": 3}
