@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._actor import Answers
 from zmesh._client.calls import grouping as _grouping
 from zmesh._client.calls import lanes as _lanes
 from zmesh._client.calls import pending as _pending
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
+VALUE, STREAM, PORT = Answers
 
 
 def pack_call(
@@ -107,7 +109,7 @@ def _deferrable(kind: str) -> Callable[[F], F]:
 class EndpointRef(Generic[R]):
     """``mesh.endpoint``: the adverbs for one endpoint of one mesh (or slice)."""
 
-    __slots__ = ("_block", "_mesh", "_name", "_timeout", "_window")
+    __slots__ = ("_answers", "_block", "_mesh", "_name", "_timeout", "_window")
 
     def __init__(
         self,
@@ -121,10 +123,12 @@ class EndpointRef(Generic[R]):
         self._name = name
         self._timeout = timeout
         self._block = block
-        # A generator endpoint's window (see zmesh._client.ports.streams); 0: not one.
-        # -1: an explicit response port endpoint (zmesh._client.ports.channels).
+        # How it answers (the mesh's ``modes``: a generator's window, or 0 for
+        # an explicit response port), and a generator's window (else 0; see
+        # zmesh._client.ports.streams).
         mode = (getattr(mesh, "modes", None) or {}).get(name)
-        self._window = 0 if mode is None else (window or mode) if mode else -1
+        self._answers = VALUE if mode is None else STREAM if mode else PORT
+        self._window = (window or mode) if mode else 0
 
     def options(
         self, *, timeout: float | None = None, block: bool = True, window: int | None = None
@@ -220,8 +224,8 @@ class EndpointRef(Generic[R]):
                 "use call(), choose() or slice the mesh"
             )
         try:
-            if self._window:
-                if self._window < 0:
+            if self._answers:
+                if self._answers is PORT:
                     return explicit_call(self, args, kwargs, whole=False)
                 return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
             if not kwargs and self._block and running_loop() is None:
@@ -252,12 +256,12 @@ class EndpointRef(Generic[R]):
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
-        if self._window < 0:
+        if self._answers is PORT:
             raise TypeError(
                 f"{self._name!r} answers through a response port: use call_one() on a "
                 "slice, call(), or zmesh.send(..., selection='choose')"
             )
-        if self._window > 0:  # a generator endpoint: the items of one rank's
+        if self._answers is STREAM:  # a generator endpoint: the items of one rank's
             rt, _ = _runtime.current()
             return self._stream([least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
         payload, buffers = self._pack(args, kwargs)
@@ -326,8 +330,8 @@ class EndpointRef(Generic[R]):
         """
 
         mesh = self._mesh
-        if self._window:
-            if self._window < 0:
+        if self._answers:
+            if self._answers is PORT:
                 return explicit_call(self, args, kwargs, whole=True)
             return self._stream(mesh._refs, args, kwargs, mesh.points())  # type: ignore[return-value]
         refs = mesh._refs
