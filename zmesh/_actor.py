@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import enum
 import functools
 import inspect
 import logging
@@ -64,6 +65,14 @@ class EndpointInfo:
     batch_wait: float = 0.0  # seconds a batch waits for more calls after its first
     # A detached service's: its parameters and types, packed (zmesh._service.signatures).
     signature: bytes = b""
+
+
+class Answers(enum.IntEnum):
+    """How an endpoint answers a call, which says what its adverbs return."""
+
+    VALUE = 0  # its return value, through a future (0: ``if answers:`` means "not a value")
+    STREAM = 1  # a generator's items, through an ``ItemStream`` read ahead by its window
+    PORT = 2  # through the response port it is given first (``explicit_response_port``)
 
 
 class Endpoint(Generic[P, R]):

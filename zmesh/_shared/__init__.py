@@ -4,5 +4,6 @@
 * ``liveness``: busy or hung, here or gone (agent, client);
 * ``stats``: endpoint counters and samplers (procs, agents, ``zmesh top``);
 * ``paths``: the private directories for sockets and logs (everyone);
-* ``invoke``: running one endpoint call (procs, and ``zmesh.testing.local_mesh``).
+* ``invoke``: running one endpoint call, and how it ended (procs, and
+  ``zmesh.testing.local_mesh``).
 """

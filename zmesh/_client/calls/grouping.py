@@ -29,7 +29,7 @@ import msgspec
 
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.future import Future
-from zmesh._client.calls.inflight import failure_error, outcome
+from zmesh._client.calls.inflight import CallSpec, failure_error, outcome
 from zmesh._errors import EncodeError, ZmeshError
 from zmesh._shared.points import Shape
 from zmesh._wire import messages as w
@@ -261,46 +261,24 @@ class ActorSink:
         self.fut.set_exception(for_actor(exc, self.ref))
 
 
-def call(
-    rt: Runtime,
-    ref: ProcRef,
-    actor: str,
-    method: str,
-    payload: w.Payload,
-    buffers: list[Any],
-    deadline: float,
-    fut: Any,
-    timeout: float | None,
-    block: bool,
-) -> None:
+def call(rt: Runtime, ref: ProcRef, spec: CallSpec, fut: Any) -> None:
     """``Runtime.call`` to ``ref``'s actor, one of several in its proc (``choose``)."""
     sink: Any = ActorSink(fut, ref)
-    rt.call(ref, member(actor, ref), method, payload, buffers, deadline, sink, timeout, block)
+    rt.call(ref, spec.for_member(member(spec.actor, ref)), sink)
 
 
-def call_one(
-    ref: ProcRef,
-    actor: str,
-    method: str,
-    payload: w.Payload,
-    buffers: list[Any],
-    deadline: float,
-    timeout: float | None,
-    block: bool,
-) -> Future[Any]:
+def call_one(ref: ProcRef, spec: CallSpec) -> Future[Any]:
     """``call_one`` to ``ref``'s actor: one ``Call``, addressed to it."""
     rt, here = _runtime.current()
-    name = member(actor, ref)
+    spec = spec.for_member(member(spec.actor, ref))
+    method = spec.method
     if here:
         fut: asyncio.Future[Any] = rt.loop.create_future()
         sink: Any = ActorSink(fut, ref)
-        rt.call(ref, name, method, payload, buffers, deadline, sink, timeout, block)
+        rt.call(ref, spec, sink)
         return Future(afut=fut, about=(ref, method))
     cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
     sink = ActorSink(cfut, ref)
-    rt.dispatch(
-        rt.call_threadsafe, ref, name, method, payload, buffers, deadline, sink,
-        timeout, block, here=False, targets=(ref.addr,),
-    )  # fmt: skip
+    rt.dispatch(rt.call_threadsafe, ref, spec, sink, here=False, targets=(ref.addr,))
     withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
     return Future(cfut=cfut, about=(ref, method), withdraw=withdraw)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import msgspec
+
 from zmesh._errors import (
     ActorError,
     ActorStoppedError,
@@ -35,6 +37,32 @@ if TYPE_CHECKING:
     from zmesh._client.calls.connections import ProcConn
     from zmesh._client.calls.runtime import ProcRef
     from zmesh._wire.codec import Codec
+
+
+class CallSpec(msgspec.Struct, gc=False):
+    """One call of one endpoint, as its endpoint reference builds it once:
+    what every transport it may take (``Runtime.call``, its thread-safe
+    twin, a group's member) sends, in place of the seven values they
+    passed along one by one.
+
+    ``actor`` is the name the proc knows the actor by (``for_member`` makes
+    the spec of one actor of several in its proc); ``deadline`` is on this
+    process's ``time.monotonic`` clock (0: none), ``timeout`` the seconds it
+    came from; ``block``: wait behind the in-flight limits, or fail at once.
+    """
+
+    actor: str
+    method: str
+    payload: w.Payload
+    buffers: list[Any]
+    deadline: float = 0.0
+    timeout: float | None = None
+    block: bool = True
+
+    def for_member(self, actor: str) -> CallSpec:
+        """The same call, addressed to ``actor`` (``name#k``, one of a group)."""
+        return CallSpec(actor, self.method, self.payload, self.buffers, self.deadline,
+                        self.timeout, self.block)  # fmt: skip
 
 
 # Where the answer of a single-target call goes: an asyncio future on the

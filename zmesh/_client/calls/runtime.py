@@ -48,7 +48,15 @@ from zmesh._client.calls.connections import (
     over,
     wait,
 )
-from zmesh._client.calls.inflight import OneRequest, Request, Sink, outcome, resolve, settle
+from zmesh._client.calls.inflight import (
+    CallSpec,
+    OneRequest,
+    Request,
+    Sink,
+    outcome,
+    resolve,
+    settle,
+)
 from zmesh._client.control.controller import Controller
 from zmesh._errors import EncodeError
 from zmesh._shared.aio import running_loop
@@ -139,19 +147,8 @@ class Runtime(Connections):
 
     # ------------------------------------------------------------ requests
 
-    def call(
-        self,
-        ref: ProcRef,
-        actor: str,
-        method: str,
-        payload: w.Payload,
-        buffers: list[Any],
-        deadline: float,
-        fut: Sink,
-        timeout: float | None = None,
-        block: bool = True,
-    ) -> None:
-        """Send one ``Call`` to ``ref``'s proc; its answer settles ``fut``.
+    def call(self, ref: ProcRef, spec: CallSpec, fut: Sink) -> None:
+        """Send one ``Call`` (``spec``) to ``ref``'s proc; its answer settles ``fut``.
 
         The single-target fast path of ``send``: no closures, and the reply
         is one dict pop away from its future.
@@ -160,8 +157,7 @@ class Runtime(Connections):
             EncodeError: a part of the message is over the size limit.
         """
         if self.held and ref.addr in self.held:  # an earlier tree fan-out is not forwarded yet
-            args = (ref, actor, method, payload, buffers, deadline, fut, timeout, block)
-            if self.tree.defer([ref.addr], functools.partial(self.call, *args), fut):  # type: ignore[union-attr]
+            if self.tree.defer([ref.addr], functools.partial(self.call, ref, spec, fut), fut):  # type: ignore[union-attr]
                 return
         c = self.conns.get(ref.addr)
         if c is None or c.mesh != ref.mesh:
@@ -170,13 +166,16 @@ class Runtime(Connections):
             resolve(fut, False, c.broken)
             return
         req_id = next(self._ids)
+        actor, buffers, deadline, timeout = spec.actor, spec.buffers, spec.deadline, spec.timeout
         try:
             left = budget(deadline) if deadline else 0.0  # a budget (zmesh._wire.deadlines)
-            call = w.Call(req_id, actor, method, payload, left, sent=time.monotonic(), clock=CLOCK)
+            call = w.Call(
+                req_id, actor, spec.method, spec.payload, left, sent=time.monotonic(), clock=CLOCK
+            )
             frames = self.codec.encode(call, buffers)
         except EncodeError as exc:
             raise EncodeError(
-                f"arguments of {method!r} cannot be sent: {exc.message}", **c.context()
+                f"arguments of {spec.method!r} cannot be sent: {exc.message}", **c.context()
             ) from exc
         size = frames_size(frames) if buffers or len(frames[0]) >= BIG else 0
         req = OneRequest(req_id, c, fut, size, actor)
@@ -186,7 +185,7 @@ class Runtime(Connections):
         if isinstance(waiter, asyncio.Future):  # cancelling it reaches the proc
             waiter.add_done_callback(functools.partial(_cancels.on_done, self.codec, req))
         if c.waiting or len(c.pending) >= MAX_IN_FLIGHT or (size and over(c, size)):
-            wait(c, frames, req, 0, block)
+            wait(c, frames, req, 0, spec.block)
             return
         c.sock.send(frames)  # type: ignore[union-attr]  # not broken: it has a socket
         c.pending[req_id] = req
@@ -221,22 +220,13 @@ class Runtime(Connections):
             c.bytes += req.size
 
     def call_threadsafe(
-        self,
-        ref: ProcRef,
-        actor: str,
-        method: str,
-        payload: w.Payload,
-        buffers: list[Any],
-        deadline: float,
-        fut: concurrent.futures.Future[Any],
-        timeout: float | None = None,
-        block: bool = True,
+        self, ref: ProcRef, spec: CallSpec, fut: concurrent.futures.Future[Any]
     ) -> None:
         """``call`` for a caller in another thread (scheduled with ``call_soon_threadsafe``)."""
         if not fut.set_running_or_notify_cancel():
             return  # cancelled before it was sent
         try:
-            self.call(ref, actor, method, payload, buffers, deadline, fut, timeout, block)
+            self.call(ref, spec, fut)
         except BaseException as exc:
             resolve(fut, False, exc)
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from zmesh._actor import Answers
 from zmesh._client.calls import grouping as _grouping
 from zmesh._client.calls import lanes as _lanes
 from zmesh._client.calls import pending as _pending
@@ -26,7 +27,7 @@ from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls import tree as _tree
 from zmesh._client.calls.callfailure import for_call
 from zmesh._client.calls.future import Future
-from zmesh._client.calls.inflight import Sink
+from zmesh._client.calls.inflight import CallSpec, Sink
 from zmesh._client.calls.launch import least_loaded, on_runtime
 from zmesh._client.calls.pending import NotReady
 from zmesh._client.calls.replies import Stream
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
+VALUE, STREAM, PORT = Answers
 
 
 def pack_call(
@@ -107,7 +109,7 @@ def _deferrable(kind: str) -> Callable[[F], F]:
 class EndpointRef(Generic[R]):
     """``mesh.endpoint``: the adverbs for one endpoint of one mesh (or slice)."""
 
-    __slots__ = ("_block", "_mesh", "_name", "_timeout", "_window")
+    __slots__ = ("_answers", "_block", "_mesh", "_name", "_timeout", "_window")
 
     def __init__(
         self,
@@ -121,10 +123,12 @@ class EndpointRef(Generic[R]):
         self._name = name
         self._timeout = timeout
         self._block = block
-        # A generator endpoint's window (see zmesh._client.ports.streams); 0: not one.
-        # -1: an explicit response port endpoint (zmesh._client.ports.channels).
+        # How it answers (the mesh's ``modes``: a generator's window, or 0 for
+        # an explicit response port), and a generator's window (else 0; see
+        # zmesh._client.ports.streams).
         mode = (getattr(mesh, "modes", None) or {}).get(name)
-        self._window = 0 if mode is None else (window or mode) if mode else -1
+        self._answers = VALUE if mode is None else STREAM if mode else PORT
+        self._window = (window or mode) if mode else 0
 
     def options(
         self, *, timeout: float | None = None, block: bool = True, window: int | None = None
@@ -169,6 +173,13 @@ class EndpointRef(Generic[R]):
 
     def _pack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[w.Payload, list[Any]]:
         return pack_call(self._name, self._mesh.proc_mesh, args, kwargs)
+
+    def _spec(self, payload: w.Payload, buffers: list[Any], actor: str = "") -> CallSpec:
+        """This call, built once for whichever transport takes it (to ``actor``, if named)."""
+        timeout = self._timeout
+        deadline = time.monotonic() + timeout if timeout is not None else 0.0
+        return CallSpec(actor or self._mesh.actor, self._name, payload, buffers, deadline,
+                        timeout, self._block)  # fmt: skip
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
         deadline = time.monotonic() + self._timeout if self._timeout is not None else 0.0
@@ -220,8 +231,8 @@ class EndpointRef(Generic[R]):
                 "use call(), choose() or slice the mesh"
             )
         try:
-            if self._window:
-                if self._window < 0:
+            if self._answers:
+                if self._answers is PORT:
                     return explicit_call(self, args, kwargs, whole=False)
                 return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
             if not kwargs and self._block and running_loop() is None:
@@ -252,46 +263,37 @@ class EndpointRef(Generic[R]):
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
-        if self._window < 0:
+        if self._answers is PORT:
             raise TypeError(
                 f"{self._name!r} answers through a response port: use call_one() on a "
                 "slice, call(), or zmesh.send(..., selection='choose')"
             )
-        if self._window > 0:  # a generator endpoint: the items of one rank's
+        if self._answers is STREAM:  # a generator endpoint: the items of one rank's
             rt, _ = _runtime.current()
             return self._stream([least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
-        payload, buffers = self._pack(args, kwargs)
-        actor, name, timeout, block = self._mesh.actor, self._name, self._timeout, self._block
-        deadline = time.monotonic() + timeout if timeout is not None else 0.0
+        spec = self._spec(*self._pack(args, kwargs))
 
         def start(rt: Runtime, fut: Sink) -> None:
             best = least_loaded(rt, refs)
             if best.index >= 0:  # one of several actors of its proc
-                call = _grouping.call
-                call(rt, best, actor, name, payload, buffers, deadline, fut, timeout, block)
+                _grouping.call(rt, best, spec, fut)
                 return
-            rt.call(best, actor, name, payload, buffers, deadline, fut, timeout, block)
+            rt.call(best, spec, fut)
 
         targets = (r.addr for r in refs)
-        return on_runtime(start, (self._mesh.proc_mesh, name), targets, self._mesh)
+        return on_runtime(start, (self._mesh.proc_mesh, self._name), targets, self._mesh)
 
     def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         # The hot path: no closure and no task; the reply settles the future.
         payload, buffers = self._pack(args, kwargs)
         timeout = self._timeout
-        deadline = time.monotonic() + timeout if timeout is not None else 0.0
         rt, here = _runtime.current()
         if here:
+            spec = self._spec(payload, buffers)
             if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it
-                return _grouping.call_one(
-                    ref, self._mesh.actor, self._name, payload, buffers, deadline, timeout,
-                    self._block,
-                )  # fmt: skip
+                return _grouping.call_one(ref, spec)
             fut: asyncio.Future[R] = rt.loop.create_future()
-            rt.call(
-                ref, self._mesh.actor, self._name, payload, buffers, deadline, fut, timeout,
-                self._block,
-            )  # fmt: skip
+            rt.call(ref, spec, fut)
             return Future(afut=fut, about=(ref, self._name), mesh=self._mesh)
         # From a thread without a loop: on the thread's own lane (no hop), or
         # else one callback on the runtime's loop, scheduled in call order
@@ -307,10 +309,8 @@ class EndpointRef(Generic[R]):
         cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
         cfut.add_done_callback(functools.partial(lane.answered, ref.addr, seq))
         sink: Any = cfut if ref.index < 0 else _grouping.ActorSink(cfut, ref)
-        rt.dispatch(
-            rt.call_threadsafe, ref, actor, self._name, payload, buffers, deadline, sink,
-            timeout, self._block, here=False, targets=(),
-        )  # fmt: skip
+        spec = self._spec(payload, buffers, actor)
+        rt.dispatch(rt.call_threadsafe, ref, spec, sink, here=False, targets=())
         withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
         return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw, mesh=self._mesh)
 
@@ -326,8 +326,8 @@ class EndpointRef(Generic[R]):
         """
 
         mesh = self._mesh
-        if self._window:
-            if self._window < 0:
+        if self._answers:
+            if self._answers is PORT:
                 return explicit_call(self, args, kwargs, whole=True)
             return self._stream(mesh._refs, args, kwargs, mesh.points())  # type: ignore[return-value]
         refs = mesh._refs

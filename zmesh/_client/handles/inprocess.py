@@ -44,7 +44,17 @@ from zmesh._errors import (
     ZmeshError,
     encode_error,
 )
-from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.invoke import (
+    BAD_ARGUMENTS,
+    EXITED,
+    RETURNED,
+    STOPPED,
+    Raised,
+    invoke,
+    invoke_sync,
+    raised,
+    returned,
+)
 from zmesh._shared.workers import Workers
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -113,30 +123,36 @@ class _Ranks:
             instance = self.instances[rank]
             # This call's task has a context of its own: what the endpoint sees.
             set_current(Point(rank, dict(self.dims)), instance)
-            if ep.info.is_async:
-                result = await invoke(ep.fn, instance, args, kwargs)
+            try:  # (awaited here, in this frame: see zmesh._shared.invoke)
+                if ep.info.is_async:
+                    result = await invoke(ep.fn, instance, args, kwargs)
+                else:
+                    ctx = contextvars.copy_context()
+                    result = await self.loop.run_in_executor(
+                        self.pool, ctx.run, invoke_sync, ep.fn, instance, args, kwargs
+                    )
+                    if type(result) is Raised:
+                        raise result.exc
+            except BaseException as exc:
+                out = raised(exc)
             else:
-                ctx = contextvars.copy_context()
-                result = await self.loop.run_in_executor(
-                    self.pool, ctx.run, invoke_sync, ep.fn, instance, args, kwargs
-                )
-                if isinstance(result, Raised):
-                    raise result.exc
-        except ZmeshError:
-            raise
-        except BadArguments as exc:
-            msg = f"endpoint {method!r}: bad arguments: {exc.__cause__}"
-            raise EndpointError(msg, **self.context(rank=rank)) from exc.__cause__
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            if isinstance(exc, SystemExit):  # a proc would exit: the rank breaks
-                self.broken[rank] = f"exited with code {exc.code if exc.code is not None else 0}"
-            raise _actor_error(exc, method, self.context(rank=rank)) from None
+                out = returned(result)
         finally:
             if lock is not None:
                 lock.release()
-        return _copy(result, method, self.context(rank=rank))
+        kind, value = out.kind, out.value
+        if kind is RETURNED:
+            return _copy(value, method, self.context(rank=rank))
+        if kind is BAD_ARGUMENTS:
+            msg = f"endpoint {method!r}: {out.why}"
+            raise EndpointError(msg, **self.context(rank=rank)) from value.__cause__
+        # A cancellation (the mesh stops, the caller cancels) goes on as it is;
+        # so does a zmesh error (a call the endpoint made failed).
+        if kind is STOPPED or isinstance(value, ZmeshError | asyncio.CancelledError):
+            raise value
+        if kind is EXITED:  # a proc would exit: the rank breaks
+            self.broken[rank] = f"exited with code {value.code if value.code is not None else 0}"
+        raise _actor_error(value, method, self.context(rank=rank)) from None
 
     def close(self) -> None:
         if not self.loop.is_closed():

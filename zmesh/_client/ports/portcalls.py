@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from zmesh._actor import Answers
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.connections import ProcConn
 from zmesh._client.calls.future import Future
@@ -161,7 +162,7 @@ def send(
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
     kwargs = kwargs or {}
-    explicit = endpoint._window < 0
+    explicit = endpoint._answers is Answers.PORT
     payload, buffers = endpoint._pack((port, *args) if explicit else args, kwargs)
     oneway = port is None or explicit
     msg = endpoint._call_msg(payload, oneway=oneway)

@@ -49,6 +49,7 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from zmesh._shared.aio import call_soon_quietly
+from zmesh._shared.invoke import Sent
 from zmesh._shared.stats import now_ns
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -61,15 +62,6 @@ if TYPE_CHECKING:
 # The future a call's result resolves, the function and its arguments, and
 # how the thread may answer the call itself (or None).
 _Item = tuple["asyncio.Future[Any]", Any, tuple[Any, ...], "Answer | None"]
-
-
-class Sent:
-    """The result a call's future gets when the thread has answered it."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, at: int) -> None:
-        self.at = at  # when (``zmesh._shared.stats`` clock): the call's end, for its latency
 
 
 # Results sent as they are: msgpack carries them in the envelope (or bytes

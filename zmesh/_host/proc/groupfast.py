@@ -39,8 +39,20 @@ import msgspec
 
 from zmesh._actor import Endpoint, set_current
 from zmesh._host.proc import actors as _actors
-from zmesh._host.proc import lifecycle as _lifecycle
-from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.invoke import (
+    BAD_ARGUMENTS,
+    EXITED,
+    RAISED,
+    RETURNED,
+    STOPPED,
+    Outcome,
+    Raised,
+    count,
+    invoke,
+    invoke_sync,
+    raised,
+    returned,
+)
 from zmesh._shared.stats import _now_ns
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -152,25 +164,25 @@ async def _part(
     set_current(request=msg.request)  # zmesh.current_request()
     counters = box.counters[method]
     t0 = counters.begin()
-    try:
+    try:  # (awaited here, in this frame: see zmesh._shared.invoke)
         result = await invoke(ep.fn, box.instance, args, kwargs)
-    except BadArguments as exc:
-        counters.end(t0, 1)
-        gather.fail(index, "endpoint", "TypeError", f"bad arguments: {exc.__cause__}", method)
-        return
     except BaseException as exc:
-        if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
-            counters.in_flight -= 1
-            if box.stopped:  # its caller learns so now, not never
-                gather.fail(index, "stopped", "ActorStopped", f"actor {box.name} stopped", method)
-            raise
-        counters.end(t0, 1)
-        gather.raised(index, exc, method)
-        if isinstance(exc, SystemExit):
-            box.server._exit_for(exc, f"endpoint {type(box.instance).__name__}.{method}")
-        return
-    counters.end(t0, 0)
-    gather.reply(index, result, method)
+        out = raised(exc, counters, t0)
+    else:
+        out = returned(result, counters, t0)
+    kind = out.kind
+    if kind is RETURNED:
+        gather.reply(index, out.value, method)
+    elif kind is BAD_ARGUMENTS:
+        gather.fail(index, "endpoint", "TypeError", out.why, method)
+    elif kind is STOPPED:  # the actor stops: no longer in flight, and not an error
+        if box.stopped:  # its caller learns so now, not never
+            gather.fail(index, "stopped", "ActorStopped", f"actor {box.name} stopped", method)
+        raise out.value
+    else:
+        gather.raised(index, out.value, method)
+        if kind is EXITED:
+            box.server._exit_for(out.value, f"endpoint {type(box.instance).__name__}.{method}")
 
 
 def dispatch(
@@ -245,31 +257,28 @@ def _run_sync(
 
     timer = loop.call_later(SPREAD_AFTER, spread) if len(held) > 1 else None
 
-    def done(fut: asyncio.Future[list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]]]) -> None:
+    def done(fut: asyncio.Future[list[tuple[tuple[int, Mailbox], Outcome, int]]]) -> None:
         if timer is not None:
             timer.cancel()
         try:
             outcomes = fut.result()
         except BaseException as exc:  # the pool is gone (the proc ends): each part says so
             why = f"the endpoint could not run: {exc!r}"
-            outcomes = [(part, (1, RuntimeError(why), 0)) for part in todo.take_rest()[0]]
+            outcomes = [(part, Outcome(RAISED, RuntimeError(why)), 0)
+                        for part in todo.take_rest()[0]]  # fmt: skip
         now = _now_ns()
-        for (j, box), (err, value, dt) in outcomes:
-            counters = box.counters[method]
-            counters.end(now - dt, 1 if err else 0)
+        for (j, box), out, dt in outcomes:
+            kind, value = out.kind, out.value
+            count(box.counters[method], kind, now - dt)
             box.release()
-            if not err:
+            if kind is RETURNED:
                 gather.reply(j, value, method)
-                continue
-            if type(value) is Raised:
-                value = value.exc
-            if isinstance(value, BadArguments):
-                why = f"bad arguments: {value.__cause__}"
-                gather.fail(j, "endpoint", "TypeError", why, method)
-                continue
-            gather.raised(j, value, method)
-            if isinstance(value, SystemExit):
-                server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
+            elif kind is BAD_ARGUMENTS:
+                gather.fail(j, "endpoint", "TypeError", out.why, method)
+            else:
+                gather.raised(j, value, method)
+                if kind is EXITED:
+                    server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
         spread()  # what the thread left after a long part, if the timer did not take it
 
     fut.add_done_callback(done)
@@ -304,12 +313,13 @@ class _Todo:
 
 def _invoke_all(
     fn: Any, todo: _Todo, args: tuple[Any, ...], kwargs: dict[str, Any], request: str
-) -> list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]]:
+) -> list[tuple[tuple[int, Mailbox], Outcome, int]]:
     """In a worker thread: ``fn`` on each part's actor in turn, in a copy of its
-    context; ``(part, (error, value or exception, nanoseconds))`` each (``handle``
-    does the same, per actor). It stops after a part that took longer than
-    ``SYNC_SHARE_NS``, or when the loop took the parts left (``SPREAD_AFTER``)."""
-    out: list[tuple[tuple[int, Mailbox], tuple[int, Any, int]]] = []
+    context; ``(part, how it ended, nanoseconds)`` each (``handle`` does the
+    same, per actor, with ``zmesh._shared.invoke``'s rules). It stops after a part that
+    took longer than ``SYNC_SHARE_NS``, or when the loop took the parts left
+    (``SPREAD_AFTER``)."""
+    out: list[tuple[tuple[int, Mailbox], Outcome, int]] = []
     while (part := todo.next()) is not None:
         box = part[1]
         t0 = _now_ns()
@@ -317,11 +327,15 @@ def _invoke_all(
             ctx = box.context.copy()  # type: ignore[union-attr]  # (idle: its task set it)
             ctx.run(set_current, None, None, request)  # zmesh.current_request()
             value = ctx.run(invoke_sync, fn, box.instance, args, kwargs)
-            err = 1 if type(value) is Raised else 0
+            # (In this thread no task is cancelled: a CancelledError is the endpoint's.)
+            if type(value) is Raised:
+                end = raised(value.exc, in_task=False)
+            else:
+                end = returned(value)
         except Exception as exc:
-            value, err = exc, 1
+            end = raised(exc, in_task=False)
         dt = _now_ns() - t0
-        out.append((part, (err, value, dt)))
+        out.append((part, end, dt))
         if dt > SYNC_SHARE_NS:  # (``started`` stays set: take_rest sees it took long)
             break
     return out

@@ -12,7 +12,8 @@ cleanups get ``CLEANUP_BUDGET`` seconds in all.
 
 How the proc itself ends is here too: ``exit_process`` (as the interpreter
 exits, without waiting for endpoint threads), the status ``sys.exit`` asked
-for (``exit_code``), and ``cancelled``, which tells the cancellation of an
+for (``exit_code``), and ``cancelled`` (``zmesh._shared.invoke``'s, where the
+rules for running an endpoint are), which tells the cancellation of an
 actor's task apart from a ``CancelledError`` its endpoint raised.
 """
 
@@ -28,6 +29,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from zmesh._shared.invoke import cancelled as cancelled
 
 if TYPE_CHECKING:
     from zmesh._host.proc.mailbox import Mailbox
@@ -179,19 +182,6 @@ async def _end(server: Any) -> None:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)  # exits with the status the agent expects
-
-
-def cancelled(exc: BaseException) -> bool:
-    """Whether ``exc`` is a real cancellation of the running task (the actor stops).
-
-    A ``CancelledError`` an endpoint raises while its own task is not being
-    cancelled (a task of the user's was) is the endpoint's error, not ours.
-    """
-    if not isinstance(exc, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
-    return cancelling is None or cancelling() > 0
 
 
 def exit_code(exc: SystemExit) -> int:

@@ -42,7 +42,22 @@ from zmesh._host.proc.proclink import ProcLink
 from zmesh._host.proc.procreplies import ProcReplies
 from zmesh._host.proc.relay import RelayServer
 from zmesh._shared import stats as _stats
-from zmesh._shared.invoke import BadArguments, Raised, invoke, invoke_sync
+from zmesh._shared.invoke import (
+    ANSWERED,
+    BAD_ARGUMENTS,
+    CANCELLED,
+    EXITED,
+    RAISED,
+    RETURNED,
+    STOPPED,
+    Outcome,
+    Raised,
+    Sent,
+    invoke,
+    invoke_sync,
+    raised,
+    returned,
+)
 from zmesh._shared.ownership import grant_of, same_secret
 from zmesh._shared.workers import Workers
 from zmesh._wire import deadlines as _deadlines
@@ -218,7 +233,6 @@ class ProcServer(ProcLink, ProcReplies):
             # caller's ActorError, with its traceback, as in Monarch.
             self._send_failure(ident, call.id, "actor", exc, call.method)
             return
-        fn = ep.fn
         set_current(request=call.request)  # zmesh.current_request(), for dedup by actors
         if ep.info.stream:  # a generator: its items stream back (zmesh._host.proc.generators)
             try:
@@ -230,80 +244,30 @@ class ProcServer(ProcLink, ProcReplies):
         guard = None
         if ep.info.port and not call.oneway and args:  # (a oneway's port is the sender's own)
             guard = _responseport.arm(args[0], ep, type(box.instance).__name__, self._where())
-        t0 = counters.begin()
         # Its caller may cancel it while it runs (zmesh._host.proc.cancelling).
         key = (ident, call.id)
-        run = box.active[key] = _cancelling.Running(asyncio.current_task(), ep.info.is_async)
-        try:
-            if ep.info.is_async:
-                result = await invoke(fn, box.instance, args, kwargs)
+        is_async = ep.info.is_async
+        run = box.active[key] = _cancelling.Running(asyncio.current_task(), is_async)
+        t0 = counters.begin()
+        try:  # (awaited here, in this frame: see zmesh._shared.invoke)
+            if is_async:
+                result = await invoke(ep.fn, box.instance, args, kwargs)
             else:
-                ctx = contextvars.copy_context()
-                ctx.run(set_call, run)  # what zmesh.call_cancelled() reads
-                if box.thread.free():  # the actor's own thread (zmesh._host.proc.actorthread)
-                    result = await box.thread.run(
-                        ctx.run, invoke_sync, fn, box.instance, args, kwargs,
-                        answer=_actorthread.answer(self.router, box, ident, call, run, guard),
-                    )  # fmt: skip
-                else:  # never behind it (a concurrent call, a health check), or too many
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
-                    )
+                result = await self._run_sync(box, ident, call, ep.fn, args, kwargs, run, guard)
                 if type(result) is Raised:
                     raise result.exc
-        except BadArguments as exc:
-            box.active.pop(key, None)
-            if guard is not None:
-                guard.disarm(exc)
-            counters.end(t0, 1)
-            cause = exc.__cause__
-            self.fail(ident, call, "endpoint", "TypeError", f"bad arguments: {cause}")
-            return
         except BaseException as exc:
-            box.active.pop(key, None)
-            if not run.claim():  # its actor's thread answered it; then the actor stopped
-                counters.end(t0, 0)
-                raise
-            if run.cancelled and not box.stopped:  # its caller cancelled it: not an error
-                if guard is not None:
-                    guard.disarm(None)
-                counters.end(t0, 0)
-                _cancelling.answer(self, ident, call, run)
-                return
-            if _lifecycle.cancelled(exc):  # the actor stops: no longer in flight, and not an error
-                if guard is not None:
-                    guard.disarm(None)
-                counters.in_flight -= 1
-                self._stopped(box, ident, call)
-                raise
-            if guard is not None:
-                guard.disarm(exc)  # the error answers the call
-            counters.end(t0, 1)
-            if isinstance(exc, SystemExit):
-                if not call.oneway:
-                    self._send_failure(ident, call.id, "actor", exc, call.method)
-                self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
-            elif _actordeath.kills(box, exc, call, ep.info.port):
-                # Nowhere for it to go (a broadcast, an explicit port), or not an
-                # Exception: the actor dies, as in Monarch (zmesh._host.proc.actordeath).
-                log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
-                _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
-                _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
-            elif box.dead and not call.oneway:  # the actor failed meanwhile (as above)
-                _actordeath.dead_reply(self, ident, call, box)
-            elif not call.oneway:  # an Exception with a caller: its ActorError
-                self._send_failure(ident, call.id, "actor", exc, call.method)
-            else:  # (survive_errors)
-                log.error("oneway call %s raised", call.method, exc_info=exc)
-            return
+            out = raised(exc, counters, t0, run, box)
+        else:
+            out = returned(result, counters, t0, run)
         box.active.pop(key, None)
-        if type(result) is _actorthread.Sent:  # answered from the actor's thread
-            counters.end(t0, 0, result.at)
-            self.router.recheck()  # (its send may have taken the edge of input)
+        kind = out.kind
+        if kind is not RETURNED:
+            self._ended(box, ident, call, ep, out, run, guard)
             return
-        counters.end(t0, 0)
-        if run.cancelled:  # it ran to its end all the same: the result goes nowhere
-            _cancelling.answer(self, ident, call, run)
+        result = out.value
+        if type(result) is Sent:  # answered from the actor's thread
+            self.router.recheck()  # (its send may have taken the edge of input)
             return
         if call.oneway:
             return
@@ -336,6 +300,56 @@ class ProcServer(ProcLink, ProcReplies):
                 ident, call, "encode", type(exc).__name__,
                 f"return value of {call.method!r} cannot be sent: {exc}",
             )  # fmt: skip
+
+    def _run_sync(
+        self, box: Mailbox, ident: bytes, call: w.Call, fn: Any, args: Any, kwargs: Any,
+        run: _cancelling.Running, guard: Any,
+    ) -> asyncio.Future[Any]:  # fmt: skip
+        """Run a sync endpoint's call in its actor's own thread, else in the pool."""
+        ctx = contextvars.copy_context()
+        ctx.run(set_call, run)  # what zmesh.call_cancelled() reads
+        if box.thread.free():  # the actor's own thread (zmesh._host.proc.actorthread)
+            answer = _actorthread.answer(self.router, box, ident, call, run, guard)
+            return box.thread.run(ctx.run, invoke_sync, fn, box.instance, args, kwargs,
+                                  answer=answer)  # fmt: skip
+        # Never behind it (a concurrent call, a health check), or too many.
+        return asyncio.get_running_loop().run_in_executor(
+            self.pool, ctx.run, invoke_sync, fn, box.instance, args, kwargs
+        )
+
+    def _ended(
+        self, box: Mailbox, ident: bytes, call: w.Call, ep: Any, out: Outcome,
+        run: _cancelling.Running, guard: Any,
+    ) -> None:  # fmt: skip
+        """``call`` did not return a result (``out`` says how it ended): answer it so."""
+        kind, exc = out.kind, out.value
+        if kind is ANSWERED:  # its actor's thread answered it; then the actor stopped
+            raise exc
+        if guard is not None:  # the error answers the call; a cancel or a stop does not
+            guard.disarm(exc if kind is RAISED or kind is EXITED or kind is BAD_ARGUMENTS else None)
+        if kind is BAD_ARGUMENTS:
+            self.fail(ident, call, "endpoint", "TypeError", out.why)
+        elif kind is CANCELLED:  # its caller cancelled it (or it ran to its end all the same)
+            _cancelling.answer(self, ident, call, run)
+        elif kind is STOPPED:  # the actor stops: its caller is told so, and the task ends
+            self._stopped(box, ident, call)
+            raise exc
+        elif kind is EXITED:
+            if not call.oneway:
+                self._send_failure(ident, call.id, "actor", exc, call.method)
+            self._exit_for(exc, f"endpoint {type(box.instance).__name__}.{call.method}")
+        elif _actordeath.kills(box, exc, call, ep.info.port):
+            # Nowhere for it to go (a broadcast, an explicit port), or not an
+            # Exception: the actor dies, as in Monarch (zmesh._host.proc.actordeath).
+            log.error("%s.%s raised", type(box.instance).__name__, call.method, exc_info=exc)
+            _actordeath.kill(self, box, f"{type(exc).__name__}: {exc}")
+            _actordeath.dead_reply(self, ident, call, box)  # (a oneway: nothing)
+        elif box.dead and not call.oneway:  # the actor failed meanwhile (as above)
+            _actordeath.dead_reply(self, ident, call, box)
+        elif not call.oneway:  # an Exception with a caller: its ActorError
+            self._send_failure(ident, call.id, "actor", exc, call.method)
+        else:  # (survive_errors)
+            log.error("oneway call %s raised", call.method, exc_info=exc)
 
 
 async def _once_spawned(result: Any, wait: NotReady) -> tuple[w.Payload, list[Any]]:
