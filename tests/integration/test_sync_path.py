@@ -66,6 +66,22 @@ def _fresh() -> zmesh.ActorMesh[Log]:
     return Log.options().as_actor().get(timeout=60)
 
 
+def _on_the_lane(m: zmesh.ActorMesh[Log]) -> int:
+    """Call ``m`` until a call takes the lane; its proc's pid.
+
+    The first calls may not: a mesh just spawned lets calls through its gate
+    once the loop has drained what queued there, a moment after ``.get()``
+    returned (later under load), and the lane waits for an answered I/O call.
+    """
+    deadline = time.monotonic() + 10
+    while True:
+        fut = m.pid.call_one()
+        pid = fut.get(timeout=10)
+        if isinstance(fut, SyncCall):
+            return pid
+        assert time.monotonic() < deadline, "calls never took the lane"
+
+
 def test_sync_calls_take_the_lane_and_keep_their_order(log_actor: zmesh.ActorMesh[Log]) -> None:
     log_actor.take.call_one().get(timeout=10)  # the first call connects (the I/O path)
     futs = [log_actor.append.call_one(i) for i in range(2000)]
@@ -142,7 +158,7 @@ def test_a_lane_future_can_be_awaited_and_got_from_another_thread(
 
 def test_kill_9_of_the_proc_fails_the_lane_call_quickly() -> None:
     m = _fresh()
-    pid = m.pid.call_one().get(timeout=10)
+    pid = _on_the_lane(m)
     fut = m.sleep.call_one(60.0)
     assert isinstance(fut, SyncCall)
     time.sleep(0.2)  # the call is running in the proc
