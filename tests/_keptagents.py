@@ -8,10 +8,11 @@ embedded agents stay for the next test, on one condition each, so that no
 test can see what an earlier one did:
 
 * the test passed (a failure's agent may be what failed: it goes);
-* the agent runs with the environment the session started with, and serves
-  only while the client's is the same: a test that sets ``ZMESH_*`` (procs
-  fork from the agent and take its environment) gets agents of its own at its
-  next spawn, and the next test fresh ones;
+* the agent runs with the client's environment as the test ended (once its
+  fixtures undid what they set), and serves only while the client's stays the
+  same: a test that sets ``ZMESH_*`` (procs fork from the agent and take its
+  environment) gets agents of its own at its next spawn, and the next test
+  fresh ones;
 * once the test's meshes are stopped, the agent reports nothing alive: no
   rank short of Stopped or Failed, no detached mesh. Stopped meshes stay in
   its state as tombstones, as they would within one test.
@@ -97,7 +98,11 @@ class KeptAgents:
         self.kept = [popen for popen, _ in kept]
 
     def _candidates(self) -> list[tuple[subprocess.Popen[bytes], str]]:
-        if _local.configured_agents() is not None or self.environment != _session_environment():
+        # What a test set and its fixtures did not undo (get_or_spawn_controller
+        # publishes the job's registry for its procs) stays for the session:
+        # agents started from now on carry it, and those are the ones kept.
+        self.environment = _session_environment()
+        if _local.configured_agents() is not None:
             return []
         with _local._lock:
             embedded = list(_local._embedded)

@@ -113,6 +113,25 @@ class _Scheduling(LoadScopeScheduling):
         return path if self.shares[path] else nodeid
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest work first, so that no worker starts a long chain when
+    the others are nearly done: the netns tests (one chain on one worker),
+    then modules with a ``slow`` or ``stress`` test, then the rest; in file
+    order within each, and a module's tests together (they may share a
+    fixture)."""
+
+    def first(item: pytest.Item) -> int:
+        if item.nodeid.startswith("tests/multihost/"):
+            return 0
+        return 1 if any(item.iter_markers("slow")) or any(item.iter_markers("stress")) else 2
+
+    rank: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        rank[path] = min(rank.get(path, 2), first(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
 class _XdistController:
     """Plugged into xdist's controller: the scheduling above, and the
     end-of-session findings of each worker."""

@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def test_ruff_format_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # ~30 s of a core on a fresh clone (no cache): started early
 def test_mypy_is_clean() -> None:
     done = _run(sys.executable, "-m", "mypy")
     assert done.returncode == 0, done.stdout + done.stderr
