@@ -9,10 +9,10 @@ test can see what an earlier one did:
 
 * the test passed (a failure's agent may be what failed: it goes);
 * the agent runs with the client's environment as the test ended (once its
-  fixtures undid what they set), and serves only while the client's stays the
-  same: a test that sets ``ZMESH_*`` (procs fork from the agent and take its
-  environment) gets agents of its own at its next spawn, and the next test
-  fresh ones;
+  fixtures undid what they set), and the next test's first spawn finds the
+  client's still the same: a test that set ``ZMESH_*`` first (procs fork
+  from the agent's forkserver, whose modules read it when imported) gets
+  agents of its own, and the test after it fresh ones;
 * once the test's meshes are stopped, the agent reports nothing alive: no
   rank short of Stopped or Failed, no detached mesh. Stopped meshes stay in
   its state as tombstones, as they would within one test.
@@ -68,10 +68,12 @@ class KeptAgents:
         self.kept: list[subprocess.Popen[bytes]] = []  # from an earlier test
 
     def check_environment(self) -> None:
-        """Stop the agents kept from an earlier test if the environment changed since."""
-        if not self.kept or _session_environment() == self.environment:
-            return
+        """At a test's first spawn: stop the agents kept from an earlier test
+        if the environment changed since. (Later spawns of the test find
+        the agents it used so far, as they would without kept agents.)"""
         kept, self.kept = self.kept, []
+        if not kept or _session_environment() == self.environment:
+            return
         with _local._lock:
             _local._embedded[:] = [(p, a) for p, a in _local._embedded if p not in kept]
         for popen in kept:

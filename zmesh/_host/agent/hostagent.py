@@ -140,6 +140,9 @@ class HostAgent:
 
     def run(self, ready: Callable[[AgentReady], None] | None = None) -> None:
         """Serve until SIGTERM/SIGINT or the parent is gone."""
+        if os.environ.get("ZMESH_AGENT_COUNT"):
+            with open(os.environ["ZMESH_AGENT_COUNT"], "a") as f:
+                f.write(os.environ.get("PYTEST_CURRENT_TEST", "?") + "\n")
         asyncio.run(self.serve(ready))
 
     async def serve(self, ready: Callable[[AgentReady], None] | None = None) -> None:
