@@ -25,10 +25,11 @@ from _helpers import wait_for
 from integration._light import Echo
 
 # Enough cycles to cross the tombstone bound (lowered to TOMBSTONES for the test)
-# four times over and to read the fd count's slope at every hundredth: a leak of
-# one fd or one entry a cycle shows as +100 between two reads, far past the slack.
-CYCLES = 400
-TOMBSTONES = 100
+# four times over and to read the fd count's slope at every fiftieth: a leak of
+# one fd or one entry a cycle shows as +50 between two reads, far past the slack.
+CYCLES = 200
+TOMBSTONES = 50
+READ_EVERY = 50
 
 
 def fds() -> int:
@@ -68,7 +69,7 @@ async def settle_fds(limit: int, timeout: float = 5.0) -> int:
 @pytest.mark.stress
 @pytest.mark.timeout(300)  # ~0.1 s a cycle on 2 busy cores
 @pytest.mark.anyio
-async def test_spawn_call_stop_400_meshes_leaks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_spawn_call_stop_200_meshes_leaks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_controller, "TOMBSTONES", TOMBSTONES)
     rt, _ = _runtime.current()
     first = await Echo.options().as_actor()
@@ -81,7 +82,7 @@ async def test_spawn_call_stop_400_meshes_leaks_nothing(monkeypatch: pytest.Monk
         mesh = await Echo.options().as_actor()
         assert await mesh.echo.call_one(i) == i
         await mesh.stop()
-        if i % 100 == 0:
+        if i % READ_EVERY == 0:
             assert not any((left := await released(rt)).values()), left
             assert await settle_fds(base + 8) <= base + 8, f"cycle {i}: fds {fds()} vs {base}"
             assert len(rt.controller.tombstones) <= TOMBSTONES
