@@ -38,7 +38,8 @@ from typing import Any, Literal, TypeVar
 import pytest
 
 import zmesh
-from zmesh.testing import pid_alive
+from zmesh._client.control import local as _local
+from zmesh.testing import AgentProcess, pid_alive, start_agent, stop_agent
 
 from _keptagents import stop_meshes
 
@@ -261,9 +262,22 @@ def end_child(popen: subprocess.Popen[Any], timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
+def default_agent(monkeypatch: pytest.MonkeyPatch, label: str) -> Iterator[AgentProcess]:
+    """A loopback agent of the block's own, which spawns use by default
+    (``ZMESH_AGENTS``); everything on it, and the agent, stop after the block."""
+    a = start_agent(label)
+    monkeypatch.setenv("ZMESH_AGENTS", a.control)
+    _local.configure(None)
+    try:
+        yield a
+    finally:
+        zmesh.shutdown()
+        stop_agent(a)
+
+
+@contextlib.contextmanager
 def connected(controls: list[str], keys: str | None = None) -> Iterator[None]:
     """Point zmesh at ``controls`` for the block; stop its meshes and forget them after."""
-    from zmesh._client.control import local as _local
     from zmesh._wire import security as _security
 
     zmesh.connect(controls, keys=keys)

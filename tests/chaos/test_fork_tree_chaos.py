@@ -23,9 +23,8 @@ import pytest
 
 import zmesh
 from zmesh import testing
-from zmesh._client.control import local as _local
 
-from _helpers import wait_for, wait_gone
+from _helpers import default_agent, wait_for, wait_gone
 
 pytestmark = [pytest.mark.chaos, pytest.mark.stress, pytest.mark.slow]
 
@@ -38,14 +37,8 @@ class Probe(zmesh.Actor):
 
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[testing.AgentProcess]:
-    a = testing.start_agent("fork-tree")
-    monkeypatch.setenv("ZMESH_AGENTS", a.control)
-    _local.configure(None)
-    try:
+    with default_agent(monkeypatch, "fork-tree") as a:
         yield a
-    finally:
-        zmesh.shutdown()
-        testing.stop_agent(a)
 
 
 def _children(pid: int) -> dict[int, str]:

@@ -18,7 +18,7 @@ from zmesh._client.control import local as _local
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
 
-from _helpers import pid_alive, session_pids, wait_for, wait_gone
+from _helpers import default_agent, pid_alive, session_pids, wait_for, wait_gone
 
 
 def _comm(pid: int) -> str:
@@ -53,14 +53,8 @@ class Probe(zmesh.Actor):
 
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[testing.AgentProcess]:
-    a = testing.start_agent("forks")
-    monkeypatch.setenv("ZMESH_AGENTS", a.control)
-    _local.configure(None)
-    try:
+    with default_agent(monkeypatch, "forks") as a:
         yield a
-    finally:
-        zmesh.shutdown()
-        testing.stop_agent(a)
 
 
 def _children_of(pid: int) -> set[int]:
