@@ -35,6 +35,7 @@ import time
 
 import zmesh
 from zmesh._client.control import local as _local
+from zmesh._client.control import logforward
 from zmesh._client.control.agents import AgentLink
 from zmesh._errors import AgentError
 from zmesh._shared.state import Status
@@ -75,9 +76,10 @@ class KeptAgents:
         if not kept or _session_environment() == self.environment:
             return
         with _local._lock:
+            stopping = [(p, a) for p, a in _local._embedded if p in kept]
             _local._embedded[:] = [(p, a) for p, a in _local._embedded if p not in kept]
-        for popen in kept:
-            _stop(popen)
+        for popen, addr in stopping:
+            _stop(popen, addr)
 
     def release(self, passed: bool) -> None:
         """``zmesh.shutdown()``, keeping the embedded agents the next test may use."""
@@ -91,8 +93,8 @@ class KeptAgents:
             if not _idle(addr):
                 break
             clean += 1
-        for popen, _ in keep[clean:]:
-            _stop(popen)
+        for popen, addr in keep[clean:]:
+            _stop(popen, addr)
         kept = keep[:clean]
         if kept:
             with _local._lock:
@@ -174,7 +176,8 @@ def _alive(mesh: w.MeshReport) -> bool:
     )
 
 
-def _stop(popen: subprocess.Popen[bytes]) -> None:
+def _stop(popen: subprocess.Popen[bytes], addr: str) -> None:
+    logforward.forget(addr)  # as zmesh.shutdown() does: a later flush does not wait for it
     if popen.poll() is None:
         popen.send_signal(signal.SIGTERM)
     try:

@@ -212,12 +212,25 @@ class LogsReply(Message, frozen=True):
     error: str = ""
 
 
+class FlushLogs(Message, frozen=True):
+    """Forward ``owner``'s new log lines now, then a ``LogLines`` marker (``flushed=id``).
+
+    A client sends it before it stops (``zmesh.shutdown()``, exit), so what
+    its actors printed last reaches its terminal. The ``Ack`` says whether
+    the owner was subscribed (``ok``): if not yet, nothing could be sent.
+    """
+
+    id: int
+    owner: Text
+
+
 class LogLines(Message, frozen=True):
     """Lines a proc wrote to its log, published for the mesh's owner (topic: its id).
 
     ``skipped`` counts bytes not sent (the proc wrote faster than the
     forwarding rate); they are in the log at ``path``. ``stream`` says which
-    of the proc's streams the lines were written to.
+    of the proc's streams the lines were written to. ``flushed``, when set,
+    marks the end of what a ``FlushLogs`` of that id sent (no lines).
     """
 
     mesh: str
@@ -227,6 +240,7 @@ class LogLines(Message, frozen=True):
     skipped: int = 0
     path: str = ""
     stream: int = 1  # 1: the proc's stdout, 2: its stderr
+    flushed: int = 0
 
 
 # -------------------------------------------------------- proc -> agent

@@ -26,6 +26,7 @@ from zmesh._wire.names import check_name as check_name
 # answer: one that fails to decode is answered with an error naming why.
 AGENT_REQUESTS = frozenset(
     {"CreateOrUpdate", "GetState", "Stop", "ListMeshes", "Describe", "GetStats", "GetLogs"}
+    | {"FlushLogs"}
     | {"Detach", "Lookup", "StopDetached", "Adopt"}
 )
 PROC_REQUESTS = frozenset({"Call", "SpawnActor", "StopActor", "StreamCall", "GroupCall", "Relay"})
@@ -54,6 +55,7 @@ AGENT_INBOX: Any = (
     | GetStack
     | GetHealth
     | GetLogs
+    | FlushLogs
     | Detach
     | Lookup
     | StopDetached

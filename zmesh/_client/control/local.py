@@ -161,6 +161,9 @@ def agents(hosts: int) -> list[str]:
             )
         return configured[:hosts]
     with _lock:
+        for popen, addr in _embedded:
+            if popen.poll() is not None:  # died: another takes its place
+                logforward.forget(addr)
         _embedded[:] = [(p, a) for p, a in _embedded if p.poll() is None]
         missing = hosts - len(_embedded)
         if missing > 0:
@@ -345,14 +348,18 @@ def _ensure_heart() -> _OwnerHeart:
 def release_all() -> None:
     """Stop everything this process owns: tell agents, stop embedded ones."""
 
-    if _heart is not None:
-        _heart.stopping.set()
-        _heart.wake.set()
     with _lock:
         used = list(_used)
         _used.clear()
         embedded = list(_embedded)
         _embedded.clear()
+    for popen, addr in embedded:
+        if popen.poll() is not None:  # dead already: no line of its can come
+            logforward.forget(addr)
+    logforward.flush()  # the actors' last lines, before they stop with their procs
+    if _heart is not None:
+        _heart.stopping.set()
+        _heart.wake.set()
     embedded_addrs = {a for _, a in embedded}
     for addr in used:
         if addr in embedded_addrs:
@@ -360,7 +367,8 @@ def release_all() -> None:
         link = AgentLink(addr)
         link.send(w.OwnerGone(owner_id(), owner_secret()))
         link.close(linger_ms=500)  # bounded: a dead agent must not hang our exit
-    for popen, _ in embedded:
+    for popen, addr in embedded:
+        logforward.forget(addr)
         if popen.poll() is None:
             popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 4.0

@@ -12,6 +12,10 @@ sees it, and prints each line with a prefix naming where it came from.
   (the agent also caps each proc's bytes); what is cut is counted, and the
   logs keep the rest (``zmesh logs MESH``; their last ``ZMESH_LOG_MAX_BYTES``).
 * Off with ``ZMESH_FORWARD_LOGS=0`` or ``zmesh.connect(..., forward_logs=False)``.
+* Flushed before the client stops (``flush``, from ``zmesh.shutdown()`` and
+  at exit): each agent is asked to forward what is new at once and to mark
+  the end of it (``FlushLogs``), and the client prints up to each mark, so
+  a script's actors' last lines are not lost as it ends (a tick is ~100 ms).
 
 What a proc writes to stdout is printed on the client's stdout, what it
 writes to stderr on the client's stderr (the agent tells them apart,
@@ -21,8 +25,8 @@ to stderr, so a program's stdout carries only what its actors printed.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import itertools
 import os
 import queue
 import sys
@@ -38,6 +42,8 @@ from zmesh._wire.security import secure_client
 
 DEDUP_WINDOW = 2.0
 MAX_LINES = 200  # a second, to the terminal
+FLUSH_WAIT = 1.0  # seconds a client about to stop waits for its actors' last lines, at most
+ACK_WAIT = 0.5  # ... of which for an agent to answer at all (a dead one never does)
 _enabled: bool | None = None  # None: ask ZMESH_FORWARD_LOGS
 _lock = threading.Lock()
 _forwarder: _Forwarder | None = None
@@ -64,8 +70,21 @@ def watch(control: str, owner: str) -> None:
         if _forwarder is None or _forwarder.pid != os.getpid():
             _forwarder = _Forwarder(owner)
             _forwarder.start()
-            atexit.register(_forwarder.drain)
         _forwarder.add(control)
+
+
+def forget(control: str) -> None:
+    """Stop following the agent at ``control`` (it stopped)."""
+    forwarder = _forwarder
+    if forwarder is not None and forwarder.pid == os.getpid():
+        forwarder.forget(control)
+
+
+def flush(timeout: float = FLUSH_WAIT) -> None:
+    """Print what the actors of this process wrote up to now (bounded by ``timeout``)."""
+    forwarder = _forwarder
+    if forwarder is not None and forwarder.pid == os.getpid() and forwarder.is_alive():
+        forwarder.flush(timeout)
 
 
 class Printer:
@@ -108,13 +127,16 @@ class Printer:
             where = (msg.mesh, msg.rank, msg.agent, msg.path)
             self.skipped[where] = self.skipped.get(where, 0) + msg.skipped
 
-    def flush(self, now: float) -> None:
-        """Say what repeated, once its window closed; report cut lines (a few times a second)."""
-        if now - self.flushed < 0.1:
+    def flush(self, now: float, final: bool = False) -> None:
+        """Say what repeated, once its window closed; report cut lines (a few times a second).
+
+        ``final``: the client stops, so every window closes now.
+        """
+        if now - self.flushed < 0.1 and not final:
             return
         self.flushed = now
         for key, (first, n, host) in list(self.seen.items()):
-            if now - first >= DEDUP_WINDOW:
+            if now - first >= DEDUP_WINDOW or final:
                 del self.seen[key]
                 if n:
                     line = f"({key[0]} {host}) {key[2]} [repeated {n}x across ranks]"
@@ -156,36 +178,113 @@ class _Forwarder(threading.Thread):
         self.pid = os.getpid()
         self.owner = owner.encode()
         self.pending: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.dropped: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.watched: set[str] = set()
         self.printer = Printer()
-        self.idle = threading.Event()
+        self.printing = threading.Lock()  # the printer is ours, and a flush's at the end
         self.stopping = False  # not ``_stop``: threading calls Thread._stop() after a fork
+        self.tried: set[str] = set()  # controls we tried to follow (or gave up on)
+        self.subscribed: set[str] = set()  # controls whose log stream we follow
+        self.marks: set[int] = set()  # ``FlushLogs`` ids whose marker arrived
+        self.marked = threading.Condition()
+        self.flushes = itertools.count(1)
 
     def add(self, control: str) -> None:
         if control not in self.watched:
             self.watched.add(control)
             self.pending.put(control)
 
-    def drain(self, timeout: float = 0.3) -> None:
-        """At exit: print what is on its way (a proc's last words), briefly."""
+    def forget(self, control: str) -> None:
+        with self.marked:
+            self.watched.discard(control)
+            self.tried.discard(control)
+            self.subscribed.discard(control)
+        self.dropped.put(control)
+
+    def flush(self, timeout: float) -> None:
+        """Ask every agent we follow to forward its news and mark the end;
+        return once every mark is printed, or at ``timeout``."""
         deadline = time.monotonic() + timeout
-        self.idle.clear()
-        while time.monotonic() < deadline and not self.idle.wait(0.05):
+        with self.marked:  # the agents watched a moment ago are followed first
+            self.marked.wait_for(lambda: self.watched <= self.tried, timeout)
+        expect = self._ask(list(self.subscribed), min(deadline, time.monotonic() + ACK_WAIT))
+        with self.marked:
+            self.marked.wait_for(
+                lambda: expect <= self.marks, max(0.0, deadline - time.monotonic())
+            )
+        with self.printing:  # "[repeated Nx across ranks]" is said before the end
+            self.printer.flush(time.monotonic(), final=True)
+
+    def _ask(self, controls: list[str], until: float) -> set[int]:
+        """Send ``FlushLogs`` to each agent at ``controls``; the ids they acknowledged.
+
+        An agent that has not seen our subscription yet (it travels on its
+        own) is asked again; one that does not answer by ``until`` is left.
+        """
+        ctx: Any = zmq.Context.instance()
+        inbox, replies = Codec(w.AGENT_INBOX), Codec(w.AGENT_REPLIES, allow_pickle=False)
+        owner = self.owner.decode()
+        socks: list[Any] = []
+        asked: dict[int, Any] = {}  # FlushLogs id -> its socket, until acknowledged
+        expect: set[int] = set()
+
+        def ask(sock: Any) -> None:
+            mark = next(self.flushes)
+            sock.send_multipart(inbox.encode(w.FlushLogs(mark, owner)))
+            asked[mark] = sock
+
+        try:
+            for control in controls:
+                sock = secure_client(ctx.socket(zmq.DEALER), addr=control)
+                socks.append(sock)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(control)
+                ask(sock)
+            while asked and (left := until - time.monotonic()) > 0:
+                poller = zmq.Poller()
+                for sock in asked.values():
+                    poller.register(sock, zmq.POLLIN)
+                for sock, _ in poller.poll(int(left * 1000) + 1):
+                    with contextlib.suppress(Exception):  # a bad reply: that agent is left
+                        reply = replies.decode(sock.recv_multipart())
+                        if not isinstance(reply, w.Ack) or asked.get(reply.id) is not sock:
+                            continue
+                        del asked[reply.id]
+                        if reply.ok:
+                            expect.add(reply.id)
+                        else:  # our subscription is on its way there
+                            time.sleep(0.01)
+                            ask(sock)
+        except zmq.ZMQError:  # the context is ending: nothing more can be printed
             pass
-        self.stopping = True
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+        return expect
 
     def run(self) -> None:
         ctx: Any = zmq.Context.instance()
         poller = zmq.Poller()
-        subs: list[Any] = []  # one SUB per agent: each has its own keys (or none, on ipc)
+        subs: dict[str, Any] = {}  # one SUB per agent: each has its own keys (or none, on ipc)
         codec = Codec(w.LOG_STREAM, allow_pickle=False)
         try:
             while not self.stopping:
-                while not self.pending.empty():
-                    sub = self._subscribe(ctx, self.pending.get())
+                while not self.dropped.empty():
+                    sub = subs.pop(self.dropped.get(), None)
                     if sub is not None:
-                        subs.append(sub)
+                        poller.unregister(sub)
+                        sub.close(linger=0)
+                while not self.pending.empty():
+                    control = self.pending.get()
+                    sub = self._subscribe(ctx, control)
+                    if sub is not None:
+                        subs[control] = sub
                         poller.register(sub, zmq.POLLIN)
+                    with self.marked:
+                        if control in self.watched:  # not forgotten meanwhile
+                            self.subscribed.update((control,) if sub is not None else ())
+                            self.tried.add(control)
+                        self.marked.notify_all()
                 ready = dict(poller.poll(100)) if subs else {}
                 if not subs:
                     time.sleep(0.1)  # nothing to follow yet (an agent without a log stream)
@@ -194,13 +293,17 @@ class _Forwarder(threading.Thread):
                         frames = sub.recv_multipart(copy=True)
                         with contextlib.suppress(Exception):  # one bad message, not the thread
                             msg = codec.decode(frames[1:])
-                            if isinstance(msg, w.LogLines):
-                                self.printer.lines(msg, time.monotonic())
-                if not ready:
-                    self.idle.set()
-                self.printer.flush(time.monotonic())
+                            if isinstance(msg, w.LogLines) and msg.flushed:
+                                with self.marked:  # every line before it is printed
+                                    self.marks.add(msg.flushed)
+                                    self.marked.notify_all()
+                            elif isinstance(msg, w.LogLines):
+                                with self.printing:
+                                    self.printer.lines(msg, time.monotonic())
+                with self.printing:
+                    self.printer.flush(time.monotonic())
         finally:
-            for sub in subs:
+            for sub in subs.values():
                 sub.close(linger=0)
 
     def _subscribe(self, ctx: Any, control: str) -> Any:

@@ -3,7 +3,7 @@
 ``answer`` takes each of ``REQUESTS`` off the agent's control socket: the
 meshes (``GetState``, ``ListMeshes``), the agent itself (``Describe``), its
 statistics (``GetStats``, ``zmesh top``), its logs (``GetLogs``, ``zmesh
-logs``), which meshes stopped (``GetHealth``, ``zmesh status``) and a proc's
+logs``; ``FlushLogs``), which meshes stopped (``GetHealth``, ``zmesh status``) and a proc's
 stacks (``GetStack``, ``zmesh stack``, answered in the background so the
 loop never blocks). ``mesh_report`` and ``rank_report`` are the wire form
 of a mesh and a rank, in these replies and in the agent's events.
@@ -25,7 +25,10 @@ from zmesh._wire import messages as w
 if TYPE_CHECKING:
     from zmesh._host.agent.hostagent import HostAgent
 
-REQUESTS = (w.GetState, w.ListMeshes, w.Describe, w.GetStats, w.GetLogs, w.GetHealth, w.GetStack)
+REQUESTS = (
+    w.GetState, w.ListMeshes, w.Describe, w.GetStats, w.GetLogs, w.FlushLogs, w.GetHealth,
+    w.GetStack,
+)  # fmt: skip
 
 
 def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
@@ -43,6 +46,8 @@ def answer(agent: HostAgent, ident: bytes, msg: Any) -> None:
         agent.reply(ident, w.StatsReply(msg.id, agent.stats(), agent.stats_addr))
     elif isinstance(msg, w.GetLogs):
         agent.reply(ident, agent.logs.answer(msg))
+    elif isinstance(msg, w.FlushLogs):
+        agent.reply(ident, w.Ack(msg.id, ok=agent.logs.flush(msg.owner, msg.id)))
     elif isinstance(msg, w.GetHealth):
         stopped = [m.name for m in agent.procs.meshes.values() if m.stopped]
         agent.reply(ident, w.HealthReply(msg.id, stopped))

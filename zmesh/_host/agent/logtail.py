@@ -20,6 +20,10 @@ owner's stdout or stderr by its mark.
   stream), so no client gets another's output. A proc that writes faster
   than ``RATE`` bytes a second is not forwarded in full: the rest is skipped
   (the count is sent, the bytes stay in the log).
+* Flushed on request (``FlushLogs``): a client about to stop has its lines
+  forwarded at once, then a marker, so its actors' last words reach its
+  terminal before it stops them. The last lines of a mesh the agent
+  forgets are forwarded before its tails go.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class _Tail:
     err_offset: int = 0  # the stderr file copied into the log up to here
     err_partial: bytes = b""
     shift: int = 0  # bytes cut from the log's head so far (zmesh._host.agent.logcap)
+    owner: bytes = b""  # the mesh's: to forward its last lines once the mesh is forgotten
 
 
 class LogTail:
@@ -117,21 +122,39 @@ class LogTail:
 
     # ---------------------------------------------------------- each tick
 
-    def tick(self) -> None:
-        """Note how every log grew; forward the new lines of subscribed owners."""
+    def flush(self, owner: str, marker: int) -> bool:
+        """Forward ``owner``'s new lines now, then the marker ``LogLines(flushed=marker)``.
+
+        Whether ``owner`` is subscribed: if not (yet), nothing can reach it.
+        """
+        topic = owner.encode()
+        if topic not in self._subscribed or self._pub is None:
+            return False
+        self.tick(only=topic)
+        msg = w.LogLines("", -1, self.label, [], flushed=marker)
+        self._pub.send([topic, *self._codec.encode(msg)])
+        return True
+
+    def tick(self, only: bytes | None = None) -> None:
+        """Note how every log grew; forward the new lines of subscribed owners
+        (of ``only``, when named: a flush)."""
         now = time.monotonic()
-        dt, self._last = now - self._last, now
+        dt = now - self._last
+        if only is None:  # a flush does not take the other owners' time
+            self._last = now
         wall = time.time()
         seen = set()
         for name, mesh in self.meshes.items():
             owner = mesh.spec.owner.encode()
+            if only is not None and owner != only:
+                continue
             forward = owner in self._subscribed
             for rank, proc in mesh.procs.items():
                 key = (name, rank, proc.generation)
                 seen.add(key)
                 tail = self._tails.get(key)
                 if tail is None:
-                    tail = self._tails[key] = _Tail(proc.log_path)
+                    tail = self._tails[key] = _Tail(proc.log_path, owner=owner)
                 _copy_stderr(tail)
                 try:
                     size = os.stat(tail.path).st_size
@@ -145,13 +168,26 @@ class LogTail:
                 if forward:
                     tail.budget = min(float(RATE), tail.budget + RATE * dt)
                     self._forward(owner, name, rank, tail)
+        if only is not None:
+            return  # a flush: the other owners' logs wait for the next tick
         for key in [k for k in self._tails if k not in seen]:
             tail = self._tails.pop(key)  # the agent forgot the mesh (or the generation)
+            if tail.owner in self._subscribed:  # its last words first
+                self._last_words(key, tail)
             if tail.shift:  # offsets into that log (zmesh logs -g N) stay right
                 self._shifts[tail.path] = tail.shift
         if len(self._shifts) > 10_000:  # logs of forgotten meshes, oldest first
             for path in list(self._shifts)[:1000]:
                 del self._shifts[path]
+
+    def _last_words(self, key: tuple[str, int, int], tail: _Tail) -> None:
+        """Forward what a forgotten proc wrote since the last tick (its last lines)."""
+        _copy_stderr(tail)
+        try:
+            tail.size = os.stat(tail.path).st_size
+        except OSError:
+            return
+        self._forward(tail.owner, key[0], key[1], tail, final=True)
 
     def _cap(self, tail: _Tail) -> int:
         """Cut ``tail``'s log to its last ``logcap.KEEP`` bytes; how far it moved."""
@@ -166,10 +202,13 @@ class LogTail:
             tail.marks = deque(((t, max(0, s - moved)) for t, s in tail.marks), maxlen=CHECKPOINTS)
         return moved
 
-    def _forward(self, owner: bytes, mesh: str, rank: int, tail: _Tail) -> None:
+    def _forward(
+        self, owner: bytes, mesh: str, rank: int, tail: _Tail, final: bool = False
+    ) -> None:
+        """Publish ``tail``'s new whole lines (and, when ``final``, a last open one)."""
         if tail.offset < 0:
             tail.offset = 0  # from the start: what the proc said before we subscribed too
-        if tail.size <= tail.offset or self._pub is None:
+        if (tail.size <= tail.offset and not (final and tail.partial)) or self._pub is None:
             return
         want = tail.size - tail.offset
         take = min(want, max(0, int(tail.budget)))
@@ -184,7 +223,7 @@ class LogTail:
             skipped, data = skipped + cut, data[cut:]
         data = tail.partial + data
         *lines, tail.partial = data.split(b"\n")
-        if len(tail.partial) > MAX_LINE:
+        if len(tail.partial) > MAX_LINE or (final and tail.partial):
             lines.append(tail.partial)
             tail.partial = b""
         if not lines and not skipped:
