@@ -353,10 +353,11 @@ def release_all() -> None:
         _used.clear()
         embedded = list(_embedded)
         _embedded.clear()
-    for popen, addr in embedded:
-        if popen.poll() is not None:  # dead already: no line of its can come
-            logforward.forget(addr)
-    logforward.flush()  # the actors' last lines, before they stop with their procs
+    dead = {addr for popen, addr in embedded if popen.poll() is not None}
+    for addr in dead:  # no line of theirs can come
+        logforward.forget(addr)
+    # The actors' last lines, before they stop with their procs.
+    logforward.flush([addr for addr in used if addr not in dead])
     if _heart is not None:
         _heart.stopping.set()
         _heart.wake.set()

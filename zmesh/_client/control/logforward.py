@@ -43,7 +43,7 @@ from zmesh._wire.security import secure_client
 DEDUP_WINDOW = 2.0
 MAX_LINES = 200  # a second, to the terminal
 FLUSH_WAIT = 1.0  # seconds a client about to stop waits for its actors' last lines, at most
-ACK_WAIT = 0.5  # ... of which for an agent to answer at all (a dead one never does)
+ACK_WAIT = 0.3  # ... of which for an agent to answer at all (a dead one never does)
 _enabled: bool | None = None  # None: ask ZMESH_FORWARD_LOGS
 _lock = threading.Lock()
 _forwarder: _Forwarder | None = None
@@ -80,11 +80,12 @@ def forget(control: str) -> None:
         forwarder.forget(control)
 
 
-def flush(timeout: float = FLUSH_WAIT) -> None:
-    """Print what the actors of this process wrote up to now (bounded by ``timeout``)."""
+def flush(controls: list[str], timeout: float = FLUSH_WAIT) -> None:
+    """Print what the actors of this process on the agents at ``controls``
+    wrote up to now (bounded by ``timeout``)."""
     forwarder = _forwarder
     if forwarder is not None and forwarder.pid == os.getpid() and forwarder.is_alive():
-        forwarder.flush(timeout)
+        forwarder.flush(controls, timeout)
 
 
 class Printer:
@@ -201,13 +202,14 @@ class _Forwarder(threading.Thread):
             self.subscribed.discard(control)
         self.dropped.put(control)
 
-    def flush(self, timeout: float) -> None:
-        """Ask every agent we follow to forward its news and mark the end;
-        return once every mark is printed, or at ``timeout``."""
+    def flush(self, controls: list[str], timeout: float) -> None:
+        """Ask the agents at ``controls`` we follow to forward their news and
+        mark the end; return once every mark is printed, or at ``timeout``."""
         deadline = time.monotonic() + timeout
         with self.marked:  # the agents watched a moment ago are followed first
             self.marked.wait_for(lambda: self.watched <= self.tried, timeout)
-        expect = self._ask(list(self.subscribed), min(deadline, time.monotonic() + ACK_WAIT))
+            asking = [c for c in controls if c in self.subscribed]
+        expect = self._ask(asking, min(deadline, time.monotonic() + ACK_WAIT))
         with self.marked:
             self.marked.wait_for(
                 lambda: expect <= self.marks, max(0.0, deadline - time.monotonic())
