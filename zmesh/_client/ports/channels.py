@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from zmesh._actor import current_point
+from zmesh._actor import current_point, own_proc
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.future import Future
 from zmesh._client.calls.inflight import Sink, resolve
@@ -72,7 +72,7 @@ class Port(Generic[R]):
         host: the receiving process's ``portserver.host_id()``.
     """
 
-    __slots__ = ("addr", "guard", "host", "key", "number", "once", "sent", "tcp")
+    __slots__ = ("addr", "guard", "host", "key", "number", "once", "response", "sent", "tcp")
 
     def __init__(
         self, addr: str, number: int, once: bool = False, tcp: str = "", key: bytes = b"",
@@ -88,6 +88,7 @@ class Port(Generic[R]):
         # An explicit response port in the proc of the endpoint it answers for
         # watches its sends and its drop there (zmesh._host.proc.responseport).
         self.guard: Any = None
+        self.response = False  # a response port handed on: it says where it goes (_handed_on)
 
     def send(self, value: R) -> None:
         """Send ``value`` to the receiver; never blocks.
@@ -167,9 +168,11 @@ class Port(Generic[R]):
             self.guard.port_gone()
 
     def __reduce__(self) -> Any:
+        where = (self.addr, self.number, self.once, self.tcp, self.key, self.host)
         if self.guard is not None:
             self.guard.handed_on()  # the copy answers now, wherever it goes
-        return (Port, (self.addr, self.number, self.once, self.tcp, self.key, self.host))
+            return (_handed_on, where)
+        return (_handed_on, where) if self.response else (Port, where)
 
     def __repr__(self) -> str:
         return f"<zmesh.Port {self.number}{' once' if self.once else ''}>"
@@ -180,6 +183,43 @@ class _PortError:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+class _PortHeld:
+    """A note to a response port's receiver: the proc at ``ref`` holds the port now.
+
+    An endpoint may hand its response port on (in a call to another actor)
+    and return; the caller then waits on a process it never called. Where
+    the port is unpickled in a proc, that proc says so, and the caller
+    watches it as it watches the procs it calls: if it dies before the
+    answer comes, the call fails (``zmesh._client.ports.portcalls``).
+    """
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+
+_announced: dict[tuple[str, int], None] = {}  # (receiver, port) this proc said it holds
+ANNOUNCED_MAX = 10_000
+
+
+def _handed_on(addr: str, number: int, once: bool, tcp: str, key: bytes, host: str) -> Port[Any]:
+    """A response port, unpickled where it was handed on: it tells its receiver
+    that this proc holds it (once per port and proc)."""
+    port: Port[Any] = Port(addr, number, once, tcp, key, host)
+    port.response = True
+    ref = own_proc()
+    if ref is None or not ref.agent or (addr, number) in _announced:
+        return port  # a client, or a client's own proc server: no agent watches it
+    if len(_announced) >= ANNOUNCED_MAX:
+        _announced.pop(next(iter(_announced)))
+    _announced[addr, number] = None
+    try:
+        payload, buffers = Codec.pack_value(_PortHeld(ref))
+        port._send(payload, buffers, -1)
+    except Exception:  # the note is a safeguard: the port itself still works
+        log.exception("cannot tell port %d's receiver that this proc holds it", number)
+    return port
 
 
 def _raisable(exc: BaseException) -> BaseException:
@@ -235,6 +275,7 @@ class PortReceiver(Generic[R]):
         # Set by the adverbs of explicit-response-port endpoints: values go
         # straight to it (on the runtime's loop) instead of the queue.
         self._listener: Callable[[int, Any], None] | None = None
+        self._on_held: Callable[[Any], None] | None = None  # ... and told where the port went
 
     def recv(self) -> Future[R]:
         """The next value, in arrival order (``(rank, value)`` for a ranked channel)."""
@@ -254,6 +295,10 @@ class PortReceiver(Generic[R]):
 
     def _deliver(self, rank: int, value: Any, nbytes: int = 0) -> bool:
         """A value of ``nbytes`` arrived (on the runtime's loop); ``False``: dropped, full."""
+        if type(value) is _PortHeld:  # not a value: where the port went (_handed_on)
+            if self._on_held is not None:
+                self._on_held(value.ref)
+            return True
         if self._once and self._got:
             log.warning("a once port got a second value; dropped")
             return True

@@ -19,7 +19,7 @@ from zmesh._client.calls.connections import ProcConn
 from zmesh._client.calls.future import Future
 from zmesh._client.calls.inflight import Sink, resolve
 from zmesh._client.calls.launch import least_loaded, on_runtime
-from zmesh._client.calls.runtime import Runtime
+from zmesh._client.calls.runtime import ProcRef, Runtime
 from zmesh._client.calls.values import ValueMesh
 from zmesh._client.ports.channels import Port, _open, _PortError
 from zmesh._client.ports.portsockets import _server
@@ -47,9 +47,11 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
     port fails it with ``ResponsePortError`` (``zmesh._host.proc.responseport``).
     The proc keeps the port after its endpoint returned: if it dies before
     it answers (its connection fails), so does the call, with the same error
-    as a call in flight. A timeout (``options(timeout=...)``) covers the wait on the port too;
-    without one, the log says so once the endpoint has returned and no
-    answer came for ``PATIENCE`` seconds.
+    as a call in flight. So it does if the port was handed on to another
+    actor whose proc dies before the answer: that proc said it holds the
+    port (``channels._PortHeld``). A timeout (``options(timeout=...)``)
+    covers the wait on the port too; without one, the log says so once the
+    endpoint has returned and no answer came for ``PATIENCE`` seconds.
     """
 
     mesh = ep._mesh
@@ -119,19 +121,37 @@ def explicit_call(ep: EndpointRef[Any], args: tuple[Any, ...], kwargs: dict[str,
         def watch(i: int) -> None:
             # The endpoint returned and its proc holds the port: the proc's death
             # (its connection failing) fails the call, as it would a call in flight.
-            conn = rt.conn(refs[i])
-
             def lost(error: ZmeshError) -> None:
                 if not fut.done() and (not whole or ranks[i] not in results):
                     settle(False, error)
 
+            on_death(refs[i], lost)
+
+        def held(ref: ProcRef) -> None:
+            # The port was handed on to the proc at ``ref``: its death before
+            # the answer fails the call too (a holder may answer for several
+            # actors of a ``call``, so it fails the whole call).
+            if fut.done() or ref.addr in holders:
+                return
+            holders.add(ref.addr)
+
+            def lost(error: ZmeshError) -> None:
+                if not fut.done():
+                    settle(False, error)
+
+            on_death(ref, lost)
+
+        def on_death(ref: ProcRef, lost: Callable[[ZmeshError], None]) -> None:
+            conn = rt.conn(ref)
             if conn.broken is not None:
                 lost(conn.broken)
             else:
                 conn.watchers.append(lost)
                 watched.append((conn, lost))
 
+        holders: set[str] = set()
         receiver._listener = on_value
+        receiver._on_held = held
         if not refs:
             settle(True, ValueMesh(dims, [], []))
             return
