@@ -1,7 +1,8 @@
 """Properties of the service dispatcher (zmesh/_service/dispatch.py), by hypothesis.
 
-The dispatcher has no sockets: a fake shell records what it sends, and
-random sequences of events (new requests, replies, user errors, broken
+The dispatcher has no sockets and calls nothing back: a shell here carries
+out the decisions each event returns, recording what is sent and answered,
+and random sequences of events (new requests, replies, user errors, broken
 replicas, timeouts, replicas failing, coming back and giving up, stop) are
 fed to it in any order. Whatever the order:
 
@@ -41,6 +42,7 @@ from zmesh._errors import (
     StreamInterruptedError,
     SupervisionError,
 )
+from zmesh._service.decisions import Decision, Failed, Send, Settle
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import (
     HEALTHY,
@@ -71,13 +73,21 @@ class Shell:
         self.ended: dict[str, list[Any]] = {}
         self.failed_gens: set[tuple[int, int]] = set()
         self.failures: list[tuple[int, int]] = []
-        self.d = Dispatcher(
-            "svc", REPLICAS, cfg, router, lambda: self.now, self.send, self.finish, self.on_failure
-        )
+        self.d = Dispatcher("svc", REPLICAS, cfg, router, lambda: self.now)
         self.requests: list[Request] = []
         # A stream request's sends when its first item reached the reader.
         self.first_item: dict[str, int] = {}
         self.interrupted: set[str] = set()  # broke under a live attempt after items
+
+    def apply(self, decisions: list[Decision]) -> None:
+        """Carry out what the dispatcher decided, in order."""
+        for dec in decisions:
+            if isinstance(dec, Send):
+                self.send(dec.attempt)
+            elif isinstance(dec, Settle):
+                self.finish(dec.request, dec.error, dec.value)
+            elif isinstance(dec, Failed):
+                self.on_failure(dec.index, dec.generation, dec.reason)
 
     def send(self, attempt: Attempt) -> None:
         slot = attempt.slot
@@ -89,6 +99,10 @@ class Shell:
 
     def finish(self, req: Request, error: BaseException | None, value: Any) -> None:
         self.ended.setdefault(req.id, []).append(error if error is not None else value)
+        if req.stream and error is not None:
+            # A stream's call still open (timed out before its first item)
+            # is closed as its request ends: the dispatcher gave its slot back.
+            self.open = [a for a in self.open if a.request is not req or a.held]
         if req.items:  # a stream under way is not timed out by its deadline
             assert not isinstance(error, CallTimeoutError | ServiceError), error
         if isinstance(error, StreamInterruptedError):
@@ -97,7 +111,7 @@ class Shell:
     def item(self, attempt: Attempt) -> None:
         req = attempt.request
         live = attempt.held and req.attempt is attempt
-        self.d.item(attempt)
+        self.d.item(attempt)  # (decides nothing: a count)
         if live:
             self.first_item.setdefault(req.id, req.attempts)
 
@@ -107,7 +121,7 @@ class Shell:
     def fail(self, index: int) -> None:
         gen = self.d.slots[index].generation
         self.failed_gens.add((index, gen))
-        self.d.replica_failed(index, gen, "killed")
+        self.apply(self.d.replica_failed(index, gen, "killed"))
 
 
 requests_st = st.tuples(
@@ -158,7 +172,7 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
     gens = [0] * REPLICAS
     for i in range(REPLICAS):
         gens[i] += 1
-        d.replica_up(i, gens[i])
+        shell.apply(d.replica_up(i, gens[i]))
     sessions = [Session(_Svc(), "a"), Session(_Svc(), "b", strict=True)]  # type: ignore[arg-type]
     for kind, arg in events:
         if kind == "submit":
@@ -170,7 +184,7 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
                 start=shell.now, stream=stream,
             )  # fmt: skip
             shell.requests.append(req)
-            d.submit(req)
+            shell.apply(d.submit(req))
         elif kind == "item" and shell.open:
             attempt = shell.open[arg % len(shell.open)]
             if attempt.request.stream:
@@ -179,15 +193,15 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
             req = shell.requests[arg % len(shell.requests)]
             if req.stream:  # the reader stopped: the shell closes the live attempt
                 live = req.attempt
-                d.cancel(req)
+                shell.apply(d.cancel(req))
                 if live is not None:
                     shell.open.remove(live)
         elif kind in ("ok", "error", "broken") and shell.open:
             attempt = shell.open.pop(arg % len(shell.open))
             if kind == "ok":
-                d.settled(attempt, Outcome.OK, attempt.request.id)
+                shell.apply(d.settled(attempt, Outcome.OK, attempt.request.id))
             elif kind == "error":
-                d.settled(attempt, Outcome.ERROR, ValueError("user"))
+                shell.apply(d.settled(attempt, Outcome.ERROR, ValueError("user")))
             else:
                 gen = (attempt.slot.index, attempt.generation)
                 if d.slots[gen[0]].generation == gen[1] and d.slots[gen[0]].state == HEALTHY:
@@ -195,42 +209,44 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
                 req = attempt.request
                 if req.items and req.attempt is attempt and not req.done and not d.stopped:
                     shell.interrupted.add(req.id)
-                d.settled(attempt, Outcome.BROKEN, SupervisionError("broke"))
+                shell.apply(d.settled(attempt, Outcome.BROKEN, SupervisionError("broke")))
         elif kind == "fail" and d.slots[arg].state == HEALTHY:
             shell.fail(arg)
         elif kind == "up" and d.slots[arg].state != "UNHEALTHY":
             if d.slots[arg].state == HEALTHY:  # a newer generation: the old one is gone
                 shell.failed_gens.add((arg, d.slots[arg].generation))
             gens[arg] += 1
-            d.replica_up(arg, gens[arg])
+            shell.apply(d.replica_up(arg, gens[arg]))
         elif kind == "gone" and d.slots[arg].state != HEALTHY:
-            d.replica_gone(arg)
+            shell.apply(d.replica_gone(arg))
         elif kind == "orphan" and d.slots[arg].state != "UNHEALTHY":
             # Stopped because the process that made the service is gone (as a
             # client away from the supervisor hears it): down for good.
             if d.slots[arg].state == HEALTHY:
                 shell.fail(arg)
-            d.owner_gone(arg, d.slots[arg].generation, "owner gone")
+            shell.apply(d.owner_gone(arg, d.slots[arg].generation, "owner gone"))
         elif kind == "tick":
             shell.now += arg
             for req in shell.requests:
                 if req.deadline <= shell.now:
-                    d.expire(req)
+                    shell.apply(d.expire(req))
         elif kind == "stop":
-            d.stop()
+            shell.apply(d.stop())
             # The replicas' procs are stopped: what was in flight breaks.
             while shell.open:
-                d.settled(shell.open.pop(), Outcome.BROKEN, ActorStoppedError("stopped"))
+                shell.apply(
+                    d.settled(shell.open.pop(), Outcome.BROKEN, ActorStoppedError("stopped"))
+                )
         check_invariants(shell)
     # The end of time: every replica answers what it still has, every deadline passes.
     while shell.open:
-        d.settled(shell.open.pop(0), Outcome.OK, "late")
+        shell.apply(d.settled(shell.open.pop(0), Outcome.OK, "late"))
         check_invariants(shell)
     shell.now += 1000
     for req in shell.requests:
-        d.expire(req)
+        shell.apply(d.expire(req))
     while shell.open:  # a request routed by a late pump, then expired: answered now
-        d.settled(shell.open.pop(0), Outcome.OK, "late")
+        shell.apply(d.settled(shell.open.pop(0), Outcome.OK, "late"))
     return shell
 
 
@@ -335,16 +351,16 @@ def test_a_session_rebinds_when_its_generation_is_replaced() -> None:
     shell = Shell(ServiceConfig(), RoundRobinRouter())
     d = shell.d
     for i in range(REPLICAS):
-        d.replica_up(i, 1)
+        shell.apply(d.replica_up(i, 1))
     s = Session(_Svc(), "s")  # type: ignore[arg-type]
     strict = Session(_Svc(), "t", strict=True)  # type: ignore[arg-type]
 
     def call(session: Session) -> Any:
         req = Request(f"r{len(shell.requests)}", "ep", 100.0, session=session)
         shell.requests.append(req)
-        d.submit(req)
+        shell.apply(d.submit(req))
         if shell.open:
-            d.settled(shell.open.pop(), Outcome.OK, "v")
+            shell.apply(d.settled(shell.open.pop(), Outcome.OK, "v"))
         return shell.ended[req.id][0]
 
     call(s)
@@ -366,22 +382,22 @@ def test_when_its_maker_is_gone_waiting_and_later_requests_fail_at_once() -> Non
     shell = Shell(ServiceConfig(), RoundRobinRouter())
     d = shell.d
     for i in range(REPLICAS):
-        d.replica_up(i, 1)
+        shell.apply(d.replica_up(i, 1))
     for i in range(REPLICAS - 1):
         shell.fail(i)
-        d.owner_gone(i, 1, "owner gone")
+        shell.apply(d.owner_gone(i, 1, "owner gone"))
     shell.fail(REPLICAS - 1)  # heard as failed first: a request now waits for it
     waiting = Request("w", "ep", 100.0)
-    d.submit(waiting)
+    shell.apply(d.submit(waiting))
     assert "w" not in shell.ended and list(d.waiting) == [waiting]
-    d.owner_gone(REPLICAS - 1, 1, "owner gone")
+    shell.apply(d.owner_gone(REPLICAS - 1, 1, "owner gone"))
     for rid in ("w", "later"):
         if rid == "later":
-            d.submit(Request(rid, "ep", 100.0))
+            shell.apply(d.submit(Request(rid, "ep", 100.0)))
         (error,) = shell.ended[rid]
         assert isinstance(error, ServiceError)
         assert "the process that made it is gone" in str(error), error
     d.replica_up(0, 2)  # someone does replace it after all: it serves again
     assert not d.orphaned
-    d.submit(Request("again", "ep", 100.0))
+    shell.apply(d.submit(Request("again", "ep", 100.0)))
     assert shell.sends[-1][1:] == (0, 2)

@@ -9,7 +9,8 @@ Runs in the process that owns the service.
   with ``adoption`` (its replicas outlive it; a restarted one takes them over);
 * ``supervisor``: spawns and replaces replicas, with ``health`` (their checks);
 * ``dispatch`` (with its records in ``requests``, and ``replicastates``: what
-  a replica's change of state does): where each request goes;
-* ``client``: the dispatcher wired to one runtime, and ``Follower``;
+  a replica's change of state does): where each request goes, returned as
+  ``decisions`` (send, settle, replace, wake) and never called back;
+* ``client``: carries those decisions out on one runtime, and ``Follower``;
 * ``streaming``: generator endpoints through a service.
 """

@@ -1,10 +1,13 @@
-"""The calling side of a service: a dispatcher wired to one runtime.
+"""The calling side of a service: the dispatcher's decisions carried out on one runtime.
 
-``ServiceClient`` carries out what the socket-free ``Dispatcher`` decides:
-it sends attempts to the replicas' procs, turns their replies into
-outcomes, keeps each request's timer, and follows the supervision stream of
-every replica generation it knows, so a dead replica leaves routing when
-its agent says so, not when a request fails.
+``ServiceClient`` carries out what the socket-free ``Dispatcher`` decides
+(``decisions.py``): it sends attempts to the replicas' procs, gives callers
+their answers, tells the supervisor of failed replicas and wakes fan-outs
+waiting for one. It reports to the dispatcher what happens next (replies
+as outcomes, timeouts from each request's timer, replica changes), and
+follows the supervision stream of every replica generation it knows, so a
+dead replica leaves routing when its agent says so, not when a request
+fails. Control flows one way: the dispatcher never calls back.
 
 There is one per runtime (event loop) that calls the service, so a call
 from ``async`` code is routed on the caller's own loop, with no thread hop.
@@ -35,6 +38,7 @@ from zmesh._errors import (
     ZmeshError,
     encode_error,
 )
+from zmesh._service.decisions import Decision, Failed, Send, Settle
 from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
 from zmesh._service.routing import HEALTHY, STOPPED, UNREADY, Router, ServiceConfig, Session
 from zmesh._shared.points import Shape
@@ -95,10 +99,59 @@ class ServiceClient:
         self.endpoints = endpoints
         self.meshes: list[ActorMesh[Any] | None] = [None] * replicas
         self._listeners: dict[int, tuple[str, Callable[[SupervisionEvent], None]]] = {}
-        self.dispatcher = Dispatcher(
-            name, replicas, config, router, rt.loop.time, self._send, self._finish
-        )
+        self.dispatcher = Dispatcher(name, replicas, config, router, rt.loop.time)
         self.follower: Follower | None = None
+        # Told of each replica generation that fails (``Failed``): the
+        # supervisor replaces it; a client away from it re-reads the table.
+        self.on_failure: Callable[[int, int, str], None] | None = None
+        # Fan-outs waiting for a replica (``serving``), woken on ``Changed``.
+        self._watchers: list[asyncio.Future[None]] = []
+
+    # ------------------------------------------------------------ decisions
+
+    def carry(self, decisions: list[Decision]) -> None:
+        """Carry out the dispatcher's decisions, in order."""
+        for dec in decisions:
+            if isinstance(dec, Send):
+                self._send(dec.attempt)
+            elif isinstance(dec, Settle):
+                self._settle(dec.request, dec.error, dec.value)
+            elif isinstance(dec, Failed):
+                if self.on_failure is not None:
+                    self.on_failure(dec.index, dec.generation, dec.reason)
+            else:  # Changed
+                watchers, self._watchers = self._watchers, []
+                for fut in watchers:
+                    if not fut.done():
+                        fut.set_result(None)
+
+    def settled(self, attempt: Attempt, outcome: Outcome, value: Any = None) -> None:
+        """``attempt`` ended (a reply, an error, its replica broke): tell the dispatcher."""
+        self.carry(self.dispatcher.settled(attempt, outcome, value))
+
+    def cancel(self, req: Request) -> None:
+        """The reader of ``req``'s stream stopped reading."""
+        self.carry(self.dispatcher.cancel(req))
+
+    def _expire(self, req: Request) -> None:
+        self.carry(self.dispatcher.expire(req))
+
+    def replica_failed(self, index: int, generation: int, reason: str, notify: bool = True) -> None:
+        """Generation ``generation`` of replica ``index`` failed: out of routing."""
+        self.carry(self.dispatcher.replica_failed(index, generation, reason, notify))
+
+    def replica_unready(self, index: int, generation: int, reason: str) -> bool:
+        """A replica failed its health check: out of routing; True if it was HEALTHY."""
+        slot = self.dispatcher.slots[index]
+        was = slot.state
+        decisions = self.dispatcher.replica_unready(index, generation, reason)
+        unready = was == HEALTHY and slot.state == UNREADY
+        self.carry(decisions)
+        return unready
+
+    def replica_ready(self, index: int, generation: int) -> None:
+        """An ``UNREADY`` replica passes its check again: back in routing."""
+        self.carry(self.dispatcher.replica_ready(index, generation))
 
     # ------------------------------------------------------------ replicas
 
@@ -113,28 +166,29 @@ class ServiceClient:
 
         def on_failure(ev: SupervisionEvent) -> None:
             why = f"{ev.status.value}: {ev.reason} (rank {ev.rank})"
-            d.replica_failed(index, generation, why)
+            self.replica_failed(index, generation, why)
             if self.follower is not None and owner_gone(ev.reason):
                 # Away from the service's supervisor, which lived in the
                 # process that is gone: no new generation will come.
-                d.owner_gone(index, generation, why)
+                self.carry(d.owner_gone(index, generation, why))
 
         self._listeners[index] = (mesh.proc_mesh, on_failure)
         ctl.listeners.setdefault(mesh.proc_mesh, []).append(on_failure)
         for ref in mesh._refs:
             ctl.watch(ref)
-        d.replica_up(index, generation)
+        self.carry(d.replica_up(index, generation))
         # A failure that happened before we listened is in the view already.
         view = ctl.views.get(mesh.proc_mesh) or ctl.tombstones.get(mesh.proc_mesh)
         if view is not None and any(
             r.status.failure for rank, r in view.ranks.items() if rank < len(mesh._refs)
         ):
-            d.replica_failed(index, generation, "failed while starting")
+            self.replica_failed(index, generation, "failed while starting")
 
     def replica_gone(self, index: int) -> None:
+        """Replica ``index`` stays down for good (restart intensity)."""
         self._unlisten(index)
         self.meshes[index] = None
-        self.dispatcher.replica_gone(index)
+        self.carry(self.dispatcher.replica_gone(index))
 
     def _unlisten(self, index: int) -> None:
         old = self._listeners.pop(index, None)
@@ -146,7 +200,7 @@ class ServiceClient:
     def stop(self) -> None:
         for index in list(self._listeners):
             self._unlisten(index)
-        self.dispatcher.stop()
+        self.carry(self.dispatcher.stop())
         if self.follower is not None:
             self.follower.cancel()
 
@@ -178,14 +232,12 @@ class ServiceClient:
             if row.last_failure:
                 slot.last_failure = row.last_failure
             if row.generation == slot.generation and row.state == UNREADY:
-                self.dispatcher.replica_unready(row.index, row.generation, row.last_failure)
+                self.replica_unready(row.index, row.generation, row.last_failure)
             elif row.generation == slot.generation and row.state == HEALTHY:
-                self.dispatcher.replica_ready(row.index, row.generation)  # (if UNREADY)
+                self.replica_ready(row.index, row.generation)  # (if UNREADY)
             elif row.state != HEALTHY and row.generation == slot.generation:
                 # The orchestrator knew first (a health check): out of routing.
-                self.dispatcher.replica_failed(
-                    row.index, row.generation, row.last_failure or row.state, False
-                )
+                self.replica_failed(row.index, row.generation, row.last_failure or row.state, False)
             if row.state == HEALTHY and row.generation > slot.generation and row.refs:
                 shape = Shape(row.dims or {"procs": len(row.refs)}, [r.rank for r in row.refs])
                 mesh: ActorMesh[Any] = ActorMesh(
@@ -226,11 +278,18 @@ class ServiceClient:
             req_id, endpoint, now + limit, retry=retry, session=session, pinned=pinned,
             least_loaded=least_loaded, args=packed, sink=[fut, None], start=now,
         )  # fmt: skip
-        req.sink[1] = loop.call_at(req.deadline, self.dispatcher.expire, req)
-        self.dispatcher.submit(req)
+        self.start(req)
         return fut
 
-    def _finish(self, req: Request, error: BaseException | None, value: Any) -> None:
+    def start(self, req: Request) -> None:
+        """Route a new request; its timer runs unless it ended at once (its ``sink``
+        is ``[future or stream source, timer]``)."""
+        decisions = self.dispatcher.submit(req)
+        if not req.done:
+            req.sink[1] = self.rt.loop.call_at(req.deadline, self._expire, req)
+        self.carry(decisions)
+
+    def _settle(self, req: Request, error: BaseException | None, value: Any) -> None:
         fut, timer = req.sink
         if timer is not None:
             timer.cancel()
@@ -246,44 +305,18 @@ class ServiceClient:
 
     def _send(self, attempt: Attempt) -> None:
         req, slot = attempt.request, attempt.slot
+        if slot.generation != attempt.generation or slot.state != HEALTHY:
+            # Out of routing since the decision: an earlier send of its batch
+            # found the replica broken (``Runtime.send`` fails a broken
+            # connection's targets at once). Not sent: routed again.
+            self.carry(self.dispatcher.unsent(attempt))
+            return
         mesh = self.meshes[slot.index]
         assert mesh is not None
         if req.stream:  # a generator endpoint: one StreamCall, to return_rank
             req.sink[0].start(attempt, mesh, self.dispatcher.config.return_rank)
-            return
-        refs = mesh._refs
-        results: list[Any] = [None] * len(refs)
-        remaining = len(refs)
-        want = min(self.dispatcher.config.return_rank, len(refs) - 1)
-        d = self.dispatcher
-
-        def deliver(i: int, ok: bool, value: Any) -> None:
-            nonlocal remaining
-            if not attempt.held:
-                return  # the first failure settled it; the rest is late
-            if ok:
-                results[i] = value
-                remaining -= 1
-                if remaining == 0:
-                    d.settled(attempt, Outcome.OK, results[want])
-                return
-            broken = isinstance(value, SupervisionError | ActorStoppedError)
-            d.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, value)
-
-        payload, buffers = req.args
-        left = max(req.deadline - self.rt.loop.time(), SPENT)  # the budget (zmesh._wire.deadlines)
-        actor, method, req_id = mesh.actor, req.endpoint, req.id
-        # No client-side timeout on the send: the dispatcher ends the request
-        # for its caller at its deadline, and the proc skips it if it arrives
-        # late. The attempt keeps its slot until the replica answers.
-        self.rt.send(
-            refs,
-            lambda i: w.Call(
-                i, actor, method, payload, left, False, req_id, time.monotonic(), CLOCK
-            ),
-            buffers,
-            deliver,
-        )
+        else:
+            _call(self, attempt, mesh)
 
     async def serving(self, endpoint: str, timeout: float | None) -> float:
         """Wait until a replica is healthy, for a fan-out; the seconds left of the timeout.
@@ -320,7 +353,7 @@ class ServiceClient:
                     mesh=self.name,
                 )
             changed: asyncio.Future[None] = loop.create_future()
-            d.watchers.append(functools.partial(_wake, changed))
+            self._watchers.append(changed)
             await asyncio.wait([changed], timeout=left)
 
     def broadcast(self, endpoint: str, payload: w.Payload, buffers: list[Any]) -> None:
@@ -334,9 +367,40 @@ class ServiceClient:
                 self.rt.send(mesh._refs, call, buffers, None)
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+def _call(client: ServiceClient, attempt: Attempt, mesh: ActorMesh[Any]) -> None:
+    """Send ``attempt`` to every rank of ``mesh`` (a replica); settle it once all
+    answered (with ``return_rank``'s value), or at the first failure."""
+    req, rt = attempt.request, client.rt
+    refs = mesh._refs
+    results: list[Any] = [None] * len(refs)
+    remaining = len(refs)
+    want = min(client.dispatcher.config.return_rank, len(refs) - 1)
+
+    def deliver(i: int, ok: bool, value: Any) -> None:
+        nonlocal remaining
+        if not attempt.held:
+            return  # the first failure settled it; the rest is late
+        if ok:
+            results[i] = value
+            remaining -= 1
+            if remaining == 0:
+                client.settled(attempt, Outcome.OK, results[want])
+            return
+        broken = isinstance(value, SupervisionError | ActorStoppedError)
+        client.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, value)
+
+    payload, buffers = req.args
+    left = max(req.deadline - rt.loop.time(), SPENT)  # the budget (zmesh._wire.deadlines)
+    actor, method, req_id = mesh.actor, req.endpoint, req.id
+    # No client-side timeout on the send: the dispatcher ends the request
+    # for its caller at its deadline, and the proc skips it if it arrives
+    # late. The attempt keeps its slot until the replica answers.
+    rt.send(
+        refs,
+        lambda i: w.Call(i, actor, method, payload, left, False, req_id, time.monotonic(), CLOCK),
+        buffers,
+        deliver,
+    )
 
 
 class Follower:
@@ -355,7 +419,7 @@ class Follower:
         self.wake = asyncio.Event()
         self._task = client.rt.loop.create_task(self._run())
         client.follower = self
-        client.dispatcher.on_failure = lambda index, gen, why: self.wake.set()
+        client.on_failure = lambda index, gen, why: self.wake.set()
 
     def cancel(self) -> None:
         self._task.cancel()

@@ -1,10 +1,14 @@
 """The dispatcher: which replica each request goes to, and what happens next.
 
-No sockets, no event loop, no clock of its own: the I/O shell
-(``zmesh._service.client``) feeds it events and carries out what it decides,
-so it can be tested with any order of replies, failures and timeouts
-(tests/unit/test_dispatch_properties.py). What a replica's change of state
-does is in ``replicastates.py``, a part of the dispatcher. Its rules:
+No sockets, no event loop, no clock of its own, and no callbacks: each
+event the I/O shell (``zmesh._service.client``) feeds it returns the
+decisions it made (``decisions.py``: ``Send``, ``Settle``, ``Failed``,
+``Changed``), which the shell carries out, reporting what follows as the
+next event. So it can be tested with any order of replies, failures and
+timeouts (tests/unit/test_dispatch_properties.py), and each rule by what
+one event returns (tests/unit/test_dispatch_decisions.py). What a replica's
+change of state does is in ``replicastates.py``, a part of the dispatcher.
+Its rules:
 
 * a request goes to a replica that is HEALTHY in the generation the
   dispatcher knows, never to one known failed (``sent_after_failure`` counts
@@ -44,6 +48,7 @@ from zmesh._errors import (
     SupervisionError,
     ZmeshError,
 )
+from zmesh._service.decisions import CHANGED, Decision, Send, Settle
 from zmesh._service.replicastates import ReplicaStates
 from zmesh._service.requests import Attempt, Outcome, Request, Slot
 from zmesh._service.routing import (
@@ -54,11 +59,14 @@ from zmesh._service.routing import (
     ServiceConfig,
 )
 
-__all__ = ["Attempt", "Dispatcher", "Outcome", "Request", "Slot"]
+__all__ = ["Attempt", "Decision", "Dispatcher", "Outcome", "Request", "Slot"]
 
 
 class Dispatcher(ReplicaStates):
     """Routes requests over replicas; told of replies, failures and timeouts.
+
+    Each event method returns the decisions it made, in the order the
+    shell must carry them out (``decisions.py``); it calls nothing back.
 
     Args:
         name: the service's name, for errors.
@@ -66,12 +74,6 @@ class Dispatcher(ReplicaStates):
         config: the limits and ``return_rank``.
         router: picks among the candidates of a routed request.
         clock: the time deadlines are on (the shell's loop time).
-        send: ``send(attempt)`` carries an attempt out; the shell must call
-            ``settled(attempt, ...)`` once for it, later or right away.
-        finish: ``finish(request, error, value)`` gives a caller its answer;
-            called exactly once per request.
-        on_failure: ``on_failure(index, generation, reason)`` is told once per
-            replica generation that fails (the supervisor replaces it).
     """
 
     def __init__(
@@ -81,22 +83,13 @@ class Dispatcher(ReplicaStates):
         config: ServiceConfig,
         router: Router,
         clock: Callable[[], float],
-        send: Callable[[Attempt], None],
-        finish: Callable[[Request, BaseException | None, Any], None],
-        on_failure: Callable[[int, int, str], None] | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.router = router
         self.clock = clock
-        self._send_out = send
-        self._finish_out = finish
-        self.on_failure = on_failure
         self.slots = [Slot(i) for i in range(replicas)]
         self.waiting: deque[Request] = deque()  # no healthy replica yet
-        # Told (then forgotten) when a replica comes up, goes for good, or the
-        # service stops: a fan-out waiting for a replica (ServiceClient.serving).
-        self.watchers: list[Callable[[], None]] = []
         self._least = LeastLoadedRouter()
         self.completed = 0
         self.failed = 0
@@ -105,10 +98,18 @@ class Dispatcher(ReplicaStates):
         # Set when a replica was stopped because the process that made the
         # service is gone (``owner_gone``): why nothing will replace replicas.
         self.orphaned = ""
+        # The decisions of the event being handled: each event method returns
+        # them (``_take``). Nothing of the shell's runs while one is handled
+        # (the shell acts on them afterwards), so one list will do.
+        self._out: list[Decision] = []
+
+    def _take(self) -> list[Decision]:
+        out, self._out = self._out, []
+        return out
 
     # ------------------------------------------------------------ stopping
 
-    def stop(self) -> None:
+    def stop(self) -> list[Decision]:
         """No more work: what waits fails with ``ActorStoppedError``.
 
         Attempts in flight end as their replicas are stopped (``settled``
@@ -124,21 +125,47 @@ class Dispatcher(ReplicaStates):
             slot.state = STOPPED
         for req in waiting:
             self._finish(req, None, stopped)
-        self._tell_watchers()
+        self._out.append(CHANGED)
+        return self._take()
 
     # ------------------------------------------------------------ requests
 
-    def submit(self, req: Request) -> None:
+    def submit(self, req: Request) -> list[Decision]:
         """A new request: route it (or fail it at once: stopped, overloaded)."""
         if self.stopped:
             self._finish(
                 req, None, ActorStoppedError(f"service {self.name} was stopped", mesh=self.name)
             )
-            return
-        self._dispatch(req)
+        else:
+            self._dispatch(req)
+        return self._take()
 
-    def settled(self, attempt: Attempt, outcome: Outcome, value: Any = None) -> None:
+    def settled(self, attempt: Attempt, outcome: Outcome, value: Any = None) -> list[Decision]:
         """``attempt`` ended: with its value (OK) or an exception."""
+        self._settled(attempt, outcome, value)
+        return self._take()
+
+    def unsent(self, attempt: Attempt) -> list[Decision]:
+        """The shell did not send ``attempt``: its replica left routing after
+        the decision (an earlier decision of the same batch found it broken).
+
+        It was never sent, so, as a request queued there, it goes elsewhere
+        whatever its ``retry``; it does not count as an attempt.
+        """
+        if attempt.held:
+            attempt.held = False
+            slot, req = attempt.slot, attempt.request
+            slot.in_flight -= 1
+            slot.sent -= 1
+            req.attempts -= 1
+            req.sent_once = req.attempts > 0
+            if req.attempt is attempt:
+                req.attempt = None
+                self._dispatch(req)
+            self._pump(slot)
+        return self._take()
+
+    def _settled(self, attempt: Attempt, outcome: Outcome, value: Any) -> None:
         if not attempt.held:
             return  # settled already
         attempt.held = False
@@ -151,7 +178,7 @@ class Dispatcher(ReplicaStates):
             req.attempt = None
         if outcome is Outcome.BROKEN:
             # The replica broke (or is being replaced): not the request's fault.
-            self.replica_failed(slot.index, attempt.generation, str(value))
+            self._replica_failed(slot.index, attempt.generation, str(value), True)
             if live and req.items and not self.stopped:
                 # Re-sending it would repeat the items its reader has.
                 slot.failed += 1
@@ -188,37 +215,43 @@ class Dispatcher(ReplicaStates):
         replica, which must not be judged silent for a reader that pauses."""
         attempt.slot.answers += 1
 
-    def cancel(self, req: Request) -> None:
+    def cancel(self, req: Request) -> list[Decision]:
         """The reader of a stream stopped reading: ``req`` ends (without an error).
 
         Its live attempt gives its slot back now (the shell closes the
         generator); a request not sent yet leaves its queue.
         """
         if req.attempt is not None:
-            self.settled(req.attempt, Outcome.OK, None)
-            return
-        if not req.done:
+            self._settled(req.attempt, Outcome.OK, None)
+        elif not req.done:
             self._unqueue(req)
             self._finish(req, None, None, None)
+        return self._take()
 
-    def expire(self, req: Request) -> None:
+    def expire(self, req: Request) -> list[Decision]:
         """``req``'s deadline passed: its caller gets a timeout now.
 
         An attempt in flight keeps its replica's slot until the replica
-        answers it (see ``settled``). A stream that has delivered items is
-        not timed out here: its reader waits for each item with its own
-        timeout.
+        answers it (see ``settled``), except a stream's: the shell closes
+        its call as it settles it with the error, so the slot comes back
+        now. A stream that has delivered items is not timed out here: its
+        reader waits for each item with its own timeout.
         """
         if req.done or req.items:
-            return
-        if req.attempt is not None:
-            req.attempt = None
-            if req.on is not None:
-                req.on.failed += 1
-            self._finish(req, req.on, _timeout_error(self.name, req))
-            return
-        self._unqueue(req)
-        self._finish(req, None, _timeout_error(self.name, req))
+            return []
+        attempt = req.attempt
+        if attempt is None:
+            self._unqueue(req)
+            self._finish(req, None, _timeout_error(self.name, req))
+            return self._take()
+        req.attempt = None
+        if req.on is not None:
+            req.on.failed += 1
+        error = _timeout_error(self.name, req)
+        self._finish(req, req.on, error)
+        if req.stream:
+            self._settled(attempt, Outcome.ERROR, error)
+        return self._take()
 
     def _unqueue(self, req: Request) -> None:
         for q in [self.waiting, *(s.queue for s in self.slots)]:
@@ -294,7 +327,7 @@ class Dispatcher(ReplicaStates):
         slot.sent += 1
         if slot.state != HEALTHY:
             slot.sent_after_failure += 1
-        self._send_out(attempt)
+        self._out.append(Send(attempt))
 
     def _pump(self, slot: Slot) -> None:
         while slot.queue and slot.in_flight < self.config.max_concurrent_requests:
@@ -319,7 +352,7 @@ class Dispatcher(ReplicaStates):
             self.completed += 1
         else:
             self.failed += 1
-        self._finish_out(req, error, value)
+        self._out.append(Settle(req, error, value))
 
 
 def _bound(d: Dispatcher, req: Request) -> Slot | None:

@@ -45,17 +45,17 @@ class ReplicaHealth:
         """
         sup = self.sup
         checks = "__health__" in sup.client.endpoints
-        d, cfg, loop = sup.client.dispatcher, sup.config, sup.rt.loop
+        client, cfg, loop = sup.client, sup.config, sup.rt.loop
         while not sup.stopped:
             await asyncio.sleep(cfg.health_interval)
             now = loop.time()
-            for slot in d.slots:
-                mesh = sup.client.meshes[slot.index]
+            for slot in client.dispatcher.slots:
+                mesh = client.meshes[slot.index]
                 if mesh is None or slot.state not in (HEALTHY, UNREADY):
                     continue
                 if slot.state == UNREADY and now - slot.unready_since > cfg.unready_timeout:
                     why = f"{slot.last_failure}; UNREADY for over {cfg.unready_timeout:g}s"
-                    d.replica_failed(slot.index, slot.generation, why)
+                    client.replica_failed(slot.index, slot.generation, why)
                     continue
                 # Since when it has had work and answered nothing (idle counts as progress).
                 answers, in_flight = self._work(slot.index)
@@ -65,7 +65,7 @@ class ReplicaHealth:
                     self._progress[slot.index] = (*key, now)
                 elif now - since[2] > cfg.request_timeout:
                     why = f"no answer for {now - since[2]:.0f}s with {in_flight} in flight"
-                    if d.replica_unready(slot.index, slot.generation, why):
+                    if client.replica_unready(slot.index, slot.generation, why):
                         log.warning(
                             "service %s replica %d is UNREADY: %s", sup.name, slot.index, why
                         )
@@ -87,12 +87,12 @@ class ReplicaHealth:
 
     def _check(self, index: int, generation: int, answers: int, mesh: ActorMesh[Any]) -> None:
         sup = self.sup
-        d = sup.client.dispatcher
+        client = sup.client
         verdicts: list[str | None] = []
         ranks = len(mesh._refs)
 
         def deliver(i: int, ok: bool, value: Any) -> None:
-            slot = d.slots[index]
+            slot = client.dispatcher.slots[index]
             if isinstance(value, SupervisionError | ActorStoppedError):
                 return  # its proc died: the agent says so, and that replaces it
             if ok and value is not False:
@@ -112,8 +112,8 @@ class ReplicaHealth:
                 return
             why = next((v for v in verdicts if v is not None), None)
             if why is None:
-                d.replica_ready(index, generation)
-            elif d.replica_unready(index, generation, why):
+                client.replica_ready(index, generation)
+            elif client.replica_unready(index, generation, why):
                 log.warning("service %s replica %d is UNREADY: %s", sup.name, index, why)
             sup.report()
 

@@ -36,7 +36,7 @@ from zmesh._client.ports.streams import (
     send_stream_call,
 )
 from zmesh._errors import ActorStoppedError, SupervisionError, encode_error
-from zmesh._service.dispatch import Attempt, Dispatcher, Outcome, Request
+from zmesh._service.dispatch import Attempt, Outcome, Request
 from zmesh._service.routing import Session
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec
@@ -47,26 +47,31 @@ if TYPE_CHECKING:
 
 
 class RoutedSource(Source):
-    """The source of a service stream; its attempts are the dispatcher's."""
+    """The source of a service stream; its attempts are the dispatcher's.
 
-    __slots__ = ("attempt", "dispatcher", "req", "window")
+    It is the service client's part for one stream: it carries out the
+    dispatcher's ``Send`` and ``Settle`` of its request (``start``,
+    ``finish``) and reports what its replica does through the client.
+    """
+
+    __slots__ = ("attempt", "client", "req", "window")
 
     def __init__(self, rt: Runtime, inbox: Inbox, window: int) -> None:
         super().__init__(rt, inbox, 0)
         self.window = window
-        self.dispatcher: Dispatcher | None = None
+        self.client: ServiceClient | None = None
         self.req: Request | None = None
         self.attempt: Attempt | None = None  # the attempt whose StreamCall is out
 
-    # ------------------------------------------------------------ the dispatcher's side
+    # ------------------------------------------------------------ the dispatcher's decisions
 
     def start(self, attempt: Attempt, mesh: ActorMesh[Any], return_rank: int) -> None:
         """Send ``attempt`` to ``mesh`` (a replica): its ``return_rank`` proc streams."""
         req = attempt.request
         if self.ended:  # closed before the dispatcher got to it
             self.attempt = None
-            assert self.dispatcher is not None
-            self.dispatcher.settled(attempt, Outcome.OK, None)
+            assert self.client is not None
+            self.client.settled(attempt, Outcome.OK, None)
             return
         self.attempt = attempt
         refs = mesh._refs
@@ -79,14 +84,16 @@ class RoutedSource(Source):
         )  # fmt: skip
 
     def finish(self, error: BaseException | None) -> None:
-        """The dispatcher ended the request; with ``error``, the reader gets it."""
+        """The dispatcher ended the request; with ``error``, the reader gets it.
+
+        A call still open (a timeout before the first item) is closed over
+        there; the dispatcher gave its slot back as it decided this.
+        """
         if error is None or self.ended:
             return
-        attempt, self.attempt = self.attempt, None
-        Source.cancel(self)  # a timeout before the first item: close it over there
+        self.attempt = None
+        Source.cancel(self)
         Source._end(self, ERROR, error)
-        if attempt is not None and self.dispatcher is not None:
-            self.dispatcher.settled(attempt, Outcome.ERROR, error)  # its slot comes back
 
     # ------------------------------------------------------------ the runtime's side
 
@@ -95,33 +102,33 @@ class RoutedSource(Source):
             return
         attempt, self.attempt = self.attempt, None
         self.conn = None
-        if attempt is None or self.dispatcher is None:
+        if attempt is None or self.client is None:
             Source._end(self, ERROR, exc)
             return
         broken = isinstance(exc, SupervisionError | ActorStoppedError)
         # The dispatcher re-sends it (``start`` again) or ends it (``finish``).
-        self.dispatcher.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, exc)
+        self.client.settled(attempt, Outcome.BROKEN if broken else Outcome.ERROR, exc)
 
     def on_message(self, conn: Any, req: Any, msg: Any, frames: list[Any]) -> None:
         before = self.items
         super().on_message(conn, req, msg, frames)
         attempt = self.attempt
-        if attempt is None or self.dispatcher is None:
+        if attempt is None or self.client is None:
             return
         if self.items != before:
-            self.dispatcher.item(attempt)
+            self.client.dispatcher.item(attempt)
         elif type(msg) is w.StreamAlive:
             # The producer waits for our credit: the replica is alive, the
             # silence is this reader's (it is not reading).
-            self.dispatcher.alive(attempt)
+            self.client.dispatcher.alive(attempt)
 
     def _end(self, kind: int, value: Any) -> None:
         # The stream's own end (``StreamEnd``, a plain reply, an undecodable item).
         super()._end(kind, value)
         attempt, self.attempt = self.attempt, None
-        if attempt is not None and self.dispatcher is not None:
+        if attempt is not None and self.client is not None:
             outcome = Outcome.ERROR if kind == ERROR else Outcome.OK
-            self.dispatcher.settled(attempt, outcome, value if kind == ERROR else None)
+            self.client.settled(attempt, outcome, value if kind == ERROR else None)
 
     # ------------------------------------------------------------ the reader's side
 
@@ -130,8 +137,8 @@ class RoutedSource(Source):
             return
         super().cancel()  # the generator closes over there
         self.attempt = None
-        if self.req is not None and self.dispatcher is not None:
-            self.dispatcher.cancel(self.req)
+        if self.req is not None and self.client is not None:
+            self.client.cancel(self.req)
 
 
 def open_service_stream(
@@ -198,14 +205,11 @@ def submit_stream(
     req_id: str,
 ) -> None:
     """Make ``src``'s request and route it (on the client's loop)."""
-    d = client.dispatcher
-    loop = client.rt.loop
-    limit = timeout if timeout is not None else d.config.request_timeout
-    now = loop.time()
+    limit = timeout if timeout is not None else client.dispatcher.config.request_timeout
+    now = client.rt.loop.time()
     req = Request(
         req_id, endpoint, now + limit, retry=retry, session=session,
         least_loaded=least_loaded, args=packed, sink=[src, None], start=now, stream=True,
     )  # fmt: skip
-    src.dispatcher, src.req = d, req
-    req.sink[1] = loop.call_at(req.deadline, d.expire, req)
-    d.submit(req)
+    src.client, src.req = client, req
+    client.start(req)

@@ -3,7 +3,7 @@
 It runs on the runtime's I/O loop of the process that made the service, so
 the service lives as long as that process (not as long as the event loop
 that created it). It owns the replicas' procs; the ``ServiceClient`` beside
-it routes the calls. When the dispatcher says a replica generation failed
+it routes the calls. When the dispatcher decides a replica generation failed
 (from its agent's supervision event, a failed request or a health check),
 the supervisor stops what is left of it and respawns it with exponential
 backoff; after more than ``max_restarts`` restarts within ``restart_window``
@@ -87,7 +87,7 @@ class Supervisor:
         self._attached: weakref.WeakSet[ServiceClient] = weakref.WeakSet()
         self.stopped = False
         self.health = ReplicaHealth(self)
-        client.dispatcher.on_failure = self._failed
+        client.on_failure = self._failed
 
     # ------------------------------------------------------------ lifecycle
 
@@ -130,10 +130,9 @@ class Supervisor:
         loop = self.rt.loop
 
         def tell(index: int, generation: int, reason: str) -> None:
-            d = self.client.dispatcher
-            loop.call_soon_threadsafe(d.replica_failed, index, generation, reason)
+            loop.call_soon_threadsafe(self.client.replica_failed, index, generation, reason)
 
-        other.dispatcher.on_failure = tell
+        other.on_failure = tell
 
         def add() -> None:
             self._attached.add(other)
