@@ -9,7 +9,9 @@ fed to it in any order. Whatever the order:
 * every request ends exactly once, and every request ends once every attempt
   has been answered and every deadline has passed;
 * nothing is sent to a replica generation known failed, nor to a replica
-  that is not HEALTHY (``sent_after_failure`` stays 0);
+  that is not HEALTHY (``sent_after_failure`` stays 0), even when a send
+  fails at once (a connection the runtime knew broken) while the decisions
+  of one event are carried out: the later sends there are handed back;
 * a replica never holds more than ``max_concurrent_requests`` attempts, nor
   queues more than ``max_queue``; its ``in_flight`` is exactly its unsettled
   attempts;
@@ -72,6 +74,7 @@ class Shell:
         self.sends: list[tuple[Request, int, int]] = []  # (request, replica, generation)
         self.ended: dict[str, list[Any]] = {}
         self.failed_gens: set[tuple[int, int]] = set()
+        self.cut: set[tuple[int, int]] = set()  # generations whose sends fail at once
         self.failures: list[tuple[int, int]] = []
         self.d = Dispatcher("svc", REPLICAS, cfg, router, lambda: self.now)
         self.requests: list[Request] = []
@@ -91,11 +94,22 @@ class Shell:
 
     def send(self, attempt: Attempt) -> None:
         slot = attempt.slot
-        assert slot.state == HEALTHY, f"sent to replica {slot.index} in state {slot.state}"
-        assert (slot.index, attempt.generation) not in self.failed_gens, "sent to a dead gen"
+        gen = (slot.index, attempt.generation)
+        if slot.state != HEALTHY or slot.generation != attempt.generation:
+            # Its replica left routing since the decision (an earlier send of
+            # the batch found it cut): handed back, as the service client does.
+            self.apply(self.d.unsent(attempt))
+            return
+        assert gen not in self.failed_gens, "sent to a dead gen"
         assert slot.in_flight <= self.d.config.max_concurrent_requests
-        self.open.append(attempt)
         self.sends.append((attempt.request, slot.index, attempt.generation))
+        if gen in self.cut:
+            # The runtime knew its connection broken before the dispatcher did:
+            # the send fails at once, while the batch is being carried out.
+            self.failed_gens.add(gen)
+            self.apply(self.d.settled(attempt, Outcome.BROKEN, SupervisionError("cut")))
+            return
+        self.open.append(attempt)
 
     def finish(self, req: Request, error: BaseException | None, value: Any) -> None:
         self.ended.setdefault(req.id, []).append(error if error is not None else value)
@@ -137,7 +151,9 @@ events_st = st.lists(
         st.tuples(st.just("submit"), requests_st),
         st.tuples(st.sampled_from(["ok", "error", "broken", "item"]), st.integers(0, 50)),
         st.tuples(st.just("cancel"), st.integers(0, 50)),
-        st.tuples(st.sampled_from(["fail", "up", "gone", "orphan"]), st.integers(0, REPLICAS - 1)),
+        st.tuples(
+            st.sampled_from(["fail", "up", "gone", "orphan", "cut"]), st.integers(0, REPLICAS - 1)
+        ),
         st.tuples(st.just("tick"), st.floats(0.0, 2.0)),
         st.tuples(st.just("stop"), st.none()),
     ),
@@ -157,6 +173,19 @@ stream_events_st = st.lists(
         st.tuples(st.just("tick"), st.floats(0.0, 0.5)),
     ),
     min_size=12,
+    max_size=60,
+)
+# Connections the runtime knows broken before the dispatcher does, while
+# queues fill and replicas fail: sends that fail at once mid-batch. A
+# session's queued requests move together when its replica fails, so one
+# event sends several to one replica.
+cut_events_st = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), requests_st.map(lambda r: (*r[:2], None, *r[3:5], False))),
+        st.tuples(st.sampled_from(["cut", "fail", "up"]), st.integers(0, REPLICAS - 1)),
+        st.tuples(st.sampled_from(["ok", "broken"]), st.integers(0, 9)),
+    ),
+    min_size=10,
     max_size=60,
 )
 configs_st = st.builds(
@@ -212,6 +241,8 @@ def run(events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool) -> Shell
                 shell.apply(d.settled(attempt, Outcome.BROKEN, SupervisionError("broke")))
         elif kind == "fail" and d.slots[arg].state == HEALTHY:
             shell.fail(arg)
+        elif kind == "cut" and d.slots[arg].state == HEALTHY:
+            shell.cut.add((arg, d.slots[arg].generation))
         elif kind == "up" and d.slots[arg].state != "UNHEALTHY":
             if d.slots[arg].state == HEALTHY:  # a newer generation: the old one is gone
                 shell.failed_gens.add((arg, d.slots[arg].generation))
@@ -344,6 +375,29 @@ def test_a_stream_is_never_sent_again_after_its_first_item(
         if req.id in shell.interrupted:
             assert isinstance(end, StreamInterruptedError), end
             assert end.replica is not None and end.items == req.items
+
+
+@FAST
+@given(cut_events_st, configs_st, st.booleans())
+def test_sends_that_fail_at_once_leave_no_request_on_a_dead_replica(
+    events: list[tuple[str, Any]], cfg: ServiceConfig, least: bool
+) -> None:
+    shell = run(events, cfg, least)  # (Shell.send asserts no send reaches a dead generation)
+    for req in shell.requests:
+        assert req.done and len(shell.ended[req.id]) == 1
+        mine = [(i, g) for r, i, g in shell.sends if r is req]
+        assert len(mine) == req.attempts, "a send handed back counts as no attempt"
+
+
+def test_a_session_moving_to_a_cut_replica_sends_nothing_after_its_first_failure() -> None:
+    """Two queued requests of a session move to replica 1 in one event; the
+    first send finds its connection broken: the second is not sent there."""
+    cfg = ServiceConfig(max_concurrent_requests=2, max_queue=3)
+    submit = ("submit", (True, 0, None, False, 5.0, False))  # in the plain session
+    shell = run([submit] * 4 + [("cut", 1), ("fail", 0)], cfg, False)
+    r2, r3 = shell.requests[2:]
+    assert [(i, g) for r, i, g in shell.sends if r is r3] == [(2, 1)]  # never to (1, 1)
+    assert (r2.attempts, r3.attempts) == (2, 1)
 
 
 def test_a_session_rebinds_when_its_generation_is_replaced() -> None:
