@@ -271,3 +271,35 @@ def test_stop_fails_what_waits_with_actor_stopped(queued: bool) -> None:
     assert out[-1] == CHANGED
     (later,) = d.submit(request("later"))
     assert isinstance(later, Settle) and isinstance(later.error, ActorStoppedError)
+
+
+def test_a_router_that_raises_fails_its_call_and_keeps_the_rest() -> None:
+    """A user's ``Router.choose`` that raises: that call fails with a
+    ``ServiceError`` naming the router, and what the same event decided
+    before it (an answer, a send) is still carried out."""
+
+    class Broken(RoundRobinRouter):
+        fail = False
+
+        def choose(self, replicas: Any, session: str | None) -> int | None:
+            if self.fail:
+                raise RuntimeError("router bug")
+            return super().choose(replicas, session)
+
+    clock = Clock()
+    router = Broken()
+    d = Dispatcher("svc", 1, ServiceConfig(max_concurrent_requests=1, max_queue=2), router, clock)
+    d.replica_up(0, 1)
+    first, second = request("a"), request("b")
+    a = sent(d.submit(first))
+    assert d.submit(second) == []  # queued on the replica: no choice to make later
+    router.fail = True
+    bad = request("c")
+    (end,) = d.submit(bad)  # the router is asked where it goes, and raises
+    out = d.settled(a, Outcome.OK, "value of a")
+    assert out[0] == Settle(first, None, "value of a")
+    assert sent(out[1:]).request is second
+    assert isinstance(end, Settle) and end.request is bad
+    assert isinstance(end.error, ServiceError) and "Broken.choose) raised RuntimeError" in str(
+        end.error
+    )

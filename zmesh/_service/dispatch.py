@@ -297,9 +297,13 @@ class Dispatcher(ReplicaStates):
                 return
             session = req.session
             router = self._least if req.least_loaded else self.router
-            pick = router.choose(
-                [s.statistics() for s in ready], session.id if session is not None else None
-            )
+            try:
+                pick = router.choose(
+                    [s.statistics() for s in ready], session.id if session is not None else None
+                )
+            except Exception as exc:  # a user's router: its error is this call's, not the event's
+                self._finish(req, None, _router_error(self.name, router, exc))
+                return
             target = next((s for s in ready if s.index == pick), ready[0])
             if session is not None:
                 session.replica, session.generation = target.index, target.generation
@@ -400,6 +404,16 @@ def _interrupted(name: str, attempt: Attempt, cause: Any) -> StreamInterruptedEr
     )  # fmt: skip
     if isinstance(cause, BaseException):
         err.__cause__ = cause
+    return err
+
+
+def _router_error(name: str, router: Any, exc: Exception) -> ServiceError:
+    err = ServiceError(
+        f"the router of {name} ({type(router).__name__}.choose) raised "
+        f"{type(exc).__name__}: {exc}; the call was not sent",
+        mesh=name,
+    )
+    err.__cause__ = exc
     return err
 
 
