@@ -13,22 +13,18 @@ connection or a timeout fails every actor of that proc's message, each with
 its own rank in the error.
 
 ``call_one`` and ``choose`` to one actor send a plain ``Call`` addressed to
-that actor (``member``), as to a proc's only actor.
+that actor (``member``), as to a proc's only actor, and its answer goes
+through an ``ActorSink`` (its errors carry the actor's rank).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import copy
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from zmesh._client.calls import runtime as _runtime
-from zmesh._client.calls.future import Future
 from zmesh._client.calls.inflight import CallSpec, failure_error, outcome
 from zmesh._errors import EncodeError, ZmeshError
 from zmesh._shared.points import Shape
@@ -265,20 +261,3 @@ def call(rt: Runtime, ref: ProcRef, spec: CallSpec, fut: Any) -> None:
     """``Runtime.call`` to ``ref``'s actor, one of several in its proc (``choose``)."""
     sink: Any = ActorSink(fut, ref)
     rt.call(ref, spec.for_member(member(spec.actor, ref)), sink)
-
-
-def call_one(ref: ProcRef, spec: CallSpec) -> Future[Any]:
-    """``call_one`` to ``ref``'s actor: one ``Call``, addressed to it."""
-    rt, here = _runtime.current()
-    spec = spec.for_member(member(spec.actor, ref))
-    method = spec.method
-    if here:
-        fut: asyncio.Future[Any] = rt.loop.create_future()
-        sink: Any = ActorSink(fut, ref)
-        rt.call(ref, spec, sink)
-        return Future(afut=fut, about=(ref, method))
-    cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    sink = ActorSink(cfut, ref)
-    rt.dispatch(rt.call_threadsafe, ref, spec, sink, here=False, targets=(ref.addr,))
-    withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
-    return Future(cfut=cfut, about=(ref, method), withdraw=withdraw)

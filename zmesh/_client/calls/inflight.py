@@ -32,6 +32,7 @@ from zmesh._errors import (
     ZmeshError,
 )
 from zmesh._wire import messages as w
+from zmesh._wire.deadlines import CLOCK, budget
 
 if TYPE_CHECKING:
     from zmesh._client.calls.connections import ProcConn
@@ -41,9 +42,9 @@ if TYPE_CHECKING:
 
 class CallSpec(msgspec.Struct, gc=False):
     """One call of one endpoint, as its endpoint reference builds it once:
-    what every transport it may take (``Runtime.call``, its thread-safe
-    twin, a group's member) sends, in place of the seven values they
-    passed along one by one.
+    what every transport it may take (``zmesh._client.calls.transport``:
+    the runtime, a thread's lane, the tree) sends, in place of the seven
+    values they passed along one by one.
 
     ``actor`` is the name the proc knows the actor by (``for_member`` makes
     the spec of one actor of several in its proc); ``deadline`` is on this
@@ -63,6 +64,15 @@ class CallSpec(msgspec.Struct, gc=False):
         """The same call, addressed to ``actor`` (``name#k``, one of a group)."""
         return CallSpec(actor, self.method, self.payload, self.buffers, self.deadline,
                         self.timeout, self.block)  # fmt: skip
+
+    def message_for(self, oneway: bool = False) -> Callable[[int], w.Call]:
+        """The ``Call`` message with request id ``i``, as a fan-out sends it
+        (``oneway``: no answer is wanted); its deadline is a budget, read when sent."""
+        actor, method, payload, deadline = self.actor, self.method, self.payload, self.deadline
+        return lambda i: w.Call(
+            i, actor, method, payload, budget(deadline) if deadline else 0.0, oneway,
+            sent=time.monotonic(), clock=CLOCK,
+        )  # fmt: skip
 
 
 # Where the answer of a single-target call goes: an asyncio future on the

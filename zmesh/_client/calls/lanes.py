@@ -43,6 +43,8 @@ every other adverb. The guarantees stay those of the I/O path:
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import itertools
 import os
 import threading
@@ -53,8 +55,16 @@ import zmq
 
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.connections import MAX_IN_FLIGHT
-from zmesh._client.calls.grouping import SEP
-from zmesh._client.calls.inflight import abandon, ahead_of, hint, outcome, timeout_error
+from zmesh._client.calls.future import Future
+from zmesh._client.calls.grouping import SEP, ActorSink
+from zmesh._client.calls.inflight import (
+    CallSpec,
+    abandon,
+    ahead_of,
+    hint,
+    outcome,
+    timeout_error,
+)
 from zmesh._client.calls.runtime import ProcRef
 from zmesh._client.calls.synccall import SLICE_MS, SyncCall
 from zmesh._errors import ActorError, ConnectionLostError, EncodeError
@@ -121,16 +131,32 @@ class Lane:
 
     # ------------------------------------------------------------ sending
 
-    def call(
-        self,
-        ref: ProcRef,
-        actor: str,
-        method: str,
-        payload: w.Payload,
-        timeout: float | None,
-    ) -> SyncCall | None:
-        """Send a call to ``actor`` (its name in the proc) on the lane;
-        ``None``: it must take the I/O path.
+    def submit(self, ref: ProcRef, spec: CallSpec) -> Future[Any]:
+        """The transport's ``submit`` for this thread (``zmesh._client.calls.transport``):
+        on the lane, or else through the runtime's I/O thread, in call order.
+
+        ``spec`` is addressed already (to ``name#k`` for one actor of a group).
+
+        Raises:
+            EncodeError: the message is over the size limit.
+        """
+        if not spec.buffers and spec.block:
+            call = self.call(ref, spec)
+            if call is not None:
+                return call
+        # The I/O path: one callback on the runtime's loop, scheduled in call
+        # order like every other adverb (see Runtime.dispatch).
+        rt = self.rt
+        seq = self.before_io((ref.addr,))
+        cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        cfut.add_done_callback(functools.partial(self.answered, ref.addr, seq))
+        sink: Any = cfut if ref.index < 0 else ActorSink(cfut, ref)
+        rt.dispatch(rt.call_threadsafe, ref, spec, sink, here=False, targets=())
+        withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
+        return Future(cfut=cfut, about=(ref, spec.method), withdraw=withdraw)
+
+    def call(self, ref: ProcRef, spec: CallSpec) -> SyncCall | None:
+        """Send ``spec`` (no buffers) on the lane; ``None``: it must take the I/O path.
 
         Raises:
             EncodeError: the message is over the size limit.
@@ -147,9 +173,10 @@ class Lane:
                 return None
             self.clear.add(addr)
         req_id = next(self._ids)
+        actor, method, timeout = spec.actor, spec.method, spec.timeout
         # The budget, not a clock reading (zmesh._wire.deadlines): sent right now.
         left = (timeout if timeout > SPENT else SPENT) if timeout is not None else 0.0
-        msg = _Call(req_id, actor, method, payload, left, sent=_monotonic(), clock=CLOCK)
+        msg = _Call(req_id, actor, method, spec.payload, left, sent=_monotonic(), clock=CLOCK)
         env = self.encode(msg)
         if len(env) > MAX_MSG_SIZE:
             try:  # the codec says what is wrong
@@ -343,7 +370,7 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
 
     The common case only: scalar (or small ``bytes``) arguments, a lane made
     already for the home runtime. ``None``: take the general path
-    (``EndpointRef._one``), which also makes the lane.
+    (``EndpointRef._send``), which also makes the lane.
     """
     ln: Lane | None = getattr(_local, "lane", None)
     if ln is None or ln.loop is not _runtime.home_loop():
@@ -355,7 +382,9 @@ def call_one(ep: EndpointRef[Any], ref: ProcRef, args: tuple[Any, ...]) -> SyncC
     actor = ep._mesh.actor
     if ref.index >= 0:  # one of several actors of its proc: addressed to it
         actor = f"{actor}{SEP}{ref.index}"
-    call = ln.call(ref, actor, ep._name, _Payload(args), ep._timeout)
+    timeout = ep._timeout
+    deadline = _monotonic() + timeout if timeout is not None else 0.0
+    call = ln.call(ref, CallSpec(actor, ep._name, _Payload(args), [], deadline, timeout))
     if call is not None:
         call._mesh = ep._mesh
     return call

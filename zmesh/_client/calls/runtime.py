@@ -48,6 +48,7 @@ from zmesh._client.calls.connections import (
     over,
     wait,
 )
+from zmesh._client.calls.future import Future
 from zmesh._client.calls.inflight import (
     CallSpec,
     OneRequest,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from zmesh._client.calls.lanes import Lane
+    from zmesh._client.calls.transport import Deliver
     from zmesh._client.calls.tree import Tree
     from zmesh._client.control.controller import Controller
 
@@ -191,6 +193,22 @@ class Runtime(Connections):
         c.pending[req_id] = req
         if size:
             c.bytes += size
+
+    def submit(self, ref: ProcRef, spec: CallSpec) -> Future[Any]:
+        """The transport's ``submit`` on this runtime's loop (``zmesh._client.calls.transport``):
+        ``call`` with an asyncio future, whose cancel reaches the proc.
+
+        ``spec`` is addressed already (to ``name#k`` for one actor of a group).
+        """
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        sink: Any = fut if ref.index < 0 else _grouping.ActorSink(fut, ref)
+        self.call(ref, spec, sink)
+        return Future(afut=fut, about=(ref, spec.method))
+
+    def fan_out(self, refs: list[ProcRef], spec: CallSpec, deliver: Deliver | None) -> None:
+        """The transport's ``fan_out``: ``send`` of ``spec``'s ``Call``, on this runtime's loop."""
+        msg = spec.message_for(oneway=deliver is None)
+        self.send(refs, msg, spec.buffers, deliver, spec.timeout, spec.block)
 
     def withdraw_threadsafe(self, sink: Any, addr: str) -> None:
         """Cancel the call to ``addr`` whose answer goes to ``sink``, from any thread."""

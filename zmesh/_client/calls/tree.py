@@ -61,6 +61,7 @@ from zmesh._errors import ConnectionLostError, EncodeError
 from zmesh._wire import messages as w
 
 if TYPE_CHECKING:
+    from zmesh._client.calls.inflight import CallSpec
     from zmesh._client.calls.runtime import ProcRef, Runtime
     from zmesh._client.handles.mesh import ActorMesh
 
@@ -125,9 +126,7 @@ def send(
     values (``zmesh._host.proc.relayfold``); each folded value goes to
     ``folder(ok, value)`` and its targets to ``deliver`` as ``FOLDED``.
     """
-    tree = rt.tree
-    if tree is None:
-        tree = rt.tree = Tree(rt)
+    tree = of(rt)
     if tree.queue:  # direct messages wait for acknowledgements: keep the order
         again = functools.partial(
             tree.send, refs, msg_for, buffers, deliver, timeout, block, reduce
@@ -135,6 +134,14 @@ def send(
         tree.queue_thunk([r.addr for r in refs], again)
         return
     tree.send(refs, msg_for, buffers, deliver, timeout, block, reduce)
+
+
+def of(rt: Runtime) -> Tree:
+    """``rt``'s tree path, made on first use. On ``rt``'s loop."""
+    tree = rt.tree
+    if tree is None:
+        tree = rt.tree = Tree(rt)
+    return tree
 
 
 class Tree(Answers):
@@ -207,6 +214,12 @@ class Tree(Answers):
                 self.bypass = False
 
     # ------------------------------------------------------------ sending
+
+    def fan_out(self, refs: list[ProcRef], spec: CallSpec, deliver: Deliver | None) -> None:
+        """The transport's ``fan_out`` (``zmesh._client.calls.transport``): ``spec``'s
+        ``Call`` to every actor of ``refs``, one ``Relay`` per host. On the runtime's loop."""
+        msg = spec.message_for(oneway=deliver is None)
+        send(self.rt, refs, msg, spec.buffers, deliver, spec.timeout, spec.block)
 
     def send(
         self, refs: list[ProcRef], msg_for: Callable[[int], Any], buffers: list[Any],

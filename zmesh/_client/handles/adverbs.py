@@ -12,8 +12,6 @@ mesh in its arguments) waits in order in the mesh's gate (``zmesh._client.calls.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from zmesh._client.calls.launch import least_loaded, on_runtime
 from zmesh._client.calls.pending import NotReady
 from zmesh._client.calls.replies import Stream
 from zmesh._client.calls.runtime import ProcRef, Runtime
+from zmesh._client.calls.transport import Deliver, FansOut, Submits
 from zmesh._client.calls.values import ValueMesh
 from zmesh._client.control import grants as _grants
 from zmesh._client.ports.portcalls import explicit_call
@@ -40,7 +39,6 @@ from zmesh._errors import EncodeError, encode_error
 from zmesh._shared.aio import running_loop
 from zmesh._wire import messages as w
 from zmesh._wire.codec import Codec, check_size
-from zmesh._wire.deadlines import CLOCK, budget
 
 if TYPE_CHECKING:
     from zmesh._client.calls.values import ValueMesh
@@ -49,6 +47,8 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 VALUE, STREAM, PORT = Answers
+# Which adverb a call is, for the one dispatch (``EndpointRef._send``).
+ONE, CHOOSE, ALL, BROADCAST = "call_one", "choose", "call", "broadcast"
 
 
 def pack_call(
@@ -80,6 +80,14 @@ def pack_call(
                 mesh=proc_mesh,
             ) from exc
     return payload, buffers
+
+
+def _fan_out(
+    rt: Runtime, wide: bool, refs: list[ProcRef], spec: CallSpec, deliver: Deliver | None
+) -> None:
+    """Every actor's transport, on ``rt``'s loop: the tree for a wide mesh, else the runtime."""
+    transport: FansOut[ProcRef] = _tree.of(rt) if wide else rt
+    transport.fan_out(refs, spec, deliver)
 
 
 def _deferrable(kind: str) -> Callable[[F], F]:
@@ -182,12 +190,7 @@ class EndpointRef(Generic[R]):
                         timeout, self._block)  # fmt: skip
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
-        deadline = time.monotonic() + self._timeout if self._timeout is not None else 0.0
-        actor, name = self._mesh.actor, self._name
-        return lambda i: w.Call(
-            i, actor, name, payload, budget(deadline) if deadline else 0.0, oneway,
-            sent=time.monotonic(), clock=CLOCK,
-        )  # fmt: skip
+        return self._spec(payload, []).message_for(oneway)
 
     # ------------------------------------------------------------ adverbs
 
@@ -231,17 +234,13 @@ class EndpointRef(Generic[R]):
                 "use call(), choose() or slice the mesh"
             )
         try:
-            if self._answers:
-                if self._answers is PORT:
-                    return explicit_call(self, args, kwargs, whole=False)
-                return self._stream(refs, args, kwargs, None)  # type: ignore[return-value]
-            if not kwargs and self._block and running_loop() is None:
+            if not self._answers and not kwargs and self._block and running_loop() is None:
                 # A thread with no loop, the common call: on the thread's own
                 # lane, in one step (zmesh._client.calls.lanes).
                 sync = _lanes.call_one(self, refs[0], args)
                 if sync is not None:
                     return sync
-            return self._one(refs[0], args, kwargs)
+            return self._send(ONE, refs, args, kwargs)
         except NotReady:  # a mesh in the arguments is still spawning
             if _pending.draining():
                 raise
@@ -263,56 +262,7 @@ class EndpointRef(Generic[R]):
         refs = self._mesh._refs
         if not refs:
             raise ValueError(f"{self._mesh!r} is empty")
-        if self._answers is PORT:
-            raise TypeError(
-                f"{self._name!r} answers through a response port: use call_one() on a "
-                "slice, call(), or zmesh.send(..., selection='choose')"
-            )
-        if self._answers is STREAM:  # a generator endpoint: the items of one rank's
-            rt, _ = _runtime.current()
-            return self._stream([least_loaded(rt, refs)], args, kwargs, None)  # type: ignore[return-value]
-        spec = self._spec(*self._pack(args, kwargs))
-
-        def start(rt: Runtime, fut: Sink) -> None:
-            best = least_loaded(rt, refs)
-            if best.index >= 0:  # one of several actors of its proc
-                _grouping.call(rt, best, spec, fut)
-                return
-            rt.call(best, spec, fut)
-
-        targets = (r.addr for r in refs)
-        return on_runtime(start, (self._mesh.proc_mesh, self._name), targets, self._mesh)
-
-    def _one(self, ref: ProcRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        # The hot path: no closure and no task; the reply settles the future.
-        payload, buffers = self._pack(args, kwargs)
-        timeout = self._timeout
-        rt, here = _runtime.current()
-        if here:
-            spec = self._spec(payload, buffers)
-            if ref.index >= 0:  # one of several actors of its proc: a Call addressed to it
-                return _grouping.call_one(ref, spec)
-            fut: asyncio.Future[R] = rt.loop.create_future()
-            rt.call(ref, spec, fut)
-            return Future(afut=fut, about=(ref, self._name), mesh=self._mesh)
-        # From a thread without a loop: on the thread's own lane (no hop), or
-        # else one callback on the runtime's loop, scheduled in call order
-        # like every other adverb (see on_runtime).
-        actor = _grouping.member(self._mesh.actor, ref)
-        lane = _lanes.lane(rt)
-        if not buffers and self._block:
-            sync = lane.call(ref, actor, self._name, payload, timeout)
-            if sync is not None:
-                sync._mesh = self._mesh
-                return sync
-        seq = lane.before_io((ref.addr,))
-        cfut: concurrent.futures.Future[R] = concurrent.futures.Future()
-        cfut.add_done_callback(functools.partial(lane.answered, ref.addr, seq))
-        sink: Any = cfut if ref.index < 0 else _grouping.ActorSink(cfut, ref)
-        spec = self._spec(payload, buffers, actor)
-        rt.dispatch(rt.call_threadsafe, ref, spec, sink, here=False, targets=())
-        withdraw = functools.partial(rt.withdraw_threadsafe, sink, ref.addr)
-        return Future(cfut=cfut, about=(ref, self._name), withdraw=withdraw, mesh=self._mesh)
+        return self._send(CHOOSE, refs, args, kwargs)
 
     @_deferrable("future")
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
@@ -324,20 +274,82 @@ class EndpointRef(Generic[R]):
         On a generator endpoint: an ``ItemStream`` of ``(point, item)`` pairs
         from every actor, as they arrive (see ``zmesh._client.ports.streams``).
         """
+        return self._send(ALL, self._mesh._refs, args, kwargs)
 
+    @_deferrable("broadcast")
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor and do not wait; errors are logged by the actors."""
+        self._send(BROADCAST, self._mesh._refs, args, kwargs)
+
+    def _send(
+        self, how: str, refs: list[ProcRef], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The one dispatch of ``call_one``, ``choose``, ``call`` and ``broadcast``
+        (``how``): the exit this call leaves by.
+
+        ======================================  =============================================
+        the call                                its exit
+        ======================================  =============================================
+        the mesh, or a mesh in the arguments,   the mesh's gate, sent in order when ready
+        is still spawning                       (``_defer``, before this: ``pending.defer``)
+        the endpoint answers through a port     ``portcalls.explicit_call``
+        a generator endpoint                    ``streams.open_stream``: its items
+        one actor, on a loop                    the runtime: ``Runtime.submit``
+        one actor, from a thread with no loop   its lane: ``Lane.submit`` (else the I/O thread)
+        the least loaded actor                  picked on the runtime's loop: ``Runtime.call``
+        every actor of a wide mesh              the tree: ``Tree.fan_out``, one per host
+        every actor                             the runtime: ``Runtime.fan_out``
+        ======================================  =============================================
+
+        The transports are ``zmesh._client.calls.transport``'s. (``call_one``
+        from a thread with no loop first tries the lane's one-step path,
+        ``lanes.call_one``; ``broadcast`` sends to any endpoint, one-way.)
+        """
         mesh = self._mesh
-        if self._answers:
-            if self._answers is PORT:
-                return explicit_call(self, args, kwargs, whole=True)
-            return self._stream(mesh._refs, args, kwargs, mesh.points())  # type: ignore[return-value]
-        refs = mesh._refs
+        answers = self._answers
+        if answers and how is not BROADCAST:
+            if answers is PORT:
+                if how is CHOOSE:
+                    raise TypeError(
+                        f"{self._name!r} answers through a response port: use call_one() on "
+                        "a slice, call(), or zmesh.send(..., selection='choose')"
+                    )
+                return explicit_call(self, args, kwargs, whole=how is ALL)
+            if how is CHOOSE:  # a generator endpoint: the items of one rank's
+                refs = [least_loaded(_runtime.current()[0], refs)]
+            return self._stream(refs, args, kwargs, mesh.points() if how is ALL else None)
         payload, buffers = self._pack(args, kwargs)
-        msg = self._call_msg(payload)
+        if how is ONE:  # the hot path: no closure and no task; the reply settles the future
+            ref = refs[0]
+            actor = mesh.actor if ref.index < 0 else _grouping.member(mesh.actor, ref)
+            spec = self._spec(payload, buffers, actor)
+            rt, here = _runtime.current()
+            one: Submits[ProcRef] = rt if here else _lanes.lane(rt)
+            fut = one.submit(ref, spec)
+            fut._mesh = mesh
+            return fut
+        spec = self._spec(payload, buffers)
+        about = (mesh.proc_mesh, self._name)
+        if how is CHOOSE:
+
+            def choose(rt: Runtime, fut: Sink) -> None:
+                best = least_loaded(rt, refs)
+                if best.index >= 0:  # one of several actors of its proc
+                    _grouping.call(rt, best, spec, fut)
+                    return
+                rt.call(best, spec, fut)
+
+            return on_runtime(choose, about, (r.addr for r in refs), mesh)
+        wide = bool(refs) and _tree.wide(mesh)  # one message per host, through relays
+        if how is BROADCAST:
+            rt, here = _runtime.current()
+            targets = (r.addr for r in refs)
+            rt.dispatch(_fan_out, rt, wide, refs, spec, None, here=here, targets=targets)
+            return None
         points = mesh.points()
         dims = mesh.sizes
-        wide = _tree.wide(mesh)  # one message per host, through relays
 
-        def start(rt: Runtime, fut: Sink) -> None:
+        def call(rt: Runtime, fut: Sink) -> None:
             results: list[Any] = [None] * len(refs)
             remaining = len(refs)
 
@@ -355,25 +367,10 @@ class EndpointRef(Generic[R]):
 
             if not refs:
                 fut.set_result(ValueMesh(dims, [], []))
-            elif wide:
-                _tree.send(rt, refs, msg, buffers, deliver, self._timeout, self._block)
             else:
-                rt.send(refs, msg, buffers, deliver, self._timeout, self._block)
+                _fan_out(rt, wide, refs, spec, deliver)
 
-        return on_runtime(start, (self._mesh.proc_mesh, self._name), (r.addr for r in refs))
-
-    @_deferrable("broadcast")
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Send to every actor and do not wait; errors are logged by the actors."""
-        payload, buffers = self._pack(args, kwargs)
-        msg = self._call_msg(payload, oneway=True)
-        refs = self._mesh._refs
-        rt, here = _runtime.current()
-        targets = (r.addr for r in refs)
-        if refs and _tree.wide(self._mesh):  # one message per host, through relays
-            rt.dispatch(_tree.send, rt, refs, msg, buffers, None, here=here, targets=targets)
-            return
-        rt.dispatch(rt.send, refs, msg, buffers, None, here=here, targets=targets)
+        return on_runtime(call, about, (r.addr for r in refs))
 
     @_deferrable("stream")
     def stream(self, *args: Any, **kwargs: Any) -> Stream[R]:
