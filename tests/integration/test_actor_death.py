@@ -38,6 +38,10 @@ class Worker(zmesh.Actor):
         raise KeyboardInterrupt("pressed")
 
     @zmesh.endpoint
+    async def ainterrupt(self) -> None:
+        raise KeyboardInterrupt("pressed")
+
+    @zmesh.endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -149,6 +153,23 @@ def test_a_base_exception_kills_the_actor_even_with_a_caller(
     wait_for(lambda: faults, 20, "the hook")
     with pytest.raises(zmesh.SupervisionError):
         worker.pid.call_one().get(timeout=30)
+
+
+@pytest.mark.parametrize("endpoint", ["interrupt", "ainterrupt"])
+def test_a_base_exception_kills_each_actor_of_a_group_fan_out_too(
+    faults: list[zmesh.MeshFailure], endpoint: str
+) -> None:
+    # Idle actors of one proc run a fan-out's parts at once (the group fast
+    # path, zmesh._host.proc.groupfast): the rule is the mailbox's all the same.
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+    group = procs.spawn("group", Worker, actors_per_proc=2)
+    (pid,) = set(group.pid.call().get(timeout=60).values())
+    with pytest.raises(zmesh.SupervisionError, match="KeyboardInterrupt: pressed"):
+        getattr(group, endpoint).call().get(timeout=30)
+    for k in range(2):  # each actor is dead; (their proc lives: a neighbour answers)
+        with pytest.raises(zmesh.SupervisionError, match="KeyboardInterrupt: pressed"):
+            group.slice(actors=k).pid.call_one().get(timeout=30)
+    assert procs.spawn("neighbour", Worker).pid.call_one().get(timeout=60) == pid
 
 
 def test_survive_errors_keeps_zmeshs_older_rule(faults: list[zmesh.MeshFailure]) -> None:

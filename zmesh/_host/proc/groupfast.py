@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from zmesh._actor import Endpoint, set_current
+from zmesh._host.proc import actordeath as _actordeath
 from zmesh._host.proc import actors as _actors
 from zmesh._shared.invoke import (
     BAD_ARGUMENTS,
@@ -71,6 +72,8 @@ _slow: set[tuple[type, str]] = set()  # (class, sync endpoint) that took longer
 # Parts of a sync fan-out that the shared thread has not started by then get
 # a thread each (the part before them is long, or blocked).
 SPREAD_AFTER = 0.005
+# What ``actordeath.kills`` reads of a fast-path part's call: it has a caller.
+_WITH_A_CALLER: Any = w.Call(0, "", "", w.Payload(()), oneway=False)
 
 
 def endpoint_of(boxes: list[Mailbox | None], method: str) -> Endpoint[Any, Any] | None:
@@ -179,10 +182,25 @@ async def _part(
         if box.stopped:  # its caller learns so now, not never
             gather.fail(index, "stopped", "ActorStopped", f"actor {box.name} stopped", method)
         raise out.value
-    else:
+    elif kind is EXITED:
         gather.raised(index, out.value, method)
-        if kind is EXITED:
-            box.server._exit_for(out.value, f"endpoint {type(box.instance).__name__}.{method}")
+        box.server._exit_for(out.value, f"endpoint {type(box.instance).__name__}.{method}")
+    else:
+        _raised(gather, index, box, out.value, method)
+
+
+def _raised(gather: FastGather, index: int, box: Mailbox, exc: BaseException, method: str) -> None:
+    """Part ``index``'s endpoint raised ``exc``: its caller's ``ActorError``, or, as
+    on the mailbox path (``ProcServer._ended``), a ``BaseException`` that is no
+    ``Exception`` kills the actor (``zmesh._host.proc.actordeath``), and its part
+    fails with the death."""
+    if not _actordeath.kills(box, exc, _WITH_A_CALLER, False):
+        gather.raised(index, exc, method)
+        return
+    _actordeath.log.error("%s.%s raised", type(box.instance).__name__, method, exc_info=exc)
+    _actordeath.kill(box.server, box, f"{type(exc).__name__}: {exc}")
+    why = f"Endpoint call {box.label}.{method}() failed, {box.dead}"
+    gather.fail(index, _actordeath.KIND, "ActorFailed", why, method)
 
 
 def dispatch(
@@ -275,10 +293,11 @@ def _run_sync(
                 gather.reply(j, value, method)
             elif kind is BAD_ARGUMENTS:
                 gather.fail(j, "endpoint", "TypeError", out.why, method)
-            else:
+            elif kind is EXITED:
                 gather.raised(j, value, method)
-                if kind is EXITED:
-                    server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
+                server._exit_for(value, f"endpoint {type(box.instance).__name__}.{method}")
+            else:
+                _raised(gather, j, box, value, method)
         spread()  # what the thread left after a long part, if the timer did not take it
 
     fut.add_done_callback(done)
