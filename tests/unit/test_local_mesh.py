@@ -77,6 +77,14 @@ class Counter(zmesh.Actor):
     async def leave(self) -> None:
         raise SystemExit(3)
 
+    @zmesh.endpoint
+    async def give_up(self) -> None:
+        raise asyncio.CancelledError("of its own")
+
+    @zmesh.endpoint
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt("pressed")
+
 
 class Summer(zmesh.Actor):
     """Holds another local mesh and calls it, as an actor holds a real mesh handle."""
@@ -216,6 +224,24 @@ def test_system_exit_answers_then_the_rank_is_gone(mesh: LocalMesh[Counter]) -> 
         one.leave.call_one().get(timeout=5)
     with pytest.raises(zmesh.SupervisionError, match="exited with code 3"):
         one.rank.call_one().get(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [("give_up", "CancelledError: of its own"), ("interrupt", "KeyboardInterrupt: pressed")],
+)
+def test_a_base_exception_fails_its_rank_as_it_kills_a_procs_actor(
+    mesh: LocalMesh[Counter], endpoint: str, why: str
+) -> None:
+    # As zmesh._host.proc.actordeath: not an Exception (a CancelledError the
+    # endpoint raised itself, its task not being cancelled, included).
+    one = mesh.slice(procs=1)
+    with pytest.raises(zmesh.SupervisionError, match=why) as info:
+        getattr(one, endpoint).call_one().get(timeout=5)
+    assert info.value.rank == 1
+    with pytest.raises(zmesh.SupervisionError, match=why):
+        one.rank.call_one().get(timeout=5)
+    assert mesh.slice(procs=0).rank.call_one().get(timeout=5) == 0
 
 
 def test_calls_after_stop_raise_actor_stopped_error() -> None:

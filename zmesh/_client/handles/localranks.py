@@ -178,10 +178,15 @@ class LocalRanks:
             raise EndpointError(msg, **self.context(rank=rank)) from value.__cause__
         # A cancellation (the mesh stops, the caller cancels) goes on as it is;
         # so does a zmesh error (a call the endpoint made failed).
-        if kind is STOPPED or isinstance(value, ZmeshError | asyncio.CancelledError):
+        if kind is STOPPED or isinstance(value, ZmeshError):
             raise value
         if kind is EXITED:  # a proc would exit: the rank breaks
             self.broken[rank] = f"exited with code {value.code if value.code is not None else 0}"
+        elif not isinstance(value, Exception) and not getattr(instance, "survive_errors", False):
+            # Not an Exception (a CancelledError of the endpoint's own too):
+            # it kills a proc's actor (zmesh._host.proc.actordeath), so the rank breaks.
+            self.broken[rank] = f"{type(value).__name__}: {value}"
+            self.check(rank)
         raise _actor_error(value, method, self.context(rank=rank)) from None
 
     def close(self) -> None:
