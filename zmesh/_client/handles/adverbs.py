@@ -8,6 +8,9 @@ Arguments are encoded once in the caller's thread (so a value that cannot be
 sent raises ``EncodeError`` right there), and the message is encoded once
 whatever the fan-out. A call on a mesh that is still spawning (or with such a
 mesh in its arguments) waits in order in the mesh's gate (``zmesh._client.calls.pending``).
+``call_one``, ``choose``, ``call`` and ``broadcast`` pick their exit in one
+place, ``EndpointRef._send`` (its docstring has the table), and a built call
+leaves by a transport (``zmesh._client.calls.transport``).
 """
 
 from __future__ import annotations
@@ -190,6 +193,7 @@ class EndpointRef(Generic[R]):
                         timeout, self._block)  # fmt: skip
 
     def _call_msg(self, payload: w.Payload, oneway: bool = False) -> Callable[[int], w.Call]:
+        """The ``Call`` of a fan-out with its own answers (a stream, a port, a reduction)."""
         return self._spec(payload, []).message_for(oneway)
 
     # ------------------------------------------------------------ adverbs
