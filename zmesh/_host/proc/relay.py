@@ -55,7 +55,7 @@ import zmq
 
 from zmesh._client.control.agents import AgentClient
 from zmesh._host.proc import relayown as _own
-from zmesh._host.proc.relayback import Answers, Forward
+from zmesh._host.proc.relayback import Answers, Forward, failed
 from zmesh._host.proc.relayfold import Fold, combine_of
 from zmesh._wire import messages as w
 from zmesh._wire.codec import BATCH_MARK, Codec
@@ -305,12 +305,15 @@ class RelayServer:
                 hop.remaining.discard(k)
                 fwd.open -= 1
                 fwd.out.append((hop.offset + k, answer, list(bufs[pos : pos + nbuf])))
+                if failed(answer):  # its caller fails at once: no linger here either
+                    fwd.urgent = True
             pos += nbuf
         for k in m.lost:
             if k in hop.remaining:
                 hop.remaining.discard(k)
                 fwd.open -= 1
                 fwd.out.append((hop.offset + k, None, []))
+                fwd.urgent = True
         if m.forwarded:
             self._hop_acked(hop)
         if m.done:
@@ -369,12 +372,14 @@ class RelayServer:
         for fwd, k in pending.values():
             fwd.open -= 1
             fwd.out.append((k, None, []))
+            fwd.urgent = True
             self.back.schedule(fwd)
         hops, link.hops = link.hops, {}
         for hop in hops.values():
             for k in sorted(hop.remaining):
                 hop.fwd.open -= 1
                 hop.fwd.out.append((hop.offset + k, None, []))
+                hop.fwd.urgent = True
             hop.remaining.clear()
             self._hop_acked(hop)
             self.back.schedule(hop.fwd)

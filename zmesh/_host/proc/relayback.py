@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -30,10 +31,30 @@ log = logging.getLogger("zmesh.relay")
 # Answers gathered into one RelayReply, at most (the rest go in the next).
 MAX_ANSWERS = 256
 # A call's answers and acknowledgements wait this long (s) for the rest of
-# its answers: one message back to the sender when its targets answer close
-# together (one wake-up of the sender instead of one per loop turn here),
-# and never more than one per linger. A oneway's acknowledgement goes at once.
-ACK_LINGER = 0.005
+# its answers: one message back to the sender when its targets answer
+# within it (one wake-up of the sender instead of one per answer here), and
+# never more than one per linger. A failure, a lost target and a oneway's
+# acknowledgement go at once. (5 ms was too short on a loaded host: a host's
+# answers spread over more, and each late one cost the sender a wake-up.)
+# ``ZMESH_RELAY_LINGER`` (s) sets it per proc, read when its relay starts.
+ACK_LINGER = 0.02
+
+
+class _Kind(msgspec.Struct, array_like=True):
+    """The first field of any message: its kind."""
+
+    msg: str
+
+
+_KIND = msgspec.msgpack.Decoder(_Kind)
+
+
+def failed(answer: msgspec.Raw) -> bool:
+    """Whether an answer as its proc sent it is a ``Failure`` (its caller fails at once)."""
+    try:
+        return _KIND.decode(answer).msg == "Failure"
+    except Exception:  # not ours to judge: the caller decodes it
+        return False
 
 
 def raw(msg: Any) -> msgspec.Raw:
@@ -46,7 +67,7 @@ class Forward:
 
     __slots__ = (
         "acks", "fold", "forwarded", "hops", "id", "ident", "lingering", "local", "open", "out",
-        "unproven",
+        "unproven", "urgent",
     )  # fmt: skip
 
     def __init__(self, ident: bytes, req_id: int, n: int) -> None:
@@ -63,6 +84,7 @@ class Forward:
         # timer, cancelled when they are all in (else it would wake the loop).
         self.lingering: asyncio.TimerHandle | None = None
         self.fold: Fold | None = None  # a reducing Relay's running value (relayfold)
+        self.urgent = False  # a failure or a lost target is here: no linger
 
 
 class Answers:
@@ -72,16 +94,20 @@ class Answers:
         self.server = server
         self.loop = loop
         self._flush_due: set[Forward] = set()
+        self.linger = float(os.environ.get("ZMESH_RELAY_LINGER", ACK_LINGER))
 
     def answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
         """Target ``k``'s answer: as its proc sent it, or a message of ours."""
         if type(answer) is not msgspec.Raw:
             answer = raw(answer)
+            fwd.urgent = True  # (a relay's own answer is a refusal)
         elif fwd.fold is not None and fwd.fold.take(k, answer, bufs):
             fwd.open -= 1  # folded: it goes back with the others, once all are in
             if fwd.open <= 0:
                 self.schedule(fwd)
             return
+        elif failed(answer):
+            fwd.urgent = True
         fwd.open -= 1
         fwd.out.append((k, answer, bufs))
         self.schedule(fwd)
@@ -101,13 +127,14 @@ class Answers:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
-            if fwd.open > 0:  # answers to come: what is here waits a moment for them
+            if fwd.open > 0 and not fwd.urgent:  # answers to come: what is here waits for them
                 if fwd.lingering is None:
-                    fwd.lingering = self.loop.call_later(ACK_LINGER, self._linger_over, fwd)
+                    fwd.lingering = self.loop.call_later(self.linger, self._linger_over, fwd)
                 continue
             if fwd.lingering is not None:  # all in: its timer has nothing left to do
                 fwd.lingering.cancel()
                 fwd.lingering = None
+            fwd.urgent = False
             self._send_all(fwd)
 
     def _send_all(self, fwd: Forward) -> None:
