@@ -7,7 +7,8 @@ go back to the sender as one ``RelayReply``; a call whose other answers are
 still to come waits up to ``ACK_LINGER`` for them, so a host's part mostly
 goes back as one message (one wake-up of the sender, not one per loop
 turn), and a dead or slow target never holds the others' answers longer
-than that. A reducing ``Relay``'s values are folded here
+than that. A failure (and a target lost) goes back at once: the caller's
+``call()`` fails at its first failure. A reducing ``Relay``'s values are folded here
 (``zmesh._host.proc.relayfold``) and go back as one value once all are in.
 """
 
