@@ -128,14 +128,15 @@ class Answers:
     def _flush(self) -> None:
         due, self._flush_due = self._flush_due, set()
         for fwd in due:
-            if fwd.open > 0 and not fwd.urgent:  # answers to come: what is here waits for them
+            # A failure goes at once (unless its linger ran first and sent it).
+            urgent, fwd.urgent = fwd.urgent and bool(fwd.out or fwd.acks), False
+            if fwd.open > 0 and not urgent:  # answers to come: what is here waits for them
                 if fwd.lingering is None:
                     fwd.lingering = self.loop.call_later(self.linger, self._linger_over, fwd)
                 continue
-            if fwd.lingering is not None:  # all in: its timer has nothing left to do
+            if fwd.lingering is not None:  # all in (or sent now): its timer has nothing to do
                 fwd.lingering.cancel()
                 fwd.lingering = None
-            fwd.urgent = False
             self._send_all(fwd)
 
     def _send_all(self, fwd: Forward) -> None:
