@@ -929,11 +929,14 @@ def summarize(res: dict[str, Any], ray: dict[str, Any]) -> dict[str, Any]:
             value = read()
         except KeyError:  # not measured in this run
             continue
-        met = value <= limit if op == "<=" else value >= limit
-        targets.append(
-            {"name": name, "value": value, "op": op, "limit": limit, "unit": unit, "met": met}
-        )
+        targets.append(target(name, value, op, limit, unit))
     return {"results": results, "targets": targets}
+
+
+def target(name: str, value: float, op: str, limit: float, unit: str) -> dict[str, Any]:
+    """One row of the targets table: ``value`` against its goal ``op limit``."""
+    met = value <= limit if op == "<=" else value >= limit
+    return {"name": name, "value": value, "op": op, "limit": limit, "unit": unit, "met": met}
 
 
 def machine() -> dict[str, Any]:
@@ -1172,6 +1175,12 @@ def main() -> None:
         "cold": res["cold"],
         "rss_mb": res["rss_mb"],
     }
+    if "tree" in report:  # its goal beside the others' (docs/scale.md says why it is missed here)
+        tree, flat = report["tree"]["tree"], report["tree"]["flat"]
+        report["targets"].append(
+            target("tree call() p50 vs flat, 16 agents x 4 procs",
+                   tree["call_p50_us"] / flat["call_p50_us"], "<=", 1.2, "x flat")
+        )  # fmt: skip
     render(report, markdown=args.markdown)
     if "tree" in report:
         bench_tree.render(report["tree"])
