@@ -321,6 +321,11 @@ class AsyncSocket(ThreadSend):
         """Handle whatever has arrived now, without waiting for the loop's turn."""
         self._on_ready()
 
+    @property
+    def reading(self) -> bool:
+        """Whether its handler is running now (a ``drain`` from it would re-enter)."""
+        return self._reading
+
     def recheck(self) -> None:
         """Look at the socket's events again in this loop turn.
 

@@ -60,6 +60,11 @@ BIG = BIG_BUFFER
 # why before they fail with ConnectionLostError: a crash is reported by the
 # agent at once, a lost host once its agent is silent for AGENT_TIMEOUT.
 DISCONNECT_GRACE = AGENT_TIMEOUT + 0.5
+# A proc's last answer and the news of its end travel apart (the answer on
+# its socket, the news from its agent): an endpoint's SystemExit is answered,
+# then the proc exits, and the news can come first. A sync call whose proc
+# ended waits this long for an answer on its way before it fails.
+REPLY_GRACE = 0.1
 
 
 class ProcConn:
@@ -259,10 +264,18 @@ class Connections:
             c.sock = None
 
     def _fail_all(self, c: ProcConn, error: ZmeshError) -> None:
-        """Fail everything on ``c``, sent or waiting, with ``error``."""
+        """Fail everything on ``c``, sent or waiting, with ``error``.
+
+        What the proc answered before it ended still counts: an answer
+        already read off the socket settles its call first (``drain``), and
+        a sync call's waiting thread, which reads its own socket, gets
+        ``REPLY_GRACE`` to read one on its way.
+        """
         if self.lanes:
             for call in self._sync_calls_to(c):
-                call.settle(False, error)
+                self.loop.call_later(REPLY_GRACE, call.settle, False, error)
+        if c.sock is not None and c.pending and not c.sock.reading:
+            c.sock.drain()
         failed = list(c.pending.values())
         c.pending.clear()
         c.bytes = 0
