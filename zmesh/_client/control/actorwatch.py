@@ -17,9 +17,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from zmesh._actor import owner_actor
+from zmesh._client.calls import grouping as _grouping
 from zmesh._client.calls import tree as _tree
-from zmesh._client.calls.runtime import Runtime
+from zmesh._client.calls.runtime import ProcRef, Runtime
 from zmesh._client.control import controller as _controller
 from zmesh._client.control import faults as _faults
 from zmesh._client.control.controller import SupervisionEvent
@@ -46,9 +49,14 @@ def handler() -> Callable[[SupervisionEvent], Any]:
 
 
 def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEvent], Any]) -> None:
-    """Ask every proc of ``mesh`` to say when its actor dies; give each death to ``on_death``."""
+    """Ask the procs of ``mesh`` to say when one of its actors dies; each death to ``on_death``.
+
+    One ``__watch__`` per actor: a proc's only actor by the mesh's name, one
+    of several (``actors_per_proc``) by its own (``name#k``), so a death in a
+    group is told as its own rank's, as a proc's only actor's is.
+    """
     refs = mesh._refs
-    if not refs or refs[0].index >= 0:  # several actors per proc: not watched (yet)
+    if not refs:
         return
     if _tree.wide(mesh):
         # A mesh wide enough for the relay tree is not watched actor by actor
@@ -57,12 +65,12 @@ def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEven
         return
     payload, buffers = Codec.pack((), {})
 
-    def deliver(i: int, ok: bool, value: Any) -> None:
+    def deliver(ref: ProcRef, ok: bool, value: Any) -> None:
         if ok or not isinstance(value, SupervisionError) or value.reason != DIED:
             return  # stopped (None), or the proc broke: its agent reports that
-        ref = refs[i]
+        rank = ref.point if ref.index >= 0 else ref.rank  # the actor's, in its mesh
         event = SupervisionEvent(
-            mesh.actor, ref.rank, ref.host, Status.FAILED, value.message, 1, ref.log_path or ""
+            mesh.actor, rank, ref.host, Status.FAILED, value.message, 1, ref.log_path or ""
         )
         try:
             listeners = rt.controller.listeners.get(mesh.proc_mesh)
@@ -74,9 +82,28 @@ def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEven
         except Exception as exc:  # never into the socket's reader
             log.error("handling the death of %s failed", event, exc_info=exc)
 
-    msg = functools.partial(w.Call, actor=mesh.actor, method=WATCH, payload=payload)
-    req_id = rt.send(list(refs), msg, buffers, deliver)
-    for ref in refs:  # answered only at a death: not a call anything waits behind
+    if refs[0].index < 0:  # one actor per proc: one message to them all
+        msg = functools.partial(w.Call, actor=mesh.actor, method=WATCH, payload=payload)
+        req_id = rt.send(list(refs), msg, buffers, lambda i, ok, v: deliver(refs[i], ok, v))
+        _standing(rt, refs, req_id)
+        return
+    for ref in refs:  # several per proc: each actor by its own name, to its proc
+        proc = msgspec.structs.replace(ref, index=-1, point=-1)
+        name = _grouping.member(mesh.actor, ref)
+        msg = functools.partial(w.Call, actor=name, method=WATCH, payload=payload)
+        req_id = rt.send([proc], msg, buffers, functools.partial(_one, deliver, ref))
+        _standing(rt, [proc], req_id)
+
+
+def _one(
+    deliver: Callable[[ProcRef, bool, Any], None], ref: ProcRef, _: int, ok: bool, value: Any
+) -> None:
+    deliver(ref, ok, value)
+
+
+def _standing(rt: Runtime, refs: list[ProcRef], req_id: int) -> None:
+    """Answered only at a death: not a call anything waits behind."""
+    for ref in refs:
         sent = rt.conn(ref).pending.get(req_id)
         if sent is not None:
             sent.standing = True  # type: ignore[union-attr]
