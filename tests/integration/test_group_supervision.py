@@ -147,6 +147,10 @@ def test_an_actor_that_dies_alone_is_one_failure_naming_its_rank(
     with pytest.raises(zmesh.SupervisionError) as info:
         _one(mesh, victim).pid.call_one().get(timeout=30)
     assert info.value.rank == victim and why in str(info.value)
+    for endpoint in ("rank", "arank"):  # a fan-out too: no part runs on the dead actor
+        with pytest.raises(zmesh.SupervisionError) as info:
+            getattr(mesh, endpoint).call().get(timeout=30)
+        assert info.value.rank == victim and why in str(info.value)
     # Every other actor serves, on the same live procs.
     others = [r for r in range(PROCS * per) if r != victim]
     assert [_one(mesh, r).rank.call_one().get(timeout=30) for r in others] == others

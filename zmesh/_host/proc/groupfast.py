@@ -174,7 +174,9 @@ async def _part(
     else:
         out = returned(result, counters, t0)
     kind = out.kind
-    if kind is RETURNED:
+    if box.dead and (kind is RETURNED or kind is BAD_ARGUMENTS):  # it failed while this ran
+        _dead(gather, index, box, method)
+    elif kind is RETURNED:
         gather.reply(index, out.value, method)
     elif kind is BAD_ARGUMENTS:
         gather.fail(index, "endpoint", "TypeError", out.why, method)
@@ -199,6 +201,12 @@ def _raised(gather: FastGather, index: int, box: Mailbox, exc: BaseException, me
         return
     _actordeath.log.error("%s.%s raised", type(box.instance).__name__, method, exc_info=exc)
     _actordeath.kill(box.server, box, f"{type(exc).__name__}: {exc}")
+    _dead(gather, index, box, method)
+
+
+def _dead(gather: FastGather, index: int, box: Mailbox, method: str) -> None:
+    """Part ``index`` is for a dead actor: it fails as the actor did
+    (``actordeath.dead_reply``'s words), never runs, never returns a value."""
     why = f"Endpoint call {box.label}.{method}() failed, {box.dead}"
     gather.fail(index, _actordeath.KIND, "ActorFailed", why, method)
 
@@ -233,6 +241,8 @@ def dispatch(
         if box is None:
             why = f"no actor {_actors.member(msg.actor, k)!r} here"
             gather.fail(j, "stopped", "ActorStopped", why, msg.method)
+        elif box.dead:  # it failed: its part fails so, as its mailbox would answer
+            _dead(gather, j, box, msg.method)
         elif box.waiter is not None and not box.busy and not box.queue:
             if is_async:
                 box.step(_part(gather, j, box, ep, msg, args, kwargs), msg.method)
@@ -289,7 +299,9 @@ def _run_sync(
             kind, value = out.kind, out.value
             count(box.counters[method], kind, now - dt)
             box.release()
-            if kind is RETURNED:
+            if box.dead and (kind is RETURNED or kind is BAD_ARGUMENTS):  # (as in _part)
+                _dead(gather, j, box, method)
+            elif kind is RETURNED:
                 gather.reply(j, value, method)
             elif kind is BAD_ARGUMENTS:
                 gather.fail(j, "endpoint", "TypeError", out.why, method)
