@@ -25,8 +25,9 @@ import pytest
 
 import zmesh
 from zmesh import Port
+from zmesh._client.calls import runtime as _runtime
 
-from _helpers import pid_alive, wait_for
+from _helpers import pid_alive, wait_for, wait_until
 from _keptagents import stop_meshes
 
 PROCS = 2
@@ -228,3 +229,35 @@ async def test_supervision_events_of_a_group_yield_its_dead_actor() -> None:
         assert await _one(mesh, victim - 1).rank.call_one() == victim - 1
     finally:
         await mesh.stop()
+
+
+@pytest.mark.anyio
+async def test_a_sibling_meshs_iterator_takes_no_death_of_another(
+    faults: list[zmesh.MeshFailure],
+) -> None:
+    """Two actor meshes on the same procs: iterating one's ``supervision_events()``
+    neither yields the other's dead actor nor keeps it from the hook."""
+    procs = zmesh.this_host().spawn_procs(per_host={"gpus": PROCS})
+    doomed = procs.spawn("doomed", Worker, actors_per_proc=4)
+    sibling = procs.spawn("sibling", Worker, actors_per_proc=4)
+    await doomed
+    await sibling
+    seen: list[zmesh.SupervisionEvent] = []
+
+    async def listen() -> None:
+        async for event in sibling.supervision_events():
+            seen.append(event)
+
+    task = asyncio.ensure_future(listen())
+    try:
+        rt, _ = _runtime.current()
+        await wait_until(lambda: rt.controller.listeners.get(procs.proc_mesh), 10, "listening")
+        with pytest.raises(zmesh.SupervisionError):
+            await _one(doomed, 6).ainterrupt.call_one()
+        await asyncio.to_thread(wait_for, lambda: faults, 20, "the hook")
+        assert [(f.mesh_name, f.rank) for f in faults] == [("doomed", 6)]
+        assert await _one(sibling, 6).arank.call_one() == 6  # (a round trip more)
+        assert seen == []
+    finally:
+        task.cancel()
+        await procs.stop()

@@ -26,6 +26,7 @@ from zmesh._client.calls.runtime import ProcRef, Runtime
 from zmesh._client.control import controller as _controller
 from zmesh._client.control import faults as _faults
 from zmesh._client.control.controller import SupervisionEvent
+from zmesh._client.control.meshstate import MeshListener
 from zmesh._client.handles.mesh import ActorMesh
 from zmesh._errors import SpawnError, SupervisionError
 from zmesh._shared.state import Status
@@ -73,9 +74,13 @@ def watch(rt: Runtime, mesh: ActorMesh[Any], on_death: Callable[[SupervisionEven
             mesh.actor, rank, ref.host, Status.FAILED, value.message, 1, ref.log_path or ""
         )
         try:
-            listeners = rt.controller.listeners.get(mesh.proc_mesh)
-            if listeners:  # mesh.supervision_events() is being iterated: it goes there
-                for listener in list(listeners):
+            listeners = [  # mesh.supervision_events() iterated (not a sibling mesh's)
+                listener
+                for listener in rt.controller.listeners.get(mesh.proc_mesh, ())
+                if not isinstance(listener, MeshListener) or listener.takes(event)
+            ]
+            if listeners:  # it goes there
+                for listener in listeners:
                     listener(event)
             else:
                 on_death(event)

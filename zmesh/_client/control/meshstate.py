@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from zmesh._client.calls import runtime as _runtime
 from zmesh._client.calls.runtime import ProcRef, Runtime
 from zmesh._client.control.agents import ask_all
@@ -96,3 +98,35 @@ def _event_of(refs: list[ProcRef], rank: int, st: Rank) -> SupervisionEvent:
     return SupervisionEvent(
         refs[0].mesh, rank, host, st.status, st.reason, st.generation, st.log_path, st.exit_code
     )
+
+
+class MeshListener:
+    """A ``supervision_events()`` iterator's ear, among its proc mesh's listeners.
+
+    A proc's failure names the proc mesh and the proc's rank; an actor's death
+    (``zmesh._client.control.actorwatch``) names the actor mesh and the actor's
+    rank there, which is not its proc's when a proc hosts several
+    (``actors_per_proc``). Each goes to the queue if it is of this mesh's ranks.
+    """
+
+    __slots__ = ("actor", "actors", "proc_mesh", "procs", "queue")
+
+    def __init__(
+        self, proc_mesh: str, actor: str | None, refs: list[ProcRef],
+        queue: asyncio.Queue[SupervisionEvent],
+    ) -> None:  # fmt: skip
+        self.proc_mesh = proc_mesh
+        self.actor = actor  # None: a proc mesh's, which hears of procs only
+        self.procs = {ref.rank for ref in refs}
+        self.actors = {ref.point if ref.index >= 0 else ref.rank for ref in refs}
+        self.queue = queue
+
+    def takes(self, ev: SupervisionEvent) -> bool:
+        """Whether ``ev`` is a failure of one of this mesh's (or slice's) ranks."""
+        if ev.mesh == self.proc_mesh:
+            return ev.rank in self.procs
+        return ev.mesh == self.actor and ev.rank in self.actors
+
+    def __call__(self, ev: SupervisionEvent) -> None:
+        if self.takes(ev):
+            self.queue.put_nowait(ev)

@@ -27,6 +27,7 @@ from zmesh._client.control.controller import SupervisionEvent
 from zmesh._client.control.lookup import stop_detached_mesh
 from zmesh._client.control.meshstate import (  # noqa: F401  (zmesh.MeshState)
     STATE_TIMEOUT,
+    MeshListener,
     MeshState,
     _ask_agents,
     _event_of,
@@ -178,22 +179,7 @@ class _MeshBase:
                 if rank in mine and st.status.failure:
                     queue.put_nowait(_event_of(self._refs, rank, st))
 
-        # A proc's failure names its proc mesh and proc rank; an actor's death
-        # (zmesh._client.control.actorwatch) its actor mesh and its rank there,
-        # which is not its proc's when a proc hosts several (``actors_per_proc``).
-        actor = getattr(self, "actor", None)
-        actors = {ref.point if ref.index >= 0 else ref.rank for ref in self._refs}
-
-        def listen(ev: SupervisionEvent) -> None:
-            if ev.mesh == self.proc_mesh:
-                ranks = mine
-            elif ev.mesh == actor:
-                ranks = actors
-            else:
-                return  # an actor of another actor mesh on these procs
-            if ev.rank in ranks:
-                queue.put_nowait(ev)
-
+        listen = MeshListener(self.proc_mesh, getattr(self, "actor", None), self._refs, queue)
         listeners = rt.controller.listeners.setdefault(self.proc_mesh, [])
         listeners.append(listen)
         try:
