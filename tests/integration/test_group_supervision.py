@@ -261,3 +261,36 @@ async def test_a_sibling_meshs_iterator_takes_no_death_of_another(
     finally:
         task.cancel()
         await procs.stop()
+
+
+class Owner(zmesh.Actor):
+    """Spawns a group of workers on procs of its own; handles their failures."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, str]] = []
+        procs = zmesh.this_host().spawn_procs(per_host={"gpus": 1})
+        self.kids = procs.spawn("kid", Worker, actors_per_proc=4)
+
+    def __supervise__(self, failure: zmesh.MeshFailure) -> bool:
+        self.seen.append((failure.mesh_name, failure.rank, failure.report()))
+        return True
+
+    @zmesh.endpoint
+    def break_kid(self, rank: int) -> None:
+        self.kids.flatten("a").slice(a=rank).boom.broadcast()
+
+    @zmesh.endpoint
+    def seen_failures(self) -> list[tuple[str, int, str]]:
+        return list(self.seen)
+
+
+def test_an_owner_actor_supervises_a_dead_actor_of_its_group(
+    faults: list[zmesh.MeshFailure],
+) -> None:
+    owner = zmesh.this_host().spawn_procs(per_host={"gpus": 1}).spawn("owner", Owner)
+    owner.break_kid.call_one(2).get(timeout=60)
+    seen = wait_for(lambda: owner.seen_failures.call_one().get(timeout=10), 20, "__supervise__")
+    ((mesh_name, rank, report),) = seen
+    assert (mesh_name, rank) == ("kid", 2)
+    assert "'actors': 2/4" in report and "ValueError: bad input" in report
+    assert faults == []  # handled where it was spawned
