@@ -314,7 +314,7 @@ class Runtime(Connections):
             return None
         for msg in msgs:
             self._on_reply_msg(conn, msg, frames)
-        if conn.waiting:
+        if conn.waiting and conn.broken is None:  # (broken: its last answers, read as it fails)
             drain(conn)
         return len(msgs)
 
