@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,8 @@ FOLLOW_INTERVAL = 1.0
 FOLLOW_INTERVAL_DOWN = 0.2
 # A handle whose service no agent has reported for this long stops following.
 FOLLOW_GIVE_UP = 30.0
+
+log = logging.getLogger("zmesh.service")
 
 
 class TableRow(msgspec.Struct, frozen=True):
@@ -110,20 +113,27 @@ class ServiceClient:
     # ------------------------------------------------------------ decisions
 
     def carry(self, decisions: list[Decision]) -> None:
-        """Carry out the dispatcher's decisions, in order."""
+        """Carry out the dispatcher's decisions, in order.
+
+        One that raises (a socket that cannot be made, a failure handler's
+        bug) does not drop the rest, whose requests would wait for ever: a
+        send that raised ends its request with a ``ServiceError`` saying
+        why; anything else is logged.
+        """
         for dec in decisions:
-            if isinstance(dec, Send):
-                self._send(dec.attempt)
-            elif isinstance(dec, Settle):
-                self._settle(dec.request, dec.error, dec.value)
-            elif isinstance(dec, Failed):
-                if self.on_failure is not None:
-                    self.on_failure(dec.index, dec.generation, dec.reason)
-            else:  # Changed
-                watchers, self._watchers = self._watchers, []
-                for fut in watchers:
-                    if not fut.done():
-                        fut.set_result(None)
+            try:
+                _carry(self, dec)
+            except Exception as exc:
+                if isinstance(dec, Send) and dec.attempt.held:
+                    err = ServiceError(
+                        f"{dec.attempt.request.endpoint!r} on {self.name} could not be sent: "
+                        f"{type(exc).__name__}: {exc}", mesh=self.name,
+                    )  # fmt: skip
+                    err.__cause__ = exc
+                    self.carry(self.dispatcher.settled(dec.attempt, Outcome.ERROR, err))
+                else:
+                    log.exception("service %s: a %s could not be carried out", self.name,
+                                  type(dec).__name__)  # fmt: skip
 
     def settled(self, attempt: Attempt, outcome: Outcome, value: Any = None) -> None:
         """``attempt`` ended (a reply, an error, its replica broke): tell the dispatcher."""
@@ -466,3 +476,19 @@ class Follower:
 
 def _newer(a: list[TableRow], b: list[TableRow]) -> bool:
     return sum(r.generation for r in a) > sum(r.generation for r in b)
+
+
+def _carry(client: ServiceClient, dec: Decision) -> None:
+    """Carry out one decision (``ServiceClient.carry``)."""
+    if isinstance(dec, Send):
+        client._send(dec.attempt)
+    elif isinstance(dec, Settle):
+        client._settle(dec.request, dec.error, dec.value)
+    elif isinstance(dec, Failed):
+        if client.on_failure is not None:
+            client.on_failure(dec.index, dec.generation, dec.reason)
+    else:  # Changed
+        watchers, client._watchers = client._watchers, []
+        for fut in watchers:
+            if not fut.done():
+                fut.set_result(None)
