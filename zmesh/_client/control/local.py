@@ -356,8 +356,12 @@ def release_all() -> None:
     dead = {addr for popen, addr in embedded if popen.poll() is not None}
     for addr in dead:  # no line of theirs can come
         logforward.forget(addr)
-    # The actors' last lines, before they stop with their procs.
-    logforward.flush([addr for addr in used if addr not in dead])
+    # The actors' last lines, before they stop with their procs (a second
+    # Ctrl+C meanwhile skips them: what follows must still run).
+    try:
+        logforward.flush([addr for addr in used if addr not in dead])
+    except BaseException:
+        pass
     if _heart is not None:
         _heart.stopping.set()
         _heart.wake.set()

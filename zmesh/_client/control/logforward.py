@@ -206,16 +206,22 @@ class _Forwarder(threading.Thread):
         """Ask the agents at ``controls`` we follow to forward their news and
         mark the end; return once every mark is printed, or at ``timeout``."""
         deadline = time.monotonic() + timeout
-        with self.marked:  # the agents watched a moment ago are followed first
-            self.marked.wait_for(lambda: self.watched <= self.tried, timeout)
+        wanted = set(controls)
+        with self.marked:  # those watched a moment ago are followed first (briefly)
+            self.marked.wait_for(lambda: wanted & self.watched <= self.tried, ACK_WAIT)
             asking = [c for c in controls if c in self.subscribed]
-        expect = self._ask(asking, min(deadline, time.monotonic() + ACK_WAIT))
+        expect = self._ask(asking, time.monotonic() + ACK_WAIT)
         with self.marked:
             self.marked.wait_for(
                 lambda: expect <= self.marks, max(0.0, deadline - time.monotonic())
             )
-        with self.printing:  # "[repeated Nx across ranks]" is said before the end
-            self.printer.flush(time.monotonic(), final=True)
+        # "[repeated Nx across ranks]" is said before the end, unless the
+        # printer is stuck (a full stdout pipe): the exit must not wait on it.
+        if self.printing.acquire(timeout=max(0.05, deadline - time.monotonic())):
+            try:
+                self.printer.flush(time.monotonic(), final=True)
+            finally:
+                self.printing.release()
 
     def _ask(self, controls: list[str], until: float) -> set[int]:
         """Send ``FlushLogs`` to each agent at ``controls``; the ids they acknowledged.
@@ -278,6 +284,8 @@ class _Forwarder(threading.Thread):
                         sub.close(linger=0)
                 while not self.pending.empty():
                     control = self.pending.get()
+                    if control not in self.watched:
+                        continue  # forgotten before we got to it: its agent stopped
                     sub = self._subscribe(ctx, control)
                     if sub is not None:
                         subs[control] = sub

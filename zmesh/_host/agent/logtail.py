@@ -130,7 +130,7 @@ class LogTail:
         topic = owner.encode()
         if topic not in self._subscribed or self._pub is None:
             return False
-        self.tick(only=topic)
+        self.tick(only=topic)  # (its client stops next: a last open line goes too)
         msg = w.LogLines("", -1, self.label, [], flushed=marker)
         self._pub.send([topic, *self._codec.encode(msg)])
         return True
@@ -139,8 +139,10 @@ class LogTail:
         """Note how every log grew; forward the new lines of subscribed owners
         (of ``only``, when named: a flush)."""
         now = time.monotonic()
-        dt = now - self._last
-        if only is None:  # a flush does not take the other owners' time
+        # A flush adds no forwarding budget (a stream of them must not lift
+        # the rate limit), nor takes the other owners' time.
+        dt = now - self._last if only is None else 0.0
+        if only is None:
             self._last = now
         wall = time.time()
         seen = set()
@@ -167,7 +169,7 @@ class LogTail:
                     tail.marks.append((wall, size))
                 if forward:
                     tail.budget = min(float(RATE), tail.budget + RATE * dt)
-                    self._forward(owner, name, rank, tail)
+                    self._forward(owner, name, rank, tail, final=only is not None)
         if only is not None:
             return  # a flush: the other owners' logs wait for the next tick
         for key in [k for k in self._tails if k not in seen]:
