@@ -195,6 +195,8 @@ class _PortHeld:
     answer comes, the call fails (``zmesh._client.ports.portcalls``).
     """
 
+    port_note = True  # not a value (``portsockets`` drops a late one quietly)
+
     def __init__(self, ref: Any) -> None:
         self.ref = ref
 

@@ -153,7 +153,9 @@ class _Server:
             return
         receiver = self.receivers.get(msg.port)
         if receiver is None:
-            if msg.port not in self.dropped:
+            if getattr(value, "port_note", False):
+                pass  # where a port went, told after its call ended: nothing lost
+            elif msg.port not in self.dropped:
                 self.dropped.add(msg.port)
                 log.warning("port %d has no receiver anymore: its values are dropped", msg.port)
         elif not receiver._deliver(msg.rank, value, nbytes):
