@@ -41,6 +41,22 @@ MAX_ANSWERS = 256
 ACK_LINGER = 0.02
 
 
+def _linger() -> float:
+    """``ZMESH_RELAY_LINGER``, if it is a number of seconds from 0 to 10; else the default."""
+    text = os.environ.get("ZMESH_RELAY_LINGER", "")
+    if not text:
+        return ACK_LINGER
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 10.0:  # (nan fails both)
+        log.warning("ZMESH_RELAY_LINGER=%r is not seconds from 0 to 10: %s s is used",
+                    text, ACK_LINGER)  # fmt: skip
+        return ACK_LINGER
+    return value
+
+
 class _Kind(msgspec.Struct, array_like=True):
     """The first field of any message: its kind."""
 
@@ -95,7 +111,7 @@ class Answers:
         self.server = server
         self.loop = loop
         self._flush_due: set[Forward] = set()
-        self.linger = float(os.environ.get("ZMESH_RELAY_LINGER", ACK_LINGER))
+        self.linger = _linger()
 
     def answer(self, fwd: Forward, k: int, answer: Any, bufs: list[Any]) -> None:
         """Target ``k``'s answer: as its proc sent it, or a message of ours."""
