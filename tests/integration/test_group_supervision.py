@@ -263,6 +263,32 @@ async def test_a_sibling_meshs_iterator_takes_no_death_of_another(
         await procs.stop()
 
 
+@pytest.mark.anyio
+async def test_a_slices_iterator_does_not_keep_another_procs_death_from_the_hook(
+    faults: list[zmesh.MeshFailure],
+) -> None:
+    """``supervision_events()`` of a slice without the dead proc neither
+    yields its death nor keeps it from the hook (it did, for a proc's death)."""
+    mesh = _spawn(1)
+    pids = (await mesh.pid.call()).values()
+    seen: list[zmesh.SupervisionEvent] = []
+
+    async def listen() -> None:
+        async for event in mesh.slice(gpus=0).supervision_events():
+            seen.append(event)
+
+    task = asyncio.ensure_future(listen())
+    try:
+        rt, _ = _runtime.current()
+        await wait_until(lambda: rt.controller.listeners.get(mesh.proc_mesh), 10, "listening")
+        os.kill(pids[1], signal.SIGKILL)
+        await asyncio.to_thread(wait_for, lambda: faults, 20, "the hook")
+        assert [(f.mesh_name, f.rank) for f in faults] == [(mesh.proc_mesh, 1)]
+        assert seen == []
+    finally:
+        task.cancel()
+
+
 class Owner(zmesh.Actor):
     """Spawns a group of workers on procs of its own; handles their failures."""
 

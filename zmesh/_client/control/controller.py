@@ -213,7 +213,7 @@ class Controller:
         handled = False
         for listener in self.listeners.get(event.mesh, []):
             listener(event)
-            handled = True
+            handled = handled or takes(listener, event)
         handler = self.handlers.get(event.mesh)
         if handler is not None:
             handled = handler(event) or handled
@@ -363,3 +363,10 @@ class Controller:
         for a in self.agents.values():
             a.close()
         self.agents.clear()
+
+
+def takes(listener: Any, event: SupervisionEvent) -> bool:
+    """Whether ``listener`` (of ``supervision_events()``) takes ``event``:
+    one with no ``takes`` takes every event of its mesh."""
+    accepts = getattr(listener, "takes", None)
+    return accepts is None or bool(accepts(event))

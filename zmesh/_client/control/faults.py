@@ -110,7 +110,9 @@ def client_handler(ctl: Any) -> Callable[[SupervisionEvent], bool]:
     """The handler of a mesh the client itself owns: the hook, unless iterated."""
 
     def handle(event: SupervisionEvent) -> bool:
-        if not ctl.listeners.get(event.mesh):  # supervision_events() handles it otherwise
+        # supervision_events() handles it otherwise: an iterator of a mesh
+        # (or slice) that has the failed rank, not any iterator on the procs.
+        if not any(_controller.takes(lis, event) for lis in ctl.listeners.get(event.mesh, ())):
             _run_hook(event)
         return True
 
