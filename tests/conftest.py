@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Generator, Iterator
@@ -170,6 +171,25 @@ def _stop_everything(request: pytest.FixtureRequest) -> Iterator[None]:
     used may serve the next test (tests/_keptagents.py)."""
     yield
     KEPT.release(passed=not request.node.stash.get(FAILED, False))
+
+
+@pytest.fixture
+def faults() -> Iterator[list[zmesh.MeshFailure]]:
+    """What ``zmesh.unhandled_fault_hook`` is given during the test (any thread
+    may call it), in order; the test's meshes stop before the hook is restored."""
+    got: list[zmesh.MeshFailure] = []
+    lock = threading.Lock()
+
+    def hook(failure: zmesh.MeshFailure) -> None:
+        with lock:
+            got.append(failure)
+
+    zmesh.unhandled_fault_hook = hook
+    try:
+        yield got
+    finally:
+        _keptagents.stop_meshes()
+        del zmesh.unhandled_fault_hook
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ import asyncio
 import os
 import re
 import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,7 +23,6 @@ import pytest
 import zmesh
 
 from _helpers import pid_alive, wait_for
-from _keptagents import stop_meshes
 
 
 class Worker(zmesh.Actor):
@@ -85,23 +82,6 @@ class Owner(zmesh.Actor):
         self.kids.boom.broadcast()
         await asyncio.sleep(seconds)  # its kid's failure kills it meanwhile
         return "survived"
-
-
-@pytest.fixture
-def faults() -> Iterator[list[zmesh.MeshFailure]]:
-    got: list[zmesh.MeshFailure] = []
-    lock = threading.Lock()
-
-    def hook(failure: zmesh.MeshFailure) -> None:
-        with lock:
-            got.append(failure)
-
-    zmesh.unhandled_fault_hook = hook
-    try:
-        yield got
-    finally:
-        del zmesh.unhandled_fault_hook
-        stop_meshes()
 
 
 def test_an_exception_with_a_caller_is_an_actor_error_and_the_actor_lives(

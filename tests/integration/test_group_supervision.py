@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +26,6 @@ from zmesh import Port
 from zmesh._client.calls import runtime as _runtime
 
 from _helpers import pid_alive, wait_for, wait_until
-from _keptagents import stop_meshes
 
 PROCS = 2
 
@@ -104,23 +101,6 @@ WAYS = {
     "explicit_port": (_port, "RuntimeError: no answer"),
     "abort": (_abort, "ActorAborted: lost the lease"),
 }
-
-
-@pytest.fixture
-def faults() -> Iterator[list[zmesh.MeshFailure]]:
-    got: list[zmesh.MeshFailure] = []
-    lock = threading.Lock()
-
-    def hook(failure: zmesh.MeshFailure) -> None:
-        with lock:
-            got.append(failure)
-
-    zmesh.unhandled_fault_hook = hook
-    try:
-        yield got
-    finally:
-        del zmesh.unhandled_fault_hook
-        stop_meshes()
 
 
 def _one(mesh: Any, rank: int) -> Any:

@@ -12,8 +12,6 @@ client's ``unhandled_fault_hook`` must see each death exactly once.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +19,6 @@ import pytest
 import zmesh
 
 from _helpers import wait_until
-from _keptagents import stop_meshes
 
 pytestmark = [pytest.mark.stress, pytest.mark.chaos]
 
@@ -44,23 +41,6 @@ class Crowd(zmesh.Actor):
     @zmesh.endpoint
     async def interrupt(self) -> None:
         raise KeyboardInterrupt("pulled the plug")
-
-
-@pytest.fixture
-def faults() -> Iterator[list[zmesh.MeshFailure]]:
-    got: list[zmesh.MeshFailure] = []
-    lock = threading.Lock()
-
-    def hook(failure: zmesh.MeshFailure) -> None:
-        with lock:
-            got.append(failure)
-
-    zmesh.unhandled_fault_hook = hook
-    try:
-        yield got
-    finally:
-        del zmesh.unhandled_fault_hook
-        stop_meshes()
 
 
 async def _outcome(fut: Any) -> tuple[bool, Any]:
